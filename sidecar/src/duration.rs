@@ -1,0 +1,122 @@
+//! Durations in the Gateway API format (`10ms`, `1s`, `5m`, `1h`, `1m30s`), the format that
+//! Kubernetes users already write in HTTPRoute timeouts.
+//!
+//! Written by hand because the format is a six-line grammar
+//! (`^([0-9]{1,5}(h|m|s|ms)){1,4}$`) and the crates that parse durations (humantime and friends)
+//! accept a different, much larger language; the manifest must mean the same thing here as in the
+//! CRD's validation pattern.
+
+use std::time::Duration;
+
+/// Why a duration string was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{text}' is not a duration in the Gateway API format (like 10ms, 1s, 5m, 1h or 1m30s): {why}")]
+pub struct DurationError {
+    text: String,
+    why: &'static str,
+}
+
+/// Parses `text` as a Gateway API duration: one to four parts, each 1–5 digits and a unit.
+pub fn parse(text: &str) -> Result<Duration, DurationError> {
+    let fail = |why| DurationError { text: text.to_owned(), why };
+    if text.is_empty() {
+        return Err(fail("it is empty"));
+    }
+    let bytes = text.as_bytes();
+    let mut total = Duration::ZERO;
+    let mut parts = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        let start = i;
+        while i < bytes.len() && bytes[i].is_ascii_digit() {
+            i += 1;
+        }
+        let digits = &text[start..i];
+        if digits.is_empty() {
+            return Err(fail("each part must start with a number"));
+        }
+        if digits.len() > 5 {
+            return Err(fail("each number has at most 5 digits"));
+        }
+        let value: u64 = digits.parse().map_err(|_| fail("the number does not parse"))?;
+        let unit = if text[i..].starts_with("ms") {
+            i += 2;
+            Duration::from_millis(1)
+        } else {
+            let unit = match bytes.get(i) {
+                Some(b'h') => Duration::from_secs(3600),
+                Some(b'm') => Duration::from_secs(60),
+                Some(b's') => Duration::from_secs(1),
+                _ => return Err(fail("each number needs a unit: h, m, s or ms")),
+            };
+            i += 1;
+            unit
+        };
+        total += unit * value as u32;
+        parts += 1;
+        if parts > 4 {
+            return Err(fail("at most 4 parts"));
+        }
+    }
+    Ok(total)
+}
+
+/// Formats a duration in the same format, choosing the largest exact units (`1m30s`, `250ms`).
+pub fn format(duration: Duration) -> String {
+    let mut ms = duration.as_millis();
+    if ms == 0 {
+        return "0s".to_owned();
+    }
+    let mut out = String::new();
+    for (unit, name) in [(3_600_000, "h"), (60_000, "m"), (1_000, "s"), (1, "ms")] {
+        if ms >= unit {
+            out.push_str(&format!("{}{}", ms / unit, name));
+            ms %= unit;
+        }
+    }
+    out
+}
+
+/// Serde adapter so that manifests can hold durations as strings.
+pub mod serde_format {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    pub fn deserialize_option<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text: Option<String> = Option::deserialize(d)?;
+        text.map(|t| super::parse(&t).map_err(serde::de::Error::custom)).transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_unit_and_combinations() {
+        assert_eq!(parse("10ms"), Ok(Duration::from_millis(10)));
+        assert_eq!(parse("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse("1h2m3s4ms"), Ok(Duration::from_millis(3_723_004)));
+        assert_eq!(parse("0s"), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn refuses_what_the_gateway_api_refuses() {
+        for bad in ["", "10", "ms", "1.5s", "-1s", "100000ms", "1d", "1s2s3s4s5s", " 1s", "1S"] {
+            let err = parse(bad).expect_err(bad);
+            assert!(err.to_string().contains(&format!("'{bad}'")), "{err}");
+        }
+    }
+
+    #[test]
+    fn format_round_trips() {
+        for ms in [0, 1, 10, 999, 1000, 1500, 60_000, 90_000, 3_600_000, 3_723_004] {
+            let d = Duration::from_millis(ms);
+            assert_eq!(parse(&format(d)), Ok(d), "{}", format(d));
+        }
+        assert_eq!(format(Duration::from_millis(90_000)), "1m30s");
+    }
+}

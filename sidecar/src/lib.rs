@@ -1,0 +1,37 @@
+//! Ferry's sidecar: admits inference requests, batches them under deadlines and feeds each batch
+//! to the local engine.
+//!
+//! # Layout
+//!
+//! The core is synchronous and takes the time as an argument, so that it can be tested to the
+//! millisecond and replayed in simulations; a thin async shell feeds it clocks and events.
+//!
+//! - [`ticket`], [`queue`], [`estimate`], [`scheduler`]: the pure core. A [`scheduler::Scheduler`]
+//!   decides admission (queue bounds, deadline feasibility) and dispatch (full, `maxWait`,
+//!   deadline), per model version.
+//! - [`replay`]: the core in virtual time, for exact tests, property tests and simulations.
+//! - [`batcher`]: the async shell around one scheduler: waiting callers, timers, engine calls,
+//!   deadlines of running requests, metrics.
+//! - [`engine`]: the trait engines implement, and the `sim` engine.
+//! - [`tensor`]: Open Inference Protocol tensors, parsed and validated.
+//! - [`deadline`]: a request's absolute deadline from its headers and body.
+//! - [`front`]: the HTTP API (OIP v2 REST) and the admin listener (`/metrics`).
+//! - [`metrics`]: the Prometheus metrics whose names DESIGN.md fixes.
+//! - [`config`]: command line, environment and InferenceService manifest.
+//! - [`outcome`]: how a request ended, its status code and metric label.
+//! - [`duration`]: the Gateway API duration format.
+
+pub mod batcher;
+pub mod config;
+pub mod deadline;
+pub mod duration;
+pub mod engine;
+pub mod estimate;
+pub mod front;
+pub mod metrics;
+pub mod outcome;
+pub mod queue;
+pub mod replay;
+pub mod scheduler;
+pub mod tensor;
+pub mod ticket;

@@ -1,0 +1,102 @@
+//! How a request ended: the rows of DESIGN.md's error table, each with its HTTP status and the
+//! stable `outcome` label of `ferry_requests_total`.
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+
+/// Every way a request can end. Admitted requests end in exactly one of `Ok`, `Expired`,
+/// `Cancelled` or `Failed`; the others are refusals before admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Ok,
+    Invalid,
+    NotFound,
+    TooLarge,
+    Quota,
+    QueueFull,
+    Infeasible,
+    Expired,
+    Cancelled,
+    Failed,
+    Draining,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 11] = [
+        Outcome::Ok,
+        Outcome::Invalid,
+        Outcome::NotFound,
+        Outcome::TooLarge,
+        Outcome::Quota,
+        Outcome::QueueFull,
+        Outcome::Infeasible,
+        Outcome::Expired,
+        Outcome::Cancelled,
+        Outcome::Failed,
+        Outcome::Draining,
+    ];
+
+    /// The `outcome` label value; dashboards and the autoscaler match on these strings.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Invalid => "invalid",
+            Outcome::NotFound => "not_found",
+            Outcome::TooLarge => "too_large",
+            Outcome::Quota => "quota",
+            Outcome::QueueFull => "queue_full",
+            Outcome::Infeasible => "infeasible",
+            Outcome::Expired => "expired",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Failed => "failed",
+            Outcome::Draining => "draining",
+        }
+    }
+
+    /// The HTTP status sent for this outcome. `Cancelled` has none on the wire (nobody is
+    /// listening); 499 is what the logs show, as nginx does.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Outcome::Ok => StatusCode::OK,
+            Outcome::Invalid => StatusCode::BAD_REQUEST,
+            Outcome::NotFound => StatusCode::NOT_FOUND,
+            Outcome::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Outcome::Quota => StatusCode::TOO_MANY_REQUESTS,
+            Outcome::QueueFull | Outcome::Infeasible | Outcome::Draining => StatusCode::SERVICE_UNAVAILABLE,
+            Outcome::Expired => StatusCode::GATEWAY_TIMEOUT,
+            Outcome::Cancelled => StatusCode::from_u16(499).expect("499 is a valid status code"),
+            Outcome::Failed => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+/// A request that did not end in `Ok`: the outcome, the sentence for the `{"error": ...}` body,
+/// and, for refusals a client should retry later, how long to wait (`Retry-After`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    pub outcome: Outcome,
+    pub message: String,
+    pub retry_after: Option<Duration>,
+}
+
+impl Refusal {
+    pub fn new(outcome: Outcome, message: impl Into<String>) -> Self {
+        Refusal { outcome, message: message.into(), retry_after: None }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Refusal::new(Outcome::Invalid, message)
+    }
+
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    /// `Retry-After` in whole seconds, rounded up and at least 1 (the header has no fractions).
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after.map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0)).map(|s| s.max(1))
+    }
+}

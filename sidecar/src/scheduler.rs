@@ -1,0 +1,277 @@
+//! The dispatch rule, as a plain state machine: no I/O, no clock of its own, `now` passed in.
+//!
+//! When a worker is idle, the queue head leaves **now** if the batch is full, if the oldest
+//! request has waited `maxWait` (from its arrival, never restarted), or if waiting longer would
+//! make a queued request miss its deadline. While every worker is busy nothing leaves, whatever
+//! the timers say — a timer cannot create an idle worker — and the batch keeps growing; when a
+//! worker frees up, an overdue batch leaves at once.
+//!
+//! Admission lives here too, because whether a request can still finish in time depends on the
+//! same state: the queue ahead of it, the busy workers and the measured batch time
+//! ([`forecast`]).
+
+mod forecast;
+#[cfg(test)]
+mod tests;
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::estimate::Estimator;
+use crate::outcome::{Outcome, Refusal};
+use crate::queue::Queue;
+use crate::ticket::{Priority, RequestId, Ticket};
+
+/// The knobs of the dispatch rule and the queue bounds of one model version.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// Rows per batch (`maxBatchSize`).
+    pub max_batch_rows: u32,
+    /// Longest voluntary wait of the oldest request (`maxWait`).
+    pub max_wait: Duration,
+    /// A deadline-driven dispatch leaves this much before the last possible moment.
+    pub deadline_margin: Duration,
+    /// Queue bound by count (`maxQueue`).
+    pub max_queue: usize,
+    /// Queue bound by payload bytes (`--max-queue-bytes`).
+    pub max_queue_bytes: u64,
+}
+
+/// Why a batch left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// `maxBatchSize` rows, or the next request would not fit.
+    Full,
+    /// The oldest request has waited `maxWait`.
+    MaxWait,
+    /// Waiting longer would make a queued request miss its deadline.
+    Deadline,
+}
+
+/// What the scheduler wants to happen next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// A worker is idle and a batch should leave now.
+    Dispatch(Trigger),
+    /// A worker is idle; the batch leaves at this instant unless something changes first.
+    At(Instant),
+    /// Requests are waiting but every worker is busy.
+    WaitForWorker,
+    /// Nothing is queued.
+    Empty,
+}
+
+/// A batch handed to a worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    pub worker: usize,
+    pub trigger: Trigger,
+    pub dispatched_at: Instant,
+    pub rows: u32,
+    pub tickets: Vec<Ticket>,
+    /// Tickets that were due to ride but can no longer finish before their deadline; they are
+    /// taken out of the queue and must be answered as expired rather than run.
+    pub doomed: Vec<Ticket>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Worker {
+    Idle,
+    Busy { since: Instant, rows: u32, expected_end: Instant },
+}
+
+#[derive(Debug)]
+pub struct Scheduler {
+    policy: Policy,
+    queue: Queue,
+    workers: Vec<Worker>,
+    estimator: Estimator,
+}
+
+/// The batch that would leave now: which tickets, their rows, and whether it is full.
+#[derive(Debug, Clone)]
+struct Plan {
+    ids: Vec<RequestId>,
+    rows: u32,
+    full: bool,
+}
+
+/// How far past the first batch-tier request that does not fit the plan looks for smaller ones
+/// that do, so that planning stays cheap with a long batch-tier backlog.
+const FILL_LOOKAHEAD: usize = 256;
+
+impl Scheduler {
+    pub fn new(policy: Policy, workers: usize, estimator: Estimator) -> Self {
+        assert!(workers >= 1 && policy.max_batch_rows >= 1, "validated by the configuration");
+        Scheduler { policy, queue: Queue::default(), workers: vec![Worker::Idle; workers], estimator }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Admits `ticket` into the queue, or refuses it: queue full (count or bytes), or its
+    /// deadline cannot be met, or admitting it would make an admitted request of its priority
+    /// miss a deadline it could otherwise meet.
+    pub fn admit(&mut self, ticket: Ticket, now: Instant) -> Result<(), Refusal> {
+        let p = &self.policy;
+        if self.queue.len() >= p.max_queue {
+            return Err(Refusal::new(
+                Outcome::QueueFull,
+                format!("queue full: {} requests waiting, the bound (maxQueue) is {}", self.queue.len(), p.max_queue),
+            )
+            .retry_after(self.drain_time(now)));
+        }
+        if self.queue.bytes() + ticket.bytes > p.max_queue_bytes {
+            return Err(Refusal::new(
+                Outcome::QueueFull,
+                format!(
+                    "queue full: {} bytes waiting plus this request's {} would pass the bound (--max-queue-bytes) of {}",
+                    self.queue.bytes(),
+                    ticket.bytes,
+                    p.max_queue_bytes
+                ),
+            )
+            .retry_after(self.drain_time(now)));
+        }
+        forecast::check_admission(self, &ticket, now)?;
+        self.queue.push(ticket);
+        Ok(())
+    }
+
+    /// Removes a queued request (its caller went away). `None` if it is not queued.
+    pub fn cancel(&mut self, id: RequestId) -> Option<Ticket> {
+        self.queue.remove(id)
+    }
+
+    /// Removes and returns the queued requests whose deadline has come.
+    pub fn expire(&mut self, now: Instant) -> Vec<Ticket> {
+        self.queue.take_expired(now)
+    }
+
+    /// The dispatch rule.
+    pub fn next(&self, now: Instant) -> Next {
+        let Some(oldest) = self.queue.oldest_arrival() else { return Next::Empty };
+        if !self.workers.contains(&Worker::Idle) {
+            return Next::WaitForWorker;
+        }
+        let plan = self.plan();
+        if plan.full {
+            return Next::Dispatch(Trigger::Full);
+        }
+        let wait_over = oldest + self.policy.max_wait;
+        if now >= wait_over {
+            return Next::Dispatch(Trigger::MaxWait);
+        }
+        let must_leave = self.latest_start(plan.rows).unwrap_or(now);
+        if now >= must_leave {
+            return Next::Dispatch(Trigger::Deadline);
+        }
+        Next::At(wait_over.min(must_leave))
+    }
+
+    /// When the owner of this scheduler must call in again even if nothing else happens: the next
+    /// dispatch timer or the next queued deadline.
+    pub fn next_wake(&self, now: Instant) -> Option<Instant> {
+        let timer = match self.next(now) {
+            Next::Dispatch(_) => Some(now),
+            Next::At(at) => Some(at),
+            Next::WaitForWorker | Next::Empty => None,
+        };
+        [timer, self.queue.earliest_deadline()].into_iter().flatten().min()
+    }
+
+    /// Takes the batch that [`Scheduler::next`] says should leave, and marks a worker busy.
+    pub fn take(&mut self, now: Instant) -> Option<Batch> {
+        let Next::Dispatch(trigger) = self.next(now) else { return None };
+        let plan = self.plan();
+        let worker = self.workers.iter().position(|w| *w == Worker::Idle)?;
+        let chosen: Vec<Ticket> = plan.ids.into_iter().filter_map(|id| self.queue.remove(id)).collect();
+        let finish = now + self.estimator.estimate(plan.rows);
+        let (tickets, doomed): (Vec<Ticket>, Vec<Ticket>) = chosen.into_iter().partition(|t| t.deadline >= finish);
+        let rows = tickets.iter().map(|t| t.rows).sum();
+        if !tickets.is_empty() {
+            let expected_end = now + self.estimator.estimate(rows);
+            self.workers[worker] = Worker::Busy { since: now, rows, expected_end };
+        }
+        Some(Batch { worker, trigger, dispatched_at: now, rows, tickets, doomed })
+    }
+
+    /// A worker finished its batch (successfully or not): it is idle again, and its measured time
+    /// teaches the estimator.
+    pub fn finish(&mut self, worker: usize, now: Instant) {
+        if let Worker::Busy { since, rows, .. } = self.workers[worker] {
+            self.estimator.observe(rows, now - since);
+        }
+        self.workers[worker] = Worker::Idle;
+    }
+
+    pub fn estimate(&self, rows: u32) -> Duration {
+        self.estimator.estimate(rows)
+    }
+
+    pub fn queue_depth(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn queue_bytes(&self) -> u64 {
+        self.queue.bytes()
+    }
+
+    pub fn oldest_arrival(&self) -> Option<Instant> {
+        self.queue.oldest_arrival()
+    }
+
+    pub fn busy_workers(&self) -> usize {
+        self.workers.iter().filter(|w| **w != Worker::Idle).count()
+    }
+
+    pub fn workers(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// The batch that would leave now. Interactive requests are taken from the head of the queue
+    /// in deadline order and never overtaken: the batch is full when it holds `maxBatchSize` rows
+    /// or when the next interactive request does not fit. Seats still empty then go to batch-tier
+    /// requests that fit, in deadline order, skipping those too large for what is left: an empty
+    /// seat on a departing batch is capacity that expires.
+    fn plan(&self) -> Plan {
+        let cap = self.policy.max_batch_rows;
+        let mut plan = Plan { ids: Vec::new(), rows: 0, full: false };
+        for ticket in self.queue.iter_priority(Priority::Interactive) {
+            if plan.rows + ticket.rows > cap {
+                plan.full = true;
+                return plan;
+            }
+            plan.rows += ticket.rows;
+            plan.ids.push(ticket.id);
+        }
+        let mut skipped = 0;
+        for ticket in self.queue.iter_priority(Priority::Batch) {
+            if plan.rows == cap || skipped > FILL_LOOKAHEAD {
+                break;
+            }
+            if plan.rows + ticket.rows > cap {
+                skipped += 1;
+                continue;
+            }
+            plan.rows += ticket.rows;
+            plan.ids.push(ticket.id);
+        }
+        plan.full = plan.rows == cap;
+        plan
+    }
+
+    /// The last instant a batch of `rows` rows can start and still meet every queued deadline
+    /// (less the safety margin). `None` when that instant is before the clock's origin.
+    fn latest_start(&self, rows: u32) -> Option<Instant> {
+        let earliest = self.queue.earliest_deadline()?;
+        earliest.checked_sub(self.policy.deadline_margin + self.estimator.estimate(rows))
+    }
+
+    /// Roughly how long until the queue ahead has drained, for `Retry-After`.
+    fn drain_time(&self, now: Instant) -> Duration {
+        forecast::drain_time(self, now)
+    }
+}

@@ -1,0 +1,270 @@
+//! The dispatch rule to the millisecond: DESIGN.md's exercise table and the cases beyond it.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::*;
+use crate::replay::{replay, Arrival, Fate};
+use crate::ticket::Priority;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// The exercise's service: cap 4, `maxWait` 10 ms, 100 ms per batch, 200 ms budget.
+fn exercise(workers: usize) -> Scheduler {
+    scheduler(4, 10, workers, 100)
+}
+
+fn scheduler(cap: u32, max_wait_ms: u64, workers: usize, batch_ms: u64) -> Scheduler {
+    let policy = Policy {
+        max_batch_rows: cap,
+        max_wait: ms(max_wait_ms),
+        deadline_margin: Duration::ZERO,
+        max_queue: 1024,
+        max_queue_bytes: 1 << 30,
+    };
+    Scheduler::new(policy, workers, Estimator::new(ms(batch_ms), Duration::ZERO))
+}
+
+fn fixed(batch_ms: u64) -> impl Fn(u32) -> Duration {
+    move |_| ms(batch_ms)
+}
+
+fn done(dispatched: u64, finished: u64, batch_rows: u32) -> Fate {
+    Fate::Done { dispatched: ms(dispatched), finished: ms(finished), batch_rows }
+}
+
+#[test]
+fn sparse_arrivals_leave_when_the_oldest_has_waited_max_wait() {
+    let trace = replay(exercise(1), fixed(100), &[Arrival::new(0, 200), Arrival::new(7, 200)]);
+    assert_eq!(trace.batches.len(), 1);
+    assert_eq!(trace.batches[0].trigger, Trigger::MaxWait);
+    assert_eq!(trace.fate(0), &done(10, 110, 2)); // A waited 110
+    assert_eq!(trace.fate(1), &done(10, 110, 2)); // B waited 103
+}
+
+#[test]
+fn a_full_batch_leaves_at_once() {
+    let trace = replay(exercise(1), fixed(100), &[Arrival::new(0, 200); 4]);
+    assert_eq!(trace.batches.len(), 1);
+    assert_eq!(trace.batches[0].trigger, Trigger::Full);
+    for i in 0..4 {
+        assert_eq!(trace.fate(i), &done(0, 100, 4));
+    }
+}
+
+#[test]
+fn max_wait_cannot_create_an_idle_worker() {
+    let mut arrivals = vec![Arrival::new(0, 200); 4];
+    arrivals.push(Arrival::new(1, 200));
+    let trace = replay(exercise(1), fixed(100), &arrivals);
+    assert_eq!(trace.fate(4), &done(100, 200, 1));
+    // E's timer ran out at 11 while the worker was busy; it left the moment the worker freed up.
+    assert_eq!(trace.batches[1].trigger, Trigger::MaxWait);
+}
+
+#[test]
+fn a_deadline_that_cannot_be_met_is_refused_at_admission() {
+    let mut arrivals = vec![Arrival::new(0, 200); 4];
+    arrivals.push(Arrival::new(1, 149)); // deadline at 150; it could finish at 200 at best
+    let trace = replay(exercise(1), fixed(100), &arrivals);
+    assert_eq!(trace.fate(4), &Fate::Refused { at: ms(1), outcome: Outcome::Infeasible });
+    assert_eq!(trace.batches.len(), 1);
+}
+
+#[test]
+fn the_timer_is_not_restarted_when_a_worker_frees_up() {
+    // B arrives while the worker is busy and has waited 90 ms when it frees up at 100: it leaves
+    // at once, not at 100 + maxWait.
+    let mut arrivals = vec![Arrival::new(0, 200); 4];
+    arrivals.push(Arrival::new(10, 300));
+    let mut s = exercise(1);
+    s.policy.max_wait = ms(50);
+    let trace = replay(s, fixed(100), &arrivals);
+    assert_eq!(trace.fate(4), &done(100, 200, 1));
+}
+
+#[test]
+fn a_batch_fills_while_every_worker_is_busy() {
+    let mut arrivals = vec![Arrival::new(0, 250); 4];
+    arrivals.extend((1..=5).map(|t| Arrival::new(t * 10, 300)));
+    let trace = replay(exercise(1), fixed(100), &arrivals);
+    // Four of the five that came while the worker was busy leave together at 100; the fifth waits.
+    assert_eq!(trace.batches[1].dispatched, ms(100));
+    assert_eq!(trace.batches[1].rows, 4);
+    assert_eq!(trace.batches[1].trigger, Trigger::Full);
+    assert_eq!(trace.fate(8), &done(200, 300, 1));
+}
+
+#[test]
+fn a_batch_that_fills_before_max_wait_leaves_when_full() {
+    let arrivals = [Arrival::new(0, 200), Arrival::new(3, 200), Arrival::new(5, 200), Arrival::new(8, 200)];
+    let trace = replay(exercise(1), fixed(100), &arrivals);
+    assert_eq!(trace.batches.len(), 1);
+    assert_eq!(trace.batches[0].trigger, Trigger::Full);
+    assert_eq!(trace.fate(0), &done(8, 108, 4));
+}
+
+#[test]
+fn several_workers_take_batches_side_by_side() {
+    let mut arrivals = vec![Arrival::new(0, 200); 4];
+    arrivals.extend([Arrival::new(5, 200); 4]);
+    arrivals.push(Arrival::new(6, 300));
+    let trace = replay(exercise(2), fixed(100), &arrivals);
+    assert_eq!(trace.fate(0), &done(0, 100, 4));
+    assert_eq!(trace.fate(4), &done(5, 105, 4));
+    assert_eq!((trace.batches[0].worker, trace.batches[1].worker), (0, 1));
+    // Both workers busy: the ninth request waits for the first one to free up.
+    assert_eq!(trace.fate(8), &done(100, 200, 1));
+    assert_eq!(trace.batches[2].worker, 0);
+}
+
+#[test]
+fn a_deadline_makes_a_batch_leave_before_max_wait() {
+    // maxWait 50 ms, but A's deadline (120) only leaves room to start by 20.
+    let trace = replay(scheduler(4, 50, 1, 100), fixed(100), &[Arrival::new(0, 120), Arrival::new(15, 200)]);
+    assert_eq!(trace.batches[0].trigger, Trigger::Deadline);
+    assert_eq!(trace.fate(0), &done(20, 120, 2));
+    assert_eq!(trace.fate(1), &done(20, 120, 2));
+}
+
+#[test]
+fn the_deadline_margin_moves_the_dispatch_earlier() {
+    let mut s = scheduler(4, 50, 1, 100);
+    s.policy.deadline_margin = ms(5);
+    let trace = replay(s, fixed(100), &[Arrival::new(0, 120)]);
+    assert_eq!(trace.fate(0), &done(15, 115, 1));
+}
+
+#[test]
+fn rows_are_counted_and_a_request_that_does_not_fit_waits_for_the_next_batch() {
+    let arrivals = [Arrival::new(0, 200).rows(3), Arrival::new(1, 200).rows(2), Arrival::new(2, 300).rows(1)];
+    let trace = replay(exercise(1), fixed(100), &arrivals);
+    // B (2 rows) does not fit beside A (3 rows): A's batch is full and leaves when B arrives.
+    assert_eq!(trace.batches[0].trigger, Trigger::Full);
+    assert_eq!(trace.fate(0), &done(1, 101, 3));
+    // B and C leave together when the worker frees up; B's timer ran out at 11.
+    assert_eq!(trace.fate(1), &done(101, 201, 3));
+    assert_eq!(trace.fate(2), &done(101, 201, 3));
+}
+
+#[test]
+fn within_a_priority_batches_take_the_earliest_deadline_first() {
+    let mut arrivals = vec![Arrival::new(0, 500); 4];
+    arrivals.extend((0..4).map(|_| Arrival::new(1, 450)));
+    arrivals.push(Arrival::new(2, 250));
+    let trace = replay(exercise(1), fixed(100), &arrivals);
+    // At 100 the worker frees: the request due at 252 rides first, with three due at 451.
+    assert_eq!(trace.fate(8), &done(100, 200, 4));
+    assert_eq!(trace.batches[1].requests, vec![8, 4, 5, 6]);
+    assert_eq!(trace.fate(7), &done(200, 300, 1));
+}
+
+#[test]
+fn batch_tier_work_fills_the_seats_interactive_work_leaves() {
+    let arrivals = [
+        Arrival::new(0, 200).rows(2),
+        Arrival::new(0, 1000).priority(Priority::Batch),
+        Arrival::new(1, 200),
+        Arrival::new(1, 900).priority(Priority::Batch).rows(2),
+    ];
+    let trace = replay(exercise(1), fixed(100), &arrivals);
+    // Interactive A (2 rows) and C (1 row) go first. One seat is left: the batch-tier request
+    // due first needs two, so the one-row batch-tier request takes it.
+    assert_eq!(trace.batches[0].requests, vec![0, 2, 1]);
+    assert_eq!(trace.batches[0].trigger, Trigger::Full);
+    assert_eq!(trace.fate(0), &done(1, 101, 4));
+    assert_eq!(trace.fate(3), &done(101, 201, 2));
+}
+
+#[test]
+fn admission_never_breaks_an_earlier_promise() {
+    // One row per batch: every request is its own batch.
+    let mut s = scheduler(1, 10, 1, 100);
+    let t0 = Instant::now();
+    let ticket = |id, at: u64, deadline: u64| Ticket {
+        id,
+        arrival: t0 + ms(at),
+        deadline: t0 + ms(deadline),
+        rows: 1,
+        bytes: 1,
+        priority: Priority::Interactive,
+    };
+    s.admit(ticket(0, 0, 500), t0).unwrap();
+    assert!(s.take(t0).is_some()); // running 0..100
+    s.admit(ticket(1, 1, 301), t0 + ms(1)).unwrap(); // forecast 200
+    s.admit(ticket(2, 2, 252), t0 + ms(2)).unwrap(); // goes ahead of 1: 200, and 1 moves to 300
+    let refusal = s.admit(ticket(3, 3, 243), t0 + ms(3)).unwrap_err(); // would push 2 to 300 > 252
+    assert_eq!(refusal.outcome, Outcome::Infeasible);
+    assert!(refusal.message.contains("earlier promise"), "{}", refusal.message);
+    assert_eq!(s.queue_depth(), 2);
+}
+
+#[test]
+fn the_queue_is_bounded_by_count_and_by_bytes() {
+    let mut s = exercise(1);
+    s.policy.max_queue = 2;
+    s.policy.max_queue_bytes = 100;
+    let t0 = Instant::now();
+    let ticket = |id, bytes| Ticket {
+        id,
+        arrival: t0,
+        deadline: t0 + ms(10_000),
+        rows: 1,
+        bytes,
+        priority: Priority::Interactive,
+    };
+    s.admit(ticket(0, 60), t0).unwrap();
+    let by_bytes = s.admit(ticket(1, 41), t0).unwrap_err();
+    assert_eq!(by_bytes.outcome, Outcome::QueueFull);
+    assert!(by_bytes.message.contains("--max-queue-bytes) of 100"), "{}", by_bytes.message);
+    s.admit(ticket(2, 40), t0).unwrap();
+    let by_count = s.admit(ticket(3, 1), t0).unwrap_err();
+    assert!(by_count.message.contains("maxQueue) is 2"), "{}", by_count.message);
+    assert!(by_count.retry_after_secs().unwrap() >= 1);
+}
+
+#[test]
+fn a_queued_request_expires_exactly_at_its_deadline() {
+    // The estimator believes 100 ms; the engine takes 300. E was admitted for 200 and is still
+    // queued at its deadline.
+    let mut arrivals = vec![Arrival::new(0, 1000); 4];
+    arrivals.push(Arrival::new(1, 200));
+    let trace = replay(exercise(1), fixed(300), &arrivals);
+    assert_eq!(trace.fate(4), &Fate::Expired { at: ms(201) });
+}
+
+#[test]
+fn a_request_that_can_no_longer_finish_is_not_given_a_seat() {
+    // Engine 150 ms against an estimate of 100: at 150 the estimator has learnt, and E (due at
+    // 201) cannot finish by 300; it is answered at once instead of riding.
+    let mut arrivals = vec![Arrival::new(0, 1000); 4];
+    arrivals.push(Arrival::new(1, 200));
+    arrivals.push(Arrival::new(2, 1000));
+    let trace = replay(exercise(1), fixed(150), &arrivals);
+    assert_eq!(trace.fate(4), &Fate::Expired { at: ms(150) });
+    assert_eq!(trace.fate(5), &done(150, 300, 1));
+}
+
+#[test]
+fn next_names_the_timer_it_waits_for() {
+    let mut s = exercise(1);
+    let t0 = Instant::now();
+    assert_eq!(s.next(t0), Next::Empty);
+    let t = Ticket { id: 0, arrival: t0, deadline: t0 + ms(200), rows: 1, bytes: 1, priority: Priority::Interactive };
+    s.admit(t, t0).unwrap();
+    assert_eq!(s.next(t0), Next::At(t0 + 10 * MS));
+    assert_eq!(s.next_wake(t0), Some(t0 + 10 * MS));
+    assert_eq!(s.next(t0 + 10 * MS), Next::Dispatch(Trigger::MaxWait));
+    let batch = s.take(t0 + 10 * MS).unwrap();
+    assert_eq!((batch.rows, batch.worker), (1, 0));
+    assert_eq!(s.busy_workers(), 1);
+    s.admit(Ticket { id: 1, deadline: t0 + 300 * MS, ..t }, t0 + 11 * MS).unwrap();
+    assert_eq!(s.next(t0 + 50 * MS), Next::WaitForWorker);
+    s.finish(0, t0 + 110 * MS);
+    assert_eq!(s.next(t0 + 110 * MS), Next::Dispatch(Trigger::MaxWait));
+}

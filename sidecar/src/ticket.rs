@@ -1,0 +1,43 @@
+//! What the scheduler knows of a request: its timing and size, never its payload or connection.
+
+use tokio::time::Instant;
+
+/// Sidecar-internal request number, assigned at arrival in increasing order (so it also breaks
+/// ties in arrival order).
+pub type RequestId = u64;
+
+/// Interactive requests are served first; batch-tier requests ride in the seats they leave empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Priority {
+    #[default]
+    Interactive,
+    Batch,
+}
+
+impl Priority {
+    pub fn parse(text: &str) -> Option<Priority> {
+        match text {
+            "interactive" => Some(Priority::Interactive),
+            "batch" => Some(Priority::Batch),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One admitted (or to-be-admitted) request as the scheduler sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    pub id: RequestId,
+    pub arrival: Instant,
+    /// Absolute: no answer is sent after it.
+    pub deadline: Instant,
+    /// First dimension of its inputs; `maxBatchSize` counts these.
+    pub rows: u32,
+    /// Payload size, counted against `--max-queue-bytes`.
+    pub bytes: u64,
+    pub priority: Priority,
+}
