@@ -1,1 +1,336 @@
+//! The sidecar's settings: an InferenceService manifest (`--config`, the same YAML that
+//! `kubectl apply` takes), overridden by flags, each of which also reads `FERRY_<FLAG>`.
+//! Precedence: flag, then environment, then manifest, then the defaults of DESIGN.md.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use serde::Deserialize;
+
+use crate::duration;
+
+#[derive(Debug, Parser, Default)]
+#[command(name = "ferry-sidecar", version, about = "Ferry's sidecar: deadline-aware batching in front of an inference engine")]
+pub struct Cli {
+    /// An InferenceService manifest (YAML); flags override its fields.
+    #[arg(long, env = "FERRY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address of the inference API. [default: 0.0.0.0:8080]
+    #[arg(long, env = "FERRY_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Address of the admin listener (/metrics, health). [default: 0.0.0.0:9090]
+    #[arg(long, env = "FERRY_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Model name (spec.model.name). [default: sim]
+    #[arg(long, env = "FERRY_MODEL")]
+    pub model: Option<String>,
+    /// Model version (spec.model.version). [default: 1]
+    #[arg(long, env = "FERRY_MODEL_VERSION")]
+    pub model_version: Option<String>,
+    /// Rows per batch (spec.batching.maxBatchSize). [default: 32]
+    #[arg(long, env = "FERRY_MAX_BATCH_SIZE")]
+    pub max_batch_size: Option<u32>,
+    /// Longest voluntary wait of the oldest request (spec.batching.maxWait). [default: 10ms]
+    #[arg(long, env = "FERRY_MAX_WAIT", value_parser = duration::parse)]
+    pub max_wait: Option<Duration>,
+    /// Default deadline of a request (spec.batching.latencyBudget). [default: 200ms]
+    #[arg(long, env = "FERRY_LATENCY_BUDGET", value_parser = duration::parse)]
+    pub latency_budget: Option<Duration>,
+    /// Longest deadline a request may ask for. [default: the latency budget]
+    #[arg(long, env = "FERRY_MAX_TIMEOUT", value_parser = duration::parse)]
+    pub max_timeout: Option<Duration>,
+    /// Batches that run at once on the engine. [default: 1]
+    #[arg(long, env = "FERRY_WORKERS")]
+    pub workers: Option<usize>,
+    /// Queue bound by count (spec.batching.maxQueue). [default: 1024]
+    #[arg(long, env = "FERRY_MAX_QUEUE")]
+    pub max_queue: Option<usize>,
+    /// Queue bound by payload bytes (spec.batching.maxQueueBytes). [default: 268435456]
+    #[arg(long, env = "FERRY_MAX_QUEUE_BYTES")]
+    pub max_queue_bytes: Option<u64>,
+    /// Largest request body accepted (spec.batching.maxRequestBytes). [default: 16777216]
+    #[arg(long, env = "FERRY_MAX_REQUEST_BYTES")]
+    pub max_request_bytes: Option<u64>,
+    /// A deadline-driven batch leaves this long before the last possible moment. [default: 2ms]
+    #[arg(long, env = "FERRY_DEADLINE_MARGIN", value_parser = duration::parse)]
+    pub deadline_margin: Option<Duration>,
+    /// Engine kind (spec.engine.kind): sim, cuda or remote. [default: sim]
+    #[arg(long, env = "FERRY_ENGINE")]
+    pub engine: Option<String>,
+    /// Fixed time per batch of the sim engine (spec.engine.sim.batchTime). [default: 100ms]
+    #[arg(long, env = "FERRY_SIM_BATCH_TIME", value_parser = duration::parse)]
+    pub sim_batch_time: Option<Duration>,
+    /// Time per row of the sim engine (spec.engine.sim.perItem). [default: 0ms]
+    #[arg(long, env = "FERRY_SIM_PER_ITEM", value_parser = duration::parse)]
+    pub sim_per_item: Option<Duration>,
+    /// URL of the inference server beside the sidecar (remote engine).
+    #[arg(long, env = "FERRY_UPSTREAM")]
+    pub upstream: Option<String>,
+    /// Model files for the cuda engine (spec.model.source).
+    #[arg(long, env = "FERRY_MODEL_SOURCE")]
+    pub model_source: Option<PathBuf>,
+    /// auto, cpu or cuda[:N] (cuda engine). [default: auto]
+    #[arg(long, env = "FERRY_DEVICE")]
+    pub device: Option<String>,
+}
+
+/// The engine to run, with its settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineSettings {
+    Sim { batch_time: Duration, per_item: Duration },
+}
+
+/// Everything resolved and checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub metrics_listen: SocketAddr,
+    pub model: String,
+    pub version: String,
+    pub max_batch_size: u32,
+    pub max_wait: Duration,
+    pub latency_budget: Duration,
+    pub max_timeout: Duration,
+    pub workers: usize,
+    pub max_queue: usize,
+    pub max_queue_bytes: u64,
+    pub max_request_bytes: u64,
+    pub deadline_margin: Duration,
+    pub engine: EngineSettings,
+}
+
+/// A setting that cannot be used; the message names the field, the value and the rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// The part of an InferenceService manifest the sidecar reads. Other fields (scaling, engine
+/// image) belong to the operator and are ignored here.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Manifest {
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    spec: Spec,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Spec {
+    #[serde(default)]
+    model: ModelSpec,
+    #[serde(default)]
+    engine: EngineSpec,
+    #[serde(default)]
+    batching: BatchingSpec,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ModelSpec {
+    name: Option<String>,
+    version: Option<String>,
+    source: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct EngineSpec {
+    kind: Option<String>,
+    #[serde(default)]
+    sim: SimSpec,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SimSpec {
+    #[serde(default, deserialize_with = "duration::serde_format::deserialize_option")]
+    batch_time: Option<Duration>,
+    #[serde(default, deserialize_with = "duration::serde_format::deserialize_option")]
+    per_item: Option<Duration>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BatchingSpec {
+    max_batch_size: Option<u32>,
+    #[serde(default, deserialize_with = "duration::serde_format::deserialize_option")]
+    max_wait: Option<Duration>,
+    #[serde(default, deserialize_with = "duration::serde_format::deserialize_option")]
+    latency_budget: Option<Duration>,
+    max_queue: Option<usize>,
+    max_queue_bytes: Option<u64>,
+    max_request_bytes: Option<u64>,
+}
+
+const MS: Duration = Duration::from_millis(1);
+
+impl Settings {
+    /// Resolves the command line (with its environment) over the manifest it names, if any.
+    pub fn resolve(cli: Cli) -> Result<Settings, ConfigError> {
+        let manifest = match &cli.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| ConfigError(format!("--config {}: cannot read it: {e}", path.display())))?;
+                parse_manifest(&text).map_err(|e| ConfigError(format!("--config {}: {e}", path.display())))?
+            }
+            None => Manifest::default(),
+        };
+        Settings::merge(cli, manifest)
+    }
+
+    fn merge(cli: Cli, m: Manifest) -> Result<Settings, ConfigError> {
+        let (model, engine, batching) = (m.spec.model, m.spec.engine, m.spec.batching);
+        let latency_budget = cli.latency_budget.or(batching.latency_budget).unwrap_or(200 * MS);
+        let s = Settings {
+            listen: cli.listen.unwrap_or_else(|| "0.0.0.0:8080".parse().expect("valid address")),
+            metrics_listen: cli.metrics_listen.unwrap_or_else(|| "0.0.0.0:9090".parse().expect("valid address")),
+            model: cli.model.or(model.name).unwrap_or_else(|| "sim".into()),
+            version: cli.model_version.or(model.version).unwrap_or_else(|| "1".into()),
+            max_batch_size: cli.max_batch_size.or(batching.max_batch_size).unwrap_or(32),
+            max_wait: cli.max_wait.or(batching.max_wait).unwrap_or(10 * MS),
+            latency_budget,
+            max_timeout: cli.max_timeout.unwrap_or(latency_budget),
+            workers: cli.workers.unwrap_or(1),
+            max_queue: cli.max_queue.or(batching.max_queue).unwrap_or(1024),
+            max_queue_bytes: cli.max_queue_bytes.or(batching.max_queue_bytes).unwrap_or(256 << 20),
+            max_request_bytes: cli.max_request_bytes.or(batching.max_request_bytes).unwrap_or(16 << 20),
+            deadline_margin: cli.deadline_margin.unwrap_or(2 * MS),
+            engine: match cli.engine.or(engine.kind).as_deref().unwrap_or("sim") {
+                "sim" => EngineSettings::Sim {
+                    batch_time: cli.sim_batch_time.or(engine.sim.batch_time).unwrap_or(100 * MS),
+                    per_item: cli.sim_per_item.or(engine.sim.per_item).unwrap_or(Duration::ZERO),
+                },
+                kind @ ("cuda" | "remote") => {
+                    return Err(ConfigError(format!(
+                        "spec.engine.kind (--engine) is '{kind}'; this build of ferry-sidecar has only the 'sim' engine"
+                    )))
+                }
+                other => {
+                    return Err(ConfigError(format!(
+                        "spec.engine.kind (--engine) is '{other}'; it must be one of sim, cuda, remote"
+                    )))
+                }
+            },
+        };
+        let _ = (model.source, cli.model_source, cli.upstream, cli.device);
+        s.check()?;
+        Ok(s)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let fail = |msg: String| Err(ConfigError(msg));
+        if self.model.is_empty() || self.model.contains('/') {
+            return fail(format!("spec.model.name (--model) is '{}'; it must be non-empty and have no '/'", self.model));
+        }
+        if self.version.is_empty() || self.version.contains('/') {
+            return fail(format!(
+                "spec.model.version (--model-version) is '{}'; it must be non-empty and have no '/'",
+                self.version
+            ));
+        }
+        if self.max_batch_size == 0 {
+            return fail("spec.batching.maxBatchSize (--max-batch-size) is 0; it must be at least 1".into());
+        }
+        if self.workers == 0 {
+            return fail("--workers is 0; it must be at least 1".into());
+        }
+        if self.max_queue == 0 {
+            return fail("spec.batching.maxQueue (--max-queue) is 0; it must be at least 1".into());
+        }
+        if self.latency_budget.is_zero() {
+            return fail("spec.batching.latencyBudget (--latency-budget) is 0s; it must be more than 0".into());
+        }
+        if self.max_timeout < self.latency_budget {
+            return fail(format!(
+                "--max-timeout is {}; it must be at least the latency budget, {}",
+                duration::format(self.max_timeout),
+                duration::format(self.latency_budget)
+            ));
+        }
+        if self.max_request_bytes == 0 || self.max_queue_bytes < self.max_request_bytes {
+            return fail(format!(
+                "--max-queue-bytes is {} and --max-request-bytes is {}; the queue must hold at least one request of the largest size (and that size must be more than 0)",
+                self.max_queue_bytes, self.max_request_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn parse_manifest(text: &str) -> Result<Manifest, ConfigError> {
+    let m: Manifest = serde_saphyr::from_str(text).map_err(|e| ConfigError(one_line(&e.to_string())))?;
+    match m.kind.as_deref() {
+        None | Some("InferenceService") => Ok(m),
+        Some(other) => Err(ConfigError(format!("kind is '{other}'; the sidecar reads an InferenceService manifest"))),
+    }
+}
+
+/// YAML errors come with an annotated snippet over several lines; the contract is one line.
+fn one_line(text: &str) -> String {
+    text.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("ferry-sidecar").chain(args.iter().copied())).unwrap()
+    }
+
+    const MANIFEST: &str = r#"
+apiVersion: ferry.dev/v1alpha1
+kind: InferenceService
+metadata: {name: quickstart}
+spec:
+  model: {name: echo, version: "3"}
+  engine: {kind: sim, sim: {batchTime: 100ms, perItem: 1ms}}
+  batching: {maxBatchSize: 16, maxWait: 5ms, latencyBudget: 300ms, maxQueue: 50}
+  scaling: {minReplicas: 1, maxReplicas: 4}
+"#;
+
+    #[test]
+    fn defaults_are_those_of_the_design() {
+        let s = Settings::merge(Cli::default(), Manifest::default()).unwrap();
+        assert_eq!((s.max_batch_size, s.max_wait, s.latency_budget), (32, 10 * MS, 200 * MS));
+        assert_eq!((s.max_timeout, s.workers, s.max_queue), (200 * MS, 1, 1024));
+        assert_eq!(s.engine, EngineSettings::Sim { batch_time: 100 * MS, per_item: Duration::ZERO });
+        assert_eq!(s.listen.to_string(), "0.0.0.0:8080");
+    }
+
+    #[test]
+    fn the_manifest_sets_and_flags_override() {
+        let m = parse_manifest(MANIFEST).unwrap();
+        let s = Settings::merge(cli(&["--max-wait", "7ms", "--workers", "3"]), m).unwrap();
+        assert_eq!((s.model.as_str(), s.version.as_str()), ("echo", "3"));
+        assert_eq!((s.max_batch_size, s.max_wait, s.latency_budget, s.max_queue), (16, 7 * MS, 300 * MS, 50));
+        assert_eq!(s.workers, 3);
+        assert_eq!(s.engine, EngineSettings::Sim { batch_time: 100 * MS, per_item: MS });
+    }
+
+    #[test]
+    fn bad_values_name_the_field_and_the_rule() {
+        let err = Settings::merge(cli(&["--max-batch-size", "0"]), Manifest::default()).unwrap_err();
+        assert_eq!(err.0, "spec.batching.maxBatchSize (--max-batch-size) is 0; it must be at least 1");
+        let err = Settings::merge(cli(&["--max-timeout", "100ms"]), Manifest::default()).unwrap_err();
+        assert!(err.0.contains("--max-timeout is 100ms; it must be at least the latency budget, 200ms"), "{err}");
+        let err = Settings::merge(cli(&["--engine", "tpu"]), Manifest::default()).unwrap_err();
+        assert!(err.0.contains("'tpu'; it must be one of sim, cuda, remote"), "{err}");
+    }
+
+    #[test]
+    fn bad_manifests_are_one_line_errors() {
+        let err = parse_manifest("spec:\n  batching: {maxWait: soon}\n").unwrap_err();
+        assert!(err.0.contains("'soon' is not a duration"), "{err}");
+        assert!(!err.0.contains('\n'));
+        let err = parse_manifest("kind: Deployment\n").unwrap_err();
+        assert!(err.0.contains("kind is 'Deployment'"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_flag_value_is_refused_by_the_parser() {
+        let err = Cli::try_parse_from(["ferry-sidecar", "--max-wait", "10"]).unwrap_err();
+        assert!(err.to_string().contains("'10' is not a duration"), "{err}");
+    }
+}

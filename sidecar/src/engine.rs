@@ -1,1 +1,56 @@
+//! What runs a batch. The batcher hands an engine the inputs of every request in a batch, in
+//! order, and gets back the outputs of each, in the same order.
+//!
+//! Engines: [`sim`] (a batch takes a configured time; outputs prove that rows were not mixed up).
+//! The CUDA engine and the remote engine (an inference server beside the sidecar) implement the
+//! same trait.
 
+pub mod sim;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::tensor::Tensor;
+
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// The inputs of one request of a batch; shared, so that a batch can be retried.
+pub type Inputs = Arc<Vec<Tensor>>;
+
+/// Outputs of each request of a batch, in batch order.
+pub type BatchOutputs = Vec<Vec<Tensor>>;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("engine error: {0}")]
+pub struct EngineError(pub String);
+
+/// A tensor an engine takes or gives, as `GET /v2/models/{name}` shows it (`-1`: any size).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub datatype: String,
+    pub shape: Vec<i64>,
+}
+
+/// What an engine says about the model it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signature {
+    /// OIP's `platform`, e.g. `ferry_sim`.
+    pub platform: String,
+    pub inputs: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
+}
+
+pub trait Engine: Send + Sync + 'static {
+    fn signature(&self) -> &Signature;
+
+    /// Engine-specific checks of one request's inputs (names, datatypes, inner dimensions),
+    /// beyond the protocol's own. The message becomes a 400 body.
+    fn check(&self, inputs: &[Tensor]) -> Result<(), String>;
+
+    /// Runs one batch. Its future must not borrow the engine: it may outlive the caller's turn.
+    fn infer(&self, batch: Vec<Inputs>) -> BoxFuture<Result<BatchOutputs, EngineError>>;
+}

@@ -1,1 +1,363 @@
+//! The HTTP API: Open Inference Protocol v2 REST on the main listener, and `/metrics` with the
+//! health endpoints on the admin listener, so that callers of the API never see other tenants'
+//! figures (as Triton's :8002 and Knative's queue-proxy :9090 do).
+//!
+//! Every request gets an `x-request-id` (echoed, or made up) on its response; every error is
+//! `{"error": "..."}` with a sentence that names the field, the value and the limit.
 
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::batcher::{Batcher, Submission};
+use crate::deadline::{DeadlinePolicy, TIMEOUT_HEADER};
+use crate::engine::Engine;
+use crate::metrics::Metrics;
+use crate::outcome::{Outcome, Refusal};
+use crate::tensor::{parse_inputs, InferRequest, InferResponse};
+use crate::ticket::Priority;
+
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub const PRIORITY: HeaderName = HeaderName::from_static("x-ferry-priority");
+pub const BATCH_SIZE: HeaderName = HeaderName::from_static("x-ferry-batch-size");
+pub const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
+
+/// One model version served by this sidecar.
+pub struct Served {
+    pub name: String,
+    pub version: String,
+    pub engine: Arc<dyn Engine>,
+    pub batcher: Batcher,
+    /// `maxBatchSize`: the most rows one request may carry.
+    pub max_rows: u32,
+}
+
+/// State shared by the handlers.
+pub struct Front {
+    pub models: Vec<Arc<Served>>,
+    pub deadlines: DeadlinePolicy,
+    pub max_request_bytes: u64,
+    pub metrics: Metrics,
+    draining: AtomicBool,
+    ids: RequestIds,
+}
+
+impl Front {
+    pub fn new(models: Vec<Arc<Served>>, deadlines: DeadlinePolicy, max_request_bytes: u64, metrics: Metrics) -> Self {
+        assert!(!models.is_empty(), "a sidecar serves at least one model");
+        Front { models, deadlines, max_request_bytes, metrics, draining: AtomicBool::new(false), ids: RequestIds::default() }
+    }
+
+    /// Stops admitting: readiness turns false and new infer requests get 503 `draining`.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    fn find(&self, name: &str, version: Option<&str>) -> Result<&Arc<Served>, Refusal> {
+        let versions: Vec<&Arc<Served>> = self.models.iter().filter(|m| m.name == name).collect();
+        if versions.is_empty() {
+            let known: Vec<String> = self.models.iter().map(|m| format!("'{}' (version {})", m.name, m.version)).collect();
+            return Err(Refusal::new(
+                Outcome::NotFound,
+                format!("unknown model '{name}'; this sidecar serves {}", known.join(", ")),
+            ));
+        }
+        match version {
+            None => Ok(versions[0]),
+            Some(v) => versions.iter().find(|m| m.version == v).copied().ok_or_else(|| {
+                let known: Vec<&str> = versions.iter().map(|m| m.version.as_str()).collect();
+                Refusal::new(
+                    Outcome::NotFound,
+                    format!("model '{name}' has no version '{v}'; it has version {}", known.join(", ")),
+                )
+            }),
+        }
+    }
+}
+
+pub type Shared = Arc<Front>;
+
+/// The inference API (port 8080 by default).
+pub fn api(front: Shared) -> Router {
+    Router::new()
+        .route("/v2", get(server_metadata))
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .route("/v2/models/{name}", get(model_metadata))
+        .route("/v2/models/{name}/versions/{version}", get(model_version_metadata))
+        .route("/v2/models/{name}/ready", get(model_ready))
+        .route("/v2/models/{name}/versions/{version}/ready", get(model_version_ready))
+        .route("/v2/models/{name}/infer", post(infer))
+        .route("/v2/models/{name}/versions/{version}/infer", post(infer_version))
+        .fallback(no_route)
+        .layer(middleware::from_fn_with_state(front.clone(), request_id))
+        .with_state(front)
+}
+
+/// The admin listener (port 9090 by default): metrics and health.
+pub fn admin(front: Shared) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .fallback(no_route)
+        .with_state(front)
+}
+
+/// Echoes `x-request-id`, or makes one up, on every response of the API.
+async fn request_id(State(front): State<Shared>, mut request: Request, next: Next) -> Response {
+    let id = match request.headers().get(&REQUEST_ID) {
+        Some(v) if !v.is_empty() && v.len() <= 256 => v.clone(),
+        _ => {
+            let id = HeaderValue::from_str(&front.ids.next()).expect("hex is a valid header value");
+            request.headers_mut().insert(REQUEST_ID, id.clone());
+            id
+        }
+    };
+    let mut response = next.run(request).await;
+    response.headers_mut().insert(REQUEST_ID, id);
+    response
+}
+
+/// Random-looking, unique request ids without another dependency: a per-process random hasher
+/// over a counter.
+#[derive(Default)]
+struct RequestIds {
+    counter: AtomicU64,
+    hasher: RandomState,
+}
+
+impl RequestIds {
+    fn next(&self) -> String {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}{:016x}", self.hasher.hash_one(n), self.hasher.hash_one(!n))
+    }
+}
+
+fn error(refusal: &Refusal) -> Response {
+    let mut response = (refusal.outcome.status(), Json(json!({ "error": refusal.message }))).into_response();
+    if let Some(secs) = refusal.retry_after_secs() {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response
+}
+
+async fn no_route(request: Request) -> Response {
+    let refusal = Refusal::new(
+        Outcome::NotFound,
+        format!("no endpoint {} {}; see GET /v2 and the Open Inference Protocol", request.method(), request.uri().path()),
+    );
+    error(&refusal)
+}
+
+async fn server_metadata() -> Json<serde_json::Value> {
+    Json(json!({ "name": "ferry-sidecar", "version": env!("CARGO_PKG_VERSION"), "extensions": [] }))
+}
+
+async fn live() -> Json<serde_json::Value> {
+    Json(json!({ "live": true }))
+}
+
+async fn ready(State(front): State<Shared>) -> Response {
+    let ready = !front.is_draining();
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(json!({ "ready": ready }))).into_response()
+}
+
+async fn model_metadata(State(front): State<Shared>, Path(name): Path<String>) -> Response {
+    describe(&front, &name, None)
+}
+
+async fn model_version_metadata(State(front): State<Shared>, Path((name, version)): Path<(String, String)>) -> Response {
+    describe(&front, &name, Some(&version))
+}
+
+fn describe(front: &Front, name: &str, version: Option<&str>) -> Response {
+    match front.find(name, version) {
+        Ok(served) => {
+            let versions: Vec<&str> =
+                front.models.iter().filter(|m| m.name == name).map(|m| m.version.as_str()).collect();
+            let sig = served.engine.signature();
+            Json(json!({
+                "name": served.name,
+                "versions": versions,
+                "platform": sig.platform,
+                "inputs": sig.inputs,
+                "outputs": sig.outputs,
+            }))
+            .into_response()
+        }
+        Err(refusal) => error(&refusal),
+    }
+}
+
+async fn model_ready(State(front): State<Shared>, Path(name): Path<String>) -> Response {
+    readiness(&front, &name, None)
+}
+
+async fn model_version_ready(State(front): State<Shared>, Path((name, version)): Path<(String, String)>) -> Response {
+    readiness(&front, &name, Some(&version))
+}
+
+fn readiness(front: &Front, name: &str, version: Option<&str>) -> Response {
+    match front.find(name, version) {
+        Ok(served) => {
+            let ready = !front.is_draining();
+            let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            (status, Json(json!({ "name": served.name, "ready": ready }))).into_response()
+        }
+        Err(refusal) => error(&refusal),
+    }
+}
+
+async fn infer(State(front): State<Shared>, Path(name): Path<String>, headers: HeaderMap, body: Body) -> Response {
+    run_infer(&front, &name, None, &headers, body).await
+}
+
+async fn infer_version(
+    State(front): State<Shared>,
+    Path((name, version)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    run_infer(&front, &name, Some(&version), &headers, body).await
+}
+
+async fn run_infer(front: &Front, name: &str, version: Option<&str>, headers: &HeaderMap, body: Body) -> Response {
+    let arrival = Instant::now();
+    let served = match front.find(name, version) {
+        Ok(served) => served,
+        Err(refusal) => {
+            front.models[0].batcher.metrics().count(refusal.outcome);
+            return error(&refusal);
+        }
+    };
+    match admit_and_wait(front, served, headers, body, arrival).await {
+        Ok(response) => response,
+        Err(refusal) => {
+            if refusal.outcome.is_refused_at_the_front() {
+                served.batcher.metrics().count(refusal.outcome);
+            }
+            error(&refusal)
+        }
+    }
+}
+
+impl Outcome {
+    /// Refusals decided by the front, before the batcher sees the request (the batcher counts
+    /// everything else itself).
+    fn is_refused_at_the_front(self) -> bool {
+        matches!(self, Outcome::Invalid | Outcome::NotFound | Outcome::TooLarge | Outcome::Draining)
+    }
+}
+
+async fn admit_and_wait(
+    front: &Front,
+    served: &Served,
+    headers: &HeaderMap,
+    body: Body,
+    arrival: Instant,
+) -> Result<Response, Refusal> {
+    if front.is_draining() {
+        return Err(Refusal::new(Outcome::Draining, "draining: this sidecar is shutting down and admits no new requests"));
+    }
+    let limit = front.max_request_bytes;
+    let too_large = |size: String| {
+        Refusal::new(Outcome::TooLarge, format!("request body is {size} bytes; the limit (--max-request-bytes) is {limit}"))
+    };
+    if let Some(length) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()) {
+        if length > limit {
+            return Err(too_large(length.to_string()));
+        }
+    }
+    let bytes = axum::body::to_bytes(body, limit as usize)
+        .await
+        .map_err(|_| too_large(format!("more than {limit}")))?;
+    let request: InferRequest =
+        serde_json::from_slice(&bytes).map_err(|e| Refusal::invalid(format!("the body is not a valid infer request: {e}")))?;
+
+    let header_text = |name: &str| -> Result<Option<&str>, Refusal> {
+        headers
+            .get(name)
+            .map(|v| v.to_str().map_err(|_| Refusal::invalid(format!("header {name} is not readable text"))))
+            .transpose()
+    };
+    let timeout = front.deadlines.timeout(header_text(TIMEOUT_HEADER)?, request.parameters.as_ref())?;
+    let priority = match header_text(PRIORITY.as_str())? {
+        None => Priority::Interactive,
+        Some(text) => Priority::parse(text).ok_or_else(|| {
+            Refusal::invalid(format!("{PRIORITY} is '{text}'; it must be 'interactive' or 'batch'"))
+        })?,
+    };
+    let wanted: Option<Vec<String>> = request.outputs.map(|o| o.into_iter().map(|o| o.name).collect());
+    let signature = served.engine.signature();
+    if let Some(unknown) = wanted.iter().flatten().find(|w| !signature.outputs.iter().any(|o| &o.name == *w)) {
+        let known: Vec<&str> = signature.outputs.iter().map(|o| o.name.as_str()).collect();
+        return Err(Refusal::invalid(format!(
+            "outputs: '{unknown}' is not an output of model '{}'; it has {}",
+            served.name,
+            known.join(", ")
+        )));
+    }
+    let (inputs, rows) = parse_inputs(request.inputs, served.max_rows)?;
+    served.engine.check(&inputs).map_err(Refusal::invalid)?;
+
+    let submission = Submission {
+        inputs,
+        rows,
+        bytes: bytes.len() as u64,
+        priority,
+        arrival,
+        deadline: arrival + timeout,
+    };
+    let answer = served.batcher.submit(submission).reply().await?;
+
+    let mut outputs = answer.outputs;
+    if let Some(wanted) = &wanted {
+        outputs.retain(|o| wanted.contains(&o.name));
+    }
+    let body = InferResponse {
+        model_name: &served.name,
+        model_version: &served.version,
+        id: request.id.as_deref(),
+        outputs: &outputs,
+    };
+    let mut response = Json(body).into_response();
+    let h = response.headers_mut();
+    h.insert(BATCH_SIZE, HeaderValue::from(answer.batch_rows));
+    let timing = format!(
+        "queue;dur={}, batch;dur={}, total;dur={}",
+        millis(answer.queued),
+        millis(answer.engine),
+        millis(arrival.elapsed())
+    );
+    h.insert(SERVER_TIMING, HeaderValue::from_str(&timing).expect("ASCII"));
+    Ok(response)
+}
+
+/// Milliseconds with one decimal, as Server-Timing's `dur` is read.
+fn millis(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1000.0)
+}
+
+async fn metrics(State(front): State<Shared>) -> Response {
+    for served in &front.models {
+        served.batcher.refresh_age();
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], front.metrics.render()).into_response()
+}

@@ -17,6 +17,7 @@
 //! - [`deadline`]: a request's absolute deadline from its headers and body.
 //! - [`front`]: the HTTP API (OIP v2 REST) and the admin listener (`/metrics`).
 //! - [`metrics`]: the Prometheus metrics whose names DESIGN.md fixes.
+//! - [`server`]: wires the parts together and drains on shutdown.
 //! - [`config`]: command line, environment and InferenceService manifest.
 //! - [`outcome`]: how a request ended, its status code and metric label.
 //! - [`duration`]: the Gateway API duration format.
@@ -33,5 +34,6 @@ pub mod outcome;
 pub mod queue;
 pub mod replay;
 pub mod scheduler;
+pub mod server;
 pub mod tensor;
 pub mod ticket;

@@ -1,1 +1,154 @@
+//! The sidecar's Prometheus metrics. Their names and labels are a contract (DESIGN.md): the
+//! operator's autoscaler and the dashboards read them. Every metric carries `model` and
+//! `version`; histograms are in seconds, except `ferry_batch_size` (rows).
 
+use prometheus::{
+    exponential_buckets, Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::outcome::Outcome;
+
+/// Latency buckets from 1 ms to 10 s, dense around the 100–300 ms where batch deadlines live.
+const SECONDS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0];
+
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    queue_depth: IntGaugeVec,
+    queue_bytes: IntGaugeVec,
+    oldest_age: prometheus::GaugeVec,
+    queue_wait: HistogramVec,
+    request_duration: HistogramVec,
+    batch_size: HistogramVec,
+    batch_duration: HistogramVec,
+    workers: IntGaugeVec,
+    late_results: IntCounterVec,
+}
+
+const MV: &[&str] = &["model", "version"];
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        fn with(extra: &str) -> Vec<&str> {
+            MV.iter().copied().chain([extra]).collect()
+        }
+        let hist = |name: &str, help: &str, buckets: Vec<f64>| {
+            HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), MV).expect("valid histogram")
+        };
+        let m = Metrics {
+            requests: IntCounterVec::new(
+                Opts::new("ferry_requests_total", "Requests by how they ended (see the outcome table)."),
+                &with("outcome"),
+            )
+            .expect("valid counter"),
+            queue_depth: IntGaugeVec::new(Opts::new("ferry_queue_depth", "Requests waiting in the queue."), MV)
+                .expect("valid gauge"),
+            queue_bytes: IntGaugeVec::new(Opts::new("ferry_queue_bytes", "Payload bytes waiting in the queue."), MV)
+                .expect("valid gauge"),
+            oldest_age: prometheus::GaugeVec::new(
+                Opts::new("ferry_queue_oldest_age_seconds", "How long the oldest queued request has waited (0 when empty)."),
+                MV,
+            )
+            .expect("valid gauge"),
+            queue_wait: hist("ferry_queue_wait_seconds", "Time from admission to dispatch.", SECONDS.to_vec()),
+            request_duration: hist(
+                "ferry_request_duration_seconds",
+                "Time from admission to reply.",
+                SECONDS.to_vec(),
+            ),
+            batch_size: hist("ferry_batch_size", "Rows per dispatched batch.", exponential_buckets(1.0, 2.0, 11).expect("valid buckets")),
+            batch_duration: hist("ferry_batch_duration_seconds", "Engine time per batch.", SECONDS.to_vec()),
+            workers: IntGaugeVec::new(Opts::new("ferry_workers", "Engine workers by state."), &with("state"))
+                .expect("valid gauge"),
+            late_results: IntCounterVec::new(
+                Opts::new(
+                    "ferry_late_results_total",
+                    "Engine results discarded because their request had already been answered (deadline passed or stale attempt).",
+                ),
+                MV,
+            )
+            .expect("valid counter"),
+            registry,
+        };
+        let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(m.requests.clone()),
+            Box::new(m.queue_depth.clone()),
+            Box::new(m.queue_bytes.clone()),
+            Box::new(m.oldest_age.clone()),
+            Box::new(m.queue_wait.clone()),
+            Box::new(m.request_duration.clone()),
+            Box::new(m.batch_size.clone()),
+            Box::new(m.batch_duration.clone()),
+            Box::new(m.workers.clone()),
+            Box::new(m.late_results.clone()),
+        ];
+        for c in collectors {
+            m.registry.register(c).expect("metric names are unique");
+        }
+        m
+    }
+
+    /// The handles of one model version, with every series created up front so that `/metrics`
+    /// shows each name (at zero) before the first request.
+    pub fn model(&self, model: &str, version: &str) -> ModelMetrics {
+        let mv = [model, version];
+        let outcome = |o: Outcome| self.requests.with_label_values(&[model, version, o.label()]);
+        ModelMetrics {
+            requests: Outcome::ALL.map(outcome),
+            queue_depth: self.queue_depth.with_label_values(&mv),
+            queue_bytes: self.queue_bytes.with_label_values(&mv),
+            oldest_age: self.oldest_age.with_label_values(&mv),
+            queue_wait: self.queue_wait.with_label_values(&mv),
+            request_duration: self.request_duration.with_label_values(&mv),
+            batch_size: self.batch_size.with_label_values(&mv),
+            batch_duration: self.batch_duration.with_label_values(&mv),
+            busy: self.workers.with_label_values(&[model, version, "busy"]),
+            idle: self.workers.with_label_values(&[model, version, "idle"]),
+            late_results: self.late_results.with_label_values(&mv),
+        }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("text encoding cannot fail");
+        String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// One model version's series.
+#[derive(Clone)]
+pub struct ModelMetrics {
+    requests: [prometheus::IntCounter; 11],
+    pub queue_depth: prometheus::IntGauge,
+    pub queue_bytes: prometheus::IntGauge,
+    pub oldest_age: prometheus::Gauge,
+    pub queue_wait: prometheus::Histogram,
+    pub request_duration: prometheus::Histogram,
+    pub batch_size: prometheus::Histogram,
+    pub batch_duration: prometheus::Histogram,
+    pub busy: prometheus::IntGauge,
+    pub idle: prometheus::IntGauge,
+    pub late_results: prometheus::IntCounter,
+}
+
+impl ModelMetrics {
+    pub fn count(&self, outcome: Outcome) {
+        let i = Outcome::ALL.iter().position(|o| *o == outcome).expect("ALL lists every outcome");
+        self.requests[i].inc();
+    }
+
+    pub fn outcome_total(&self, outcome: Outcome) -> u64 {
+        let i = Outcome::ALL.iter().position(|o| *o == outcome).expect("ALL lists every outcome");
+        self.requests[i].get()
+    }
+}

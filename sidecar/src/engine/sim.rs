@@ -1,0 +1,106 @@
+//! The `sim` engine, for tests, demos and benchmarks: a batch takes `batchTime + perItem × rows`
+//! of (tokio) time, and each request gets back one output `OUTPUT0` with the shape and datatype
+//! of its first input and every element doubled (BOOL and BYTES echoed), so that a caller can
+//! prove that it got its own rows back.
+
+use std::time::Duration;
+
+use super::{BatchOutputs, BoxFuture, Engine, EngineError, Inputs, Signature, TensorSpec};
+use crate::tensor::{DataType, Tensor, TensorData};
+
+#[derive(Debug, Clone)]
+pub struct SimEngine {
+    batch_time: Duration,
+    per_item: Duration,
+    signature: Signature,
+}
+
+impl SimEngine {
+    pub fn new(batch_time: Duration, per_item: Duration) -> Self {
+        let spec = |name: &str| TensorSpec { name: name.into(), datatype: "FP32".into(), shape: vec![-1, -1] };
+        SimEngine {
+            batch_time,
+            per_item,
+            signature: Signature { platform: "ferry_sim".into(), inputs: vec![spec("INPUT0")], outputs: vec![spec("OUTPUT0")] },
+        }
+    }
+
+    pub fn batch_time(&self, rows: u64) -> Duration {
+        self.batch_time + self.per_item * rows as u32
+    }
+}
+
+impl Engine for SimEngine {
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    /// The sim engine takes any tensor: its signature shows the typical one.
+    fn check(&self, _inputs: &[Tensor]) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn infer(&self, batch: Vec<Inputs>) -> BoxFuture<Result<BatchOutputs, EngineError>> {
+        let rows: u64 = batch.iter().map(|inputs| inputs[0].rows()).sum();
+        let took = self.batch_time(rows);
+        Box::pin(async move {
+            tokio::time::sleep(took).await;
+            Ok(batch.iter().map(|inputs| vec![doubled(&inputs[0])]).collect())
+        })
+    }
+}
+
+fn doubled(input: &Tensor) -> Tensor {
+    let data = match &input.data {
+        TensorData::Int(v) => TensorData::Int(v.iter().map(|&x| wrap(input.datatype, x * 2)).collect()),
+        TensorData::Float(v) if input.datatype == DataType::Fp64 => TensorData::Float(v.iter().map(|x| x * 2.0).collect()),
+        TensorData::Float(v) => TensorData::Float(v.iter().map(|&x| f64::from(x as f32 * 2.0)).collect()),
+        other => other.clone(),
+    };
+    Tensor { name: "OUTPUT0".into(), datatype: input.datatype, shape: input.shape.clone(), data }
+}
+
+/// Integer doubling wraps around in the datatype's width, as the same arithmetic on a GPU would.
+fn wrap(datatype: DataType, x: i128) -> i128 {
+    match datatype {
+        DataType::Uint8 => i128::from(x as u8),
+        DataType::Uint16 => i128::from(x as u16),
+        DataType::Uint32 => i128::from(x as u32),
+        DataType::Uint64 => i128::from(x as u64),
+        DataType::Int8 => i128::from(x as i8),
+        DataType::Int16 => i128::from(x as i16),
+        DataType::Int32 => i128::from(x as i32),
+        _ => i128::from(x as i64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn tensor(datatype: DataType, data: TensorData) -> Inputs {
+        Arc::new(vec![Tensor { name: "x".into(), datatype, shape: vec![data.len() as u64], data }])
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_takes_its_configured_time_and_doubles_each_request() {
+        let engine = SimEngine::new(Duration::from_millis(100), Duration::from_millis(2));
+        let start = tokio::time::Instant::now();
+        let out = engine
+            .infer(vec![
+                tensor(DataType::Fp32, TensorData::Float(vec![1.5, -2.0])),
+                tensor(DataType::Int8, TensorData::Int(vec![100, -3, 7])),
+                tensor(DataType::Bytes, TensorData::Bytes(vec!["hi".into()])),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(start.elapsed(), Duration::from_millis(112));
+        assert_eq!(out[0][0].data, TensorData::Float(vec![3.0, -4.0]));
+        assert_eq!(out[1][0].data, TensorData::Int(vec![-56, -6, 14])); // 200 wraps in INT8
+        assert_eq!(out[2][0].data, TensorData::Bytes(vec!["hi".into()]));
+        assert_eq!(out[1][0].name, "OUTPUT0");
+        assert_eq!(out[1][0].shape, vec![3]);
+    }
+}

@@ -1,0 +1,105 @@
+//! Puts the parts together: engine, scheduler and batcher per model version, the two listeners,
+//! and the drain on shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::batcher::Batcher;
+use crate::config::{EngineSettings, Settings};
+use crate::deadline::DeadlinePolicy;
+use crate::engine::sim::SimEngine;
+use crate::engine::Engine;
+use crate::estimate::Estimator;
+use crate::front::{self, Front, Served};
+use crate::metrics::Metrics;
+use crate::scheduler::{Policy, Scheduler};
+
+/// How long, after the queue has drained, open connections get to finish before the process
+/// exits anyway.
+const CONNECTION_GRACE: Duration = Duration::from_secs(5);
+
+/// The bound listeners, so that callers (and tests) learn the ports before serving starts.
+pub struct Listeners {
+    pub api: TcpListener,
+    pub admin: TcpListener,
+}
+
+impl Listeners {
+    pub async fn bind(settings: &Settings) -> std::io::Result<Listeners> {
+        Ok(Listeners { api: TcpListener::bind(settings.listen).await?, admin: TcpListener::bind(settings.metrics_listen).await? })
+    }
+
+    pub fn addresses(&self) -> std::io::Result<(SocketAddr, SocketAddr)> {
+        Ok((self.api.local_addr()?, self.admin.local_addr()?))
+    }
+}
+
+/// Builds the model version's engine and batcher from the settings.
+pub fn build(settings: &Settings, metrics: &Metrics) -> Front {
+    let (engine, estimator): (Arc<dyn Engine>, Estimator) = match settings.engine {
+        EngineSettings::Sim { batch_time, per_item } => {
+            (Arc::new(SimEngine::new(batch_time, per_item)), Estimator::new(batch_time, per_item))
+        }
+    };
+    let policy = Policy {
+        max_batch_rows: settings.max_batch_size,
+        max_wait: settings.max_wait,
+        deadline_margin: settings.deadline_margin,
+        max_queue: settings.max_queue,
+        max_queue_bytes: settings.max_queue_bytes,
+    };
+    let scheduler = Scheduler::new(policy, settings.workers, estimator);
+    let model_metrics = metrics.model(&settings.model, &settings.version);
+    let served = Served {
+        name: settings.model.clone(),
+        version: settings.version.clone(),
+        batcher: Batcher::spawn(scheduler, engine.clone(), model_metrics),
+        engine,
+        max_rows: settings.max_batch_size,
+    };
+    let deadlines = DeadlinePolicy { budget: settings.latency_budget, max_timeout: settings.max_timeout };
+    Front::new(vec![Arc::new(served)], deadlines, settings.max_request_bytes, metrics.clone())
+}
+
+/// Serves until `shutdown` resolves, then drains: readiness turns false and new requests get
+/// 503 `draining`, everything queued or running is answered (or expires), and only then do the
+/// listeners close.
+pub async fn serve(settings: Settings, listeners: Listeners, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+    let metrics = Metrics::new();
+    let front = Arc::new(build(&settings, &metrics));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let api = axum::serve(listeners.api, front::api(front.clone())).with_graceful_shutdown(stopped(stop_rx.clone()));
+    let admin = axum::serve(listeners.admin, front::admin(front.clone())).with_graceful_shutdown(stopped(stop_rx));
+    let api = tokio::spawn(async move { api.await });
+    let admin = tokio::spawn(async move { admin.await });
+
+    shutdown.await;
+    tracing::info!("shutting down: draining the queue");
+    front.start_draining();
+    for served in &front.models {
+        served.batcher.drain().await;
+    }
+    tracing::info!("queue drained; closing the listeners");
+    let _ = stop_tx.send(true);
+    let closed = async {
+        for server in [api, admin] {
+            server.await.map_err(std::io::Error::other)??;
+        }
+        Ok::<(), std::io::Error>(())
+    };
+    match tokio::time::timeout(CONNECTION_GRACE, closed).await {
+        Ok(result) => result,
+        Err(_) => {
+            tracing::warn!("connections still open {CONNECTION_GRACE:?} after the drain; exiting anyway");
+            Ok(())
+        }
+    }
+}
