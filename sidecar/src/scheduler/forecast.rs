@@ -17,9 +17,9 @@ use crate::outcome::{Outcome, Refusal};
 use crate::ticket::Ticket;
 
 /// Refuses `new` when it cannot finish before its deadline, or when admitting it would push an
-/// already admitted request of the same priority past a deadline it could otherwise meet
-/// (Clockwork's guarantee). Lower priorities are not protected from higher ones: batch-tier work
-/// only rides in seats interactive work leaves empty.
+/// already admitted request of the same or a higher priority past a deadline it could otherwise
+/// meet (Clockwork's guarantee). Lower priorities are not protected from higher ones: batch-tier
+/// work only rides in seats interactive work leaves empty.
 pub(super) fn check_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Result<(), Refusal> {
     let key = |t: &Ticket| (t.priority, t.deadline, t.id);
     let queued: Vec<&Ticket> = s.queue.iter().collect();
@@ -43,11 +43,12 @@ pub(super) fn check_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Resu
         .retry_after(drain_time(s, now)));
     }
 
-    let same_priority_behind = queued[pos..].iter().take_while(|t| t.priority == new.priority).count();
-    if same_priority_behind > 0 {
+    // Everyone of the same or a higher priority keeps their promise. Those behind it can be pushed
+    // to a later batch; those ahead of it can share its batch, which then takes longer (perRow).
+    if queued.iter().any(|t| t.priority <= new.priority) {
         let done_without = completions(s, &queued, now);
-        for (i, t) in queued[pos..pos + same_priority_behind].iter().enumerate() {
-            let (before, after) = (done_without[pos + i], done_with[pos + 1 + i]);
+        for (i, t) in queued.iter().enumerate().filter(|(_, t)| t.priority <= new.priority) {
+            let (before, after) = (done_without[i], done_with[if i < pos { i } else { i + 1 }]);
             if before <= t.deadline && after > t.deadline {
                 return Err(Refusal::new(
                     Outcome::Infeasible,

@@ -1,0 +1,170 @@
+//! Property tests of the dispatch rule over random arrival traces, replayed in virtual time.
+
+use std::time::Duration;
+
+use ferry_sidecar::estimate::Estimator;
+use ferry_sidecar::outcome::Outcome;
+use ferry_sidecar::replay::{replay, Arrival, Fate, Trace};
+use ferry_sidecar::scheduler::{Policy, Scheduler};
+use ferry_sidecar::ticket::Priority;
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+struct Case {
+    cap: u32,
+    max_wait: Duration,
+    workers: usize,
+    batch: Duration,
+    per_row: Duration,
+    max_queue: usize,
+    arrivals: Vec<Arrival>,
+}
+
+fn case(priorities: bool) -> impl Strategy<Value = Case> {
+    (1u32..=16, 0u64..=50, 1usize..=4, 1u64..=200, 0u64..=5, 1usize..=64).prop_flat_map(
+        move |(cap, max_wait, workers, batch, per_row, max_queue)| {
+            let arrival = (0u64..=30, 1..=cap, 20u64..=1000, any::<bool>());
+            prop::collection::vec(arrival, 1..200).prop_map(move |raw| {
+                let mut at = 0;
+                let arrivals = raw
+                    .into_iter()
+                    .map(|(gap, rows, timeout, batch_tier)| {
+                        at += gap;
+                        let priority = if priorities && batch_tier { Priority::Batch } else { Priority::Interactive };
+                        Arrival::new(at, timeout).rows(rows).priority(priority)
+                    })
+                    .collect();
+                Case {
+                    cap,
+                    max_wait: Duration::from_millis(max_wait),
+                    workers,
+                    batch: Duration::from_millis(batch),
+                    per_row: Duration::from_millis(per_row),
+                    max_queue,
+                    arrivals,
+                }
+            })
+        },
+    )
+}
+
+/// The engine takes `time_factor` × what the estimator believes (1: exact estimates).
+fn run(c: &Case, time_factor: u32) -> Trace {
+    let policy = Policy {
+        max_batch_rows: c.cap,
+        max_wait: c.max_wait,
+        deadline_margin: Duration::ZERO,
+        max_queue: c.max_queue,
+        max_queue_bytes: u64::MAX,
+    };
+    let scheduler = Scheduler::new(policy, c.workers, Estimator::new(c.batch, c.per_row));
+    let (batch, per_row) = (c.batch, c.per_row);
+    replay(scheduler, move |rows| (batch + per_row * rows) * time_factor, &c.arrivals)
+}
+
+fn check_invariants(c: &Case, t: &Trace) -> Result<(), TestCaseError> {
+    // A batch never exceeds the cap, and its rows are its requests' rows.
+    for b in &t.batches {
+        prop_assert!(b.rows <= c.cap, "batch of {} rows over cap {}", b.rows, c.cap);
+        let sum: u32 = b.requests.iter().map(|&i| c.arrivals[i].rows).sum();
+        prop_assert_eq!(sum, b.rows);
+        prop_assert!(!b.requests.is_empty());
+    }
+    // No dispatch while no worker is idle: a worker's batches never overlap.
+    for w in 0..c.workers {
+        let mut mine: Vec<_> = t.batches.iter().filter(|b| b.worker == w).collect();
+        mine.sort_by_key(|b| b.dispatched);
+        for pair in mine.windows(2) {
+            prop_assert!(pair[1].dispatched >= pair[0].finished, "worker {} overlapped", w);
+        }
+    }
+    // Every request ends exactly once; a request rides in at most one batch, and an answered one
+    // in exactly one; no 200 after a deadline.
+    let mut rides = vec![0; c.arrivals.len()];
+    for b in &t.batches {
+        for &i in &b.requests {
+            rides[i] += 1;
+        }
+    }
+    let (mut admitted, mut ok, mut expired) = (0, 0, 0);
+    for (i, a) in c.arrivals.iter().enumerate() {
+        let fate = t.fates[i].as_ref();
+        prop_assert!(fate.is_some(), "request {} never ended", i);
+        prop_assert!(rides[i] <= 1);
+        match fate.unwrap() {
+            Fate::Done { finished, .. } => {
+                prop_assert_eq!(rides[i], 1);
+                prop_assert!(*finished <= a.at + a.timeout, "request {} answered 200 after its deadline", i);
+                admitted += 1;
+                ok += 1;
+            }
+            Fate::Expired { at } => {
+                prop_assert!(*at <= a.at + a.timeout, "request {} answered 504 after its deadline", i);
+                admitted += 1;
+                expired += 1;
+            }
+            Fate::Refused { outcome, .. } => {
+                prop_assert!(matches!(outcome, Outcome::QueueFull | Outcome::Infeasible));
+                prop_assert_eq!(rides[i], 0);
+            }
+        }
+    }
+    // Conservation (nothing is cancelled or fails in a replay).
+    prop_assert_eq!(admitted, ok + expired);
+    // No request waits past maxWait while a worker sits idle: from the moment its timer ran out
+    // until it left, every worker was busy.
+    for b in &t.batches {
+        for &i in &b.requests {
+            let due = c.arrivals[i].at + c.max_wait;
+            if b.dispatched > due {
+                for w in 0..c.workers {
+                    prop_assert!(
+                        busy_throughout(t, w, due, b.dispatched),
+                        "request {} waited until {:?} past its maxWait at {:?} while worker {} was idle",
+                        i,
+                        b.dispatched,
+                        due,
+                        w
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether worker `w` was running a batch during all of `[from, to)`.
+fn busy_throughout(t: &Trace, w: usize, from: Duration, to: Duration) -> bool {
+    let mut at = from;
+    while at < to {
+        match t.batches.iter().find(|b| b.worker == w && b.dispatched <= at && at < b.finished) {
+            Some(b) => at = b.finished,
+            None => return false,
+        }
+    }
+    true
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_dispatch_rule_holds_on_random_traces(c in case(true), slow in 1u32..=3) {
+        let trace = run(&c, slow);
+        check_invariants(&c, &trace)?;
+    }
+
+    /// With exact estimates, admission's promise holds: no interactive request that was admitted
+    /// misses its deadline.
+    #[test]
+    fn with_exact_estimates_admitted_requests_meet_their_deadlines(c in case(false)) {
+        let trace = run(&c, 1);
+        check_invariants(&c, &trace)?;
+        for (i, fate) in trace.fates.iter().enumerate() {
+            prop_assert!(
+                !matches!(fate, Some(Fate::Expired { .. })),
+                "request {} ({:?}) was admitted but expired: {:?}", i, c.arrivals[i], fate
+            );
+        }
+    }
+}
