@@ -79,7 +79,6 @@ impl Batcher {
             metrics: metrics.clone(),
             waiters: HashMap::new(),
             running_deadlines: BTreeSet::new(),
-            running_batches: 0,
             done_tx,
             drains: Vec::new(),
             oldest_ns: oldest_ns.clone(),
@@ -98,7 +97,7 @@ impl Batcher {
         Pending { id, rx, commands: self.commands.clone(), finished: !sent }
     }
 
-    /// Resolves once nothing is queued or running (every admitted request has been answered).
+    /// Resolves once every admitted request has been answered.
     pub async fn drain(&self) {
         let (tx, rx) = oneshot::channel();
         if self.commands.send(Command::Drain(tx)).is_ok() {
@@ -181,7 +180,6 @@ struct Task {
     /// Deadlines of requests whose batch is running: they are answered 504 at their deadline,
     /// not when the batch ends.
     running_deadlines: BTreeSet<(Instant, RequestId)>,
-    running_batches: usize,
     done_tx: mpsc::UnboundedSender<BatchDone>,
     drains: Vec<oneshot::Sender<()>>,
     oldest_ns: Arc<AtomicU64>,
@@ -226,20 +224,16 @@ impl Task {
         }
     }
 
+    /// Nothing queued, and every request of a running batch already answered (a hung batch whose
+    /// requests have all expired does not hold up a drain).
     fn is_idle(&self) -> bool {
-        self.scheduler.queue_depth() == 0 && self.running_batches == 0
+        self.scheduler.queue_depth() == 0 && self.running_deadlines.is_empty()
     }
 
     fn admit(&mut self, id: RequestId, s: Submission, reply: oneshot::Sender<Reply>) {
         let now = Instant::now();
-        let ticket = Ticket {
-            id,
-            arrival: s.arrival,
-            deadline: s.deadline,
-            rows: s.rows,
-            bytes: s.bytes,
-            priority: s.priority,
-        };
+        let ticket =
+            Ticket { id, arrival: s.arrival, deadline: s.deadline, rows: s.rows, bytes: s.bytes, priority: s.priority };
         match self.scheduler.admit(ticket, now) {
             Ok(()) => {
                 let waiter = Waiter {
@@ -329,7 +323,6 @@ impl Task {
                 ids.push(ticket.id);
             }
             self.metrics.batch_size.observe(f64::from(batch.rows));
-            self.running_batches += 1;
             let run = self.engine.infer(inputs);
             let done = self.done_tx.clone();
             let (worker, rows) = (batch.worker, batch.rows);
@@ -348,7 +341,6 @@ impl Task {
     fn finish(&mut self, batch: BatchDone) {
         let now = Instant::now();
         self.scheduler.finish(batch.worker, now);
-        self.running_batches -= 1;
         self.metrics.batch_duration.observe((now - batch.dispatched_at).as_secs_f64());
         let mut outputs = match batch.result {
             Ok(outputs) if outputs.len() == batch.ids.len() => Ok(outputs.into_iter()),

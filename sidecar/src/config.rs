@@ -10,9 +10,14 @@ use clap::Parser;
 use serde::Deserialize;
 
 use crate::duration;
+use crate::engine::sim::Faults;
 
 #[derive(Debug, Parser, Default)]
-#[command(name = "ferry-sidecar", version, about = "Ferry's sidecar: deadline-aware batching in front of an inference engine")]
+#[command(
+    name = "ferry-sidecar",
+    version,
+    about = "Ferry's sidecar: deadline-aware batching in front of an inference engine"
+)]
 pub struct Cli {
     /// An InferenceService manifest (YAML); flags override its fields.
     #[arg(long, env = "FERRY_CONFIG")]
@@ -65,6 +70,15 @@ pub struct Cli {
     /// Time per row of the sim engine (spec.engine.sim.perItem). [default: 0ms]
     #[arg(long, env = "FERRY_SIM_PER_ITEM", value_parser = duration::parse)]
     pub sim_per_item: Option<Duration>,
+    /// Probability that a sim batch fails (fault injection). [default: 0]
+    #[arg(long, env = "FERRY_SIM_FAIL_RATE")]
+    pub sim_fail_rate: Option<f64>,
+    /// Probability that a sim batch never returns (fault injection). [default: 0]
+    #[arg(long, env = "FERRY_SIM_HANG_RATE")]
+    pub sim_hang_rate: Option<f64>,
+    /// Seed of the sim engine's fault draws. [default: 0]
+    #[arg(long, env = "FERRY_SIM_SEED")]
+    pub sim_seed: Option<u64>,
     /// URL of the inference server beside the sidecar (remote engine).
     #[arg(long, env = "FERRY_UPSTREAM")]
     pub upstream: Option<String>,
@@ -77,13 +91,13 @@ pub struct Cli {
 }
 
 /// The engine to run, with its settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum EngineSettings {
-    Sim { batch_time: Duration, per_item: Duration },
+    Sim { batch_time: Duration, per_item: Duration, faults: Faults },
 }
 
 /// Everything resolved and checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
     pub listen: SocketAddr,
     pub metrics_listen: SocketAddr,
@@ -200,6 +214,11 @@ impl Settings {
                 "sim" => EngineSettings::Sim {
                     batch_time: cli.sim_batch_time.or(engine.sim.batch_time).unwrap_or(100 * MS),
                     per_item: cli.sim_per_item.or(engine.sim.per_item).unwrap_or(Duration::ZERO),
+                    faults: Faults {
+                        fail_rate: probability("--sim-fail-rate", cli.sim_fail_rate)?,
+                        hang_rate: probability("--sim-hang-rate", cli.sim_hang_rate)?,
+                        seed: cli.sim_seed.unwrap_or(0),
+                    },
                 },
                 kind @ ("cuda" | "remote") => {
                     return Err(ConfigError(format!(
@@ -221,7 +240,10 @@ impl Settings {
     fn check(&self) -> Result<(), ConfigError> {
         let fail = |msg: String| Err(ConfigError(msg));
         if self.model.is_empty() || self.model.contains('/') {
-            return fail(format!("spec.model.name (--model) is '{}'; it must be non-empty and have no '/'", self.model));
+            return fail(format!(
+                "spec.model.name (--model) is '{}'; it must be non-empty and have no '/'",
+                self.model
+            ));
         }
         if self.version.is_empty() || self.version.contains('/') {
             return fail(format!(
@@ -255,6 +277,14 @@ impl Settings {
             ));
         }
         Ok(())
+    }
+}
+
+fn probability(flag: &str, value: Option<f64>) -> Result<f64, ConfigError> {
+    match value {
+        None => Ok(0.0),
+        Some(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        Some(p) => Err(ConfigError(format!("{flag} is {p}; it must be a probability between 0 and 1"))),
     }
 }
 
@@ -295,7 +325,10 @@ spec:
         let s = Settings::merge(Cli::default(), Manifest::default()).unwrap();
         assert_eq!((s.max_batch_size, s.max_wait, s.latency_budget), (32, 10 * MS, 200 * MS));
         assert_eq!((s.max_timeout, s.workers, s.max_queue), (200 * MS, 1, 1024));
-        assert_eq!(s.engine, EngineSettings::Sim { batch_time: 100 * MS, per_item: Duration::ZERO });
+        assert_eq!(
+            s.engine,
+            EngineSettings::Sim { batch_time: 100 * MS, per_item: Duration::ZERO, faults: Faults::default() }
+        );
         assert_eq!(s.listen.to_string(), "0.0.0.0:8080");
     }
 
@@ -306,7 +339,7 @@ spec:
         assert_eq!((s.model.as_str(), s.version.as_str()), ("echo", "3"));
         assert_eq!((s.max_batch_size, s.max_wait, s.latency_budget, s.max_queue), (16, 7 * MS, 300 * MS, 50));
         assert_eq!(s.workers, 3);
-        assert_eq!(s.engine, EngineSettings::Sim { batch_time: 100 * MS, per_item: MS });
+        assert_eq!(s.engine, EngineSettings::Sim { batch_time: 100 * MS, per_item: MS, faults: Faults::default() });
     }
 
     #[test]
@@ -317,6 +350,8 @@ spec:
         assert!(err.0.contains("--max-timeout is 100ms; it must be at least the latency budget, 200ms"), "{err}");
         let err = Settings::merge(cli(&["--engine", "tpu"]), Manifest::default()).unwrap_err();
         assert!(err.0.contains("'tpu'; it must be one of sim, cuda, remote"), "{err}");
+        let err = Settings::merge(cli(&["--sim-fail-rate", "1.5"]), Manifest::default()).unwrap_err();
+        assert_eq!(err.0, "--sim-fail-rate is 1.5; it must be a probability between 0 and 1");
     }
 
     #[test]

@@ -56,7 +56,14 @@ pub struct Front {
 impl Front {
     pub fn new(models: Vec<Arc<Served>>, deadlines: DeadlinePolicy, max_request_bytes: u64, metrics: Metrics) -> Self {
         assert!(!models.is_empty(), "a sidecar serves at least one model");
-        Front { models, deadlines, max_request_bytes, metrics, draining: AtomicBool::new(false), ids: RequestIds::default() }
+        Front {
+            models,
+            deadlines,
+            max_request_bytes,
+            metrics,
+            draining: AtomicBool::new(false),
+            ids: RequestIds::default(),
+        }
     }
 
     /// Stops admitting: readiness turns false and new infer requests get 503 `draining`.
@@ -71,7 +78,8 @@ impl Front {
     fn find(&self, name: &str, version: Option<&str>) -> Result<&Arc<Served>, Refusal> {
         let versions: Vec<&Arc<Served>> = self.models.iter().filter(|m| m.name == name).collect();
         if versions.is_empty() {
-            let known: Vec<String> = self.models.iter().map(|m| format!("'{}' (version {})", m.name, m.version)).collect();
+            let known: Vec<String> =
+                self.models.iter().map(|m| format!("'{}' (version {})", m.name, m.version)).collect();
             return Err(Refusal::new(
                 Outcome::NotFound,
                 format!("unknown model '{name}'; this sidecar serves {}", known.join(", ")),
@@ -160,7 +168,11 @@ fn error(refusal: &Refusal) -> Response {
 async fn no_route(request: Request) -> Response {
     let refusal = Refusal::new(
         Outcome::NotFound,
-        format!("no endpoint {} {}; see GET /v2 and the Open Inference Protocol", request.method(), request.uri().path()),
+        format!(
+            "no endpoint {} {}; see GET /v2 and the Open Inference Protocol",
+            request.method(),
+            request.uri().path()
+        ),
     );
     error(&refusal)
 }
@@ -183,7 +195,10 @@ async fn model_metadata(State(front): State<Shared>, Path(name): Path<String>) -
     describe(&front, &name, None)
 }
 
-async fn model_version_metadata(State(front): State<Shared>, Path((name, version)): Path<(String, String)>) -> Response {
+async fn model_version_metadata(
+    State(front): State<Shared>,
+    Path((name, version)): Path<(String, String)>,
+) -> Response {
     describe(&front, &name, Some(&version))
 }
 
@@ -274,22 +289,27 @@ async fn admit_and_wait(
     arrival: Instant,
 ) -> Result<Response, Refusal> {
     if front.is_draining() {
-        return Err(Refusal::new(Outcome::Draining, "draining: this sidecar is shutting down and admits no new requests"));
+        return Err(Refusal::new(
+            Outcome::Draining,
+            "draining: this sidecar is shutting down and admits no new requests",
+        ));
     }
     let limit = front.max_request_bytes;
     let too_large = |size: String| {
-        Refusal::new(Outcome::TooLarge, format!("request body is {size} bytes; the limit (--max-request-bytes) is {limit}"))
+        Refusal::new(
+            Outcome::TooLarge,
+            format!("request body is {size} bytes; the limit (--max-request-bytes) is {limit}"),
+        )
     };
     if let Some(length) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()) {
         if length > limit {
             return Err(too_large(length.to_string()));
         }
     }
-    let bytes = axum::body::to_bytes(body, limit as usize)
-        .await
-        .map_err(|_| too_large(format!("more than {limit}")))?;
-    let request: InferRequest =
-        serde_json::from_slice(&bytes).map_err(|e| Refusal::invalid(format!("the body is not a valid infer request: {e}")))?;
+    let bytes =
+        axum::body::to_bytes(body, limit as usize).await.map_err(|_| too_large(format!("more than {limit}")))?;
+    let request: InferRequest = serde_json::from_slice(&bytes)
+        .map_err(|e| Refusal::invalid(format!("the body is not a valid infer request: {e}")))?;
 
     let header_text = |name: &str| -> Result<Option<&str>, Refusal> {
         headers
@@ -300,9 +320,8 @@ async fn admit_and_wait(
     let timeout = front.deadlines.timeout(header_text(TIMEOUT_HEADER)?, request.parameters.as_ref())?;
     let priority = match header_text(PRIORITY.as_str())? {
         None => Priority::Interactive,
-        Some(text) => Priority::parse(text).ok_or_else(|| {
-            Refusal::invalid(format!("{PRIORITY} is '{text}'; it must be 'interactive' or 'batch'"))
-        })?,
+        Some(text) => Priority::parse(text)
+            .ok_or_else(|| Refusal::invalid(format!("{PRIORITY} is '{text}'; it must be 'interactive' or 'batch'")))?,
     };
     let wanted: Option<Vec<String>> = request.outputs.map(|o| o.into_iter().map(|o| o.name).collect());
     let signature = served.engine.signature();
@@ -317,14 +336,8 @@ async fn admit_and_wait(
     let (inputs, rows) = parse_inputs(request.inputs, served.max_rows)?;
     served.engine.check(&inputs).map_err(Refusal::invalid)?;
 
-    let submission = Submission {
-        inputs,
-        rows,
-        bytes: bytes.len() as u64,
-        priority,
-        arrival,
-        deadline: arrival + timeout,
-    };
+    let submission =
+        Submission { inputs, rows, bytes: bytes.len() as u64, priority, arrival, deadline: arrival + timeout };
     let answer = served.batcher.submit(submission).reply().await?;
 
     let mut outputs = answer.outputs;

@@ -31,7 +31,10 @@ pub struct Listeners {
 
 impl Listeners {
     pub async fn bind(settings: &Settings) -> std::io::Result<Listeners> {
-        Ok(Listeners { api: TcpListener::bind(settings.listen).await?, admin: TcpListener::bind(settings.metrics_listen).await? })
+        Ok(Listeners {
+            api: TcpListener::bind(settings.listen).await?,
+            admin: TcpListener::bind(settings.metrics_listen).await?,
+        })
     }
 
     pub fn addresses(&self) -> std::io::Result<(SocketAddr, SocketAddr)> {
@@ -42,8 +45,8 @@ impl Listeners {
 /// Builds the model version's engine and batcher from the settings.
 pub fn build(settings: &Settings, metrics: &Metrics) -> Front {
     let (engine, estimator): (Arc<dyn Engine>, Estimator) = match settings.engine {
-        EngineSettings::Sim { batch_time, per_item } => {
-            (Arc::new(SimEngine::new(batch_time, per_item)), Estimator::new(batch_time, per_item))
+        EngineSettings::Sim { batch_time, per_item, faults } => {
+            (Arc::new(SimEngine::new(batch_time, per_item).with_faults(faults)), Estimator::new(batch_time, per_item))
         }
     };
     let policy = Policy {
@@ -69,7 +72,11 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Front {
 /// Serves until `shutdown` resolves, then drains: readiness turns false and new requests get
 /// 503 `draining`, everything queued or running is answered (or expires), and only then do the
 /// listeners close.
-pub async fn serve(settings: Settings, listeners: Listeners, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+pub async fn serve(
+    settings: Settings,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let metrics = Metrics::new();
     let front = Arc::new(build(&settings, &metrics));
     let (stop_tx, stop_rx) = watch::channel(false);

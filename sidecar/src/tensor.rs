@@ -266,16 +266,15 @@ fn parse_tensor(i: usize, raw: RawTensor) -> Result<Tensor, Refusal> {
     let mut flat = Vec::with_capacity(expected as usize);
     flatten(&raw.data, &mut flat).map_err(|depth| at(format!("'data' is nested deeper than {depth} levels")))?;
     if flat.len() as u64 != expected {
-        return Err(at(format!(
-            "'data' has {} elements, but shape {:?} needs {expected}",
-            flat.len(),
-            raw.shape
-        )));
+        return Err(at(format!("'data' has {} elements, but shape {:?} needs {expected}", flat.len(), raw.shape)));
     }
     let bad = |k: usize, v: &Value, want: &str| at(format!("data[{k}] is {v}, which is not {want}"));
     let data = match datatype {
         DataType::Bool => TensorData::Bool(
-            flat.iter().enumerate().map(|(k, v)| v.as_bool().ok_or_else(|| bad(k, v, "a boolean"))).collect::<Result<_, _>>()?,
+            flat.iter()
+                .enumerate()
+                .map(|(k, v)| v.as_bool().ok_or_else(|| bad(k, v, "a boolean")))
+                .collect::<Result<_, _>>()?,
         ),
         DataType::Bytes => TensorData::Bytes(
             flat.iter()
@@ -345,7 +344,8 @@ mod tests {
 
     #[test]
     fn flat_and_nested_data_are_the_same_tensor() {
-        let flat = parse_inputs(raw(json!([{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [1, 2, 3, 4]}])), 8);
+        let flat =
+            parse_inputs(raw(json!([{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [1, 2, 3, 4]}])), 8);
         let nested =
             parse_inputs(raw(json!([{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [[1, 2], [3, 4]]}])), 8);
         assert_eq!(flat.unwrap(), nested.unwrap());
@@ -374,10 +374,14 @@ mod tests {
 
     #[test]
     fn more_rows_than_the_batch_cap_is_too_large() {
-        let err = parse_inputs(raw(json!([{"name": "INPUT0", "shape": [70], "datatype": "FP32", "data": vec![0; 70]}])), 32)
-            .unwrap_err();
+        let err =
+            parse_inputs(raw(json!([{"name": "INPUT0", "shape": [70], "datatype": "FP32", "data": vec![0; 70]}])), 32)
+                .unwrap_err();
         assert_eq!(err.outcome, Outcome::TooLarge);
-        assert_eq!(err.message, "input 'INPUT0' has 70 rows; this service accepts at most 32 per request (maxBatchSize)");
+        assert_eq!(
+            err.message,
+            "input 'INPUT0' has 70 rows; this service accepts at most 32 per request (maxBatchSize)"
+        );
     }
 
     #[test]
@@ -404,7 +408,9 @@ mod tests {
 
     #[test]
     fn shapes_need_a_positive_first_dimension() {
-        for (shape, want) in [(json!([]), "no first dimension"), (json!([0]), "at least one row"), (json!([1, -1]), "shape[1] is -1")] {
+        for (shape, want) in
+            [(json!([]), "no first dimension"), (json!([0]), "at least one row"), (json!([1, -1]), "shape[1] is -1")]
+        {
             let err = parse_inputs(raw(json!([{"name": "x", "shape": shape, "datatype": "FP32", "data": []}])), 8)
                 .unwrap_err();
             assert!(err.message.contains(want), "{err}");
@@ -413,14 +419,16 @@ mod tests {
 
     #[test]
     fn serializes_fp32_as_the_shortest_f32_text() {
-        let (t, _) = parse_inputs(raw(json!([{"name": "x", "shape": [1], "datatype": "FP32", "data": [0.1]}])), 8).unwrap();
+        let (t, _) =
+            parse_inputs(raw(json!([{"name": "x", "shape": [1], "datatype": "FP32", "data": [0.1]}])), 8).unwrap();
         assert_eq!(serde_json::to_string(&t[0]).unwrap(), r#"{"name":"x","datatype":"FP32","shape":[1],"data":[0.1]}"#);
     }
 
     #[test]
     fn uint64_keeps_its_full_range() {
         let (t, _) =
-            parse_inputs(raw(json!([{"name": "x", "shape": [1], "datatype": "UINT64", "data": [u64::MAX]}])), 8).unwrap();
+            parse_inputs(raw(json!([{"name": "x", "shape": [1], "datatype": "UINT64", "data": [u64::MAX]}])), 8)
+                .unwrap();
         assert_eq!(serde_json::to_value(&t[0]).unwrap()["data"], json!([u64::MAX]));
     }
 }

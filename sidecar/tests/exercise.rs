@@ -168,7 +168,7 @@ async fn deadline() {
 async fn two_workers_and_rows_above_one() {
     let s = service(2, 100, 100);
     let seen = all(vec![
-        s.call(0, 200, 1.0, 3), // A: 3 rows
+        s.call(0, 200, 1.0, 3),  // A: 3 rows
         s.call(2, 200, 10.0, 2), // B: does not fit beside A, so A leaves at 2 on worker 0
         s.call(4, 200, 20.0, 2), // C: fills B's batch to 4 rows; it leaves at 4 on worker 1
         s.call(5, 300, 30.0, 1), // D: both workers busy until 102

@@ -2,17 +2,35 @@
 //! of (tokio) time, and each request gets back one output `OUTPUT0` with the shape and datatype
 //! of its first input and every element doubled (BOOL and BYTES echoed), so that a caller can
 //! prove that it got its own rows back.
+//!
+//! Faults can be injected so that failure handling is testable: a batch fails with probability
+//! `fail_rate`, and never returns with probability `hang_rate`, drawn from a seeded generator so
+//! that a run can be repeated.
 
+use std::sync::Mutex;
 use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 use super::{BatchOutputs, BoxFuture, Engine, EngineError, Inputs, Signature, TensorSpec};
 use crate::tensor::{DataType, Tensor, TensorData};
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct SimEngine {
     batch_time: Duration,
     per_item: Duration,
     signature: Signature,
+    faults: Faults,
+    rng: Mutex<StdRng>,
+}
+
+/// Injected faults: probabilities per batch, and the seed of the generator that draws them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Faults {
+    pub fail_rate: f64,
+    pub hang_rate: f64,
+    pub seed: u64,
 }
 
 impl SimEngine {
@@ -21,8 +39,20 @@ impl SimEngine {
         SimEngine {
             batch_time,
             per_item,
-            signature: Signature { platform: "ferry_sim".into(), inputs: vec![spec("INPUT0")], outputs: vec![spec("OUTPUT0")] },
+            signature: Signature {
+                platform: "ferry_sim".into(),
+                inputs: vec![spec("INPUT0")],
+                outputs: vec![spec("OUTPUT0")],
+            },
+            faults: Faults::default(),
+            rng: Mutex::new(StdRng::seed_from_u64(0)),
         }
+    }
+
+    pub fn with_faults(mut self, faults: Faults) -> Self {
+        self.rng = Mutex::new(StdRng::seed_from_u64(faults.seed));
+        self.faults = faults;
+        self
     }
 
     pub fn batch_time(&self, rows: u64) -> Duration {
@@ -43,8 +73,18 @@ impl Engine for SimEngine {
     fn infer(&self, batch: Vec<Inputs>) -> BoxFuture<Result<BatchOutputs, EngineError>> {
         let rows: u64 = batch.iter().map(|inputs| inputs[0].rows()).sum();
         let took = self.batch_time(rows);
+        let (fail, hang) = {
+            let mut rng = self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            (rng.random_bool(self.faults.fail_rate), rng.random_bool(self.faults.hang_rate))
+        };
         Box::pin(async move {
+            if hang {
+                return std::future::pending().await;
+            }
             tokio::time::sleep(took).await;
+            if fail {
+                return Err(EngineError("injected failure (--sim-fail-rate)".into()));
+            }
             Ok(batch.iter().map(|inputs| vec![doubled(&inputs[0])]).collect())
         })
     }
@@ -53,7 +93,9 @@ impl Engine for SimEngine {
 fn doubled(input: &Tensor) -> Tensor {
     let data = match &input.data {
         TensorData::Int(v) => TensorData::Int(v.iter().map(|&x| wrap(input.datatype, x * 2)).collect()),
-        TensorData::Float(v) if input.datatype == DataType::Fp64 => TensorData::Float(v.iter().map(|x| x * 2.0).collect()),
+        TensorData::Float(v) if input.datatype == DataType::Fp64 => {
+            TensorData::Float(v.iter().map(|x| x * 2.0).collect())
+        }
         TensorData::Float(v) => TensorData::Float(v.iter().map(|&x| f64::from(x as f32 * 2.0)).collect()),
         other => other.clone(),
     };
@@ -102,5 +144,23 @@ mod tests {
         assert_eq!(out[2][0].data, TensorData::Bytes(vec!["hi".into()]));
         assert_eq!(out[1][0].name, "OUTPUT0");
         assert_eq!(out[1][0].shape, vec![3]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn injected_failures_are_errors_after_the_batch_time() {
+        let faults = Faults { fail_rate: 1.0, hang_rate: 0.0, seed: 7 };
+        let engine = SimEngine::new(Duration::from_millis(50), Duration::ZERO).with_faults(faults);
+        let start = tokio::time::Instant::now();
+        let err = engine.infer(vec![tensor(DataType::Fp32, TensorData::Float(vec![1.0]))]).await.unwrap_err();
+        assert!(err.0.contains("--sim-fail-rate"));
+        assert_eq!(start.elapsed(), Duration::from_millis(50));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_batch_never_returns() {
+        let faults = Faults { fail_rate: 0.0, hang_rate: 1.0, seed: 7 };
+        let engine = SimEngine::new(Duration::from_millis(50), Duration::ZERO).with_faults(faults);
+        let run = engine.infer(vec![tensor(DataType::Fp32, TensorData::Float(vec![1.0]))]);
+        assert!(tokio::time::timeout(Duration::from_secs(3600), run).await.is_err());
     }
 }

@@ -1,0 +1,406 @@
+//! Black-box tests: the real binary on 127.0.0.1, spoken to over real HTTP. Real time is noisy
+//! on shared machines, so timings are checked with generous tolerances; exact milliseconds are
+//! the paused-clock tests' job (`exercise.rs`).
+
+mod support;
+
+use std::time::Duration;
+
+use futures::future::join_all as futures_join;
+use rand::Rng;
+use serde_json::{json, Value};
+use support::{body, metric_value, timing, Sidecar};
+use tokio::time::{sleep, Instant};
+
+/// The exercise's service, with the latency budget raised so that noise cannot expire anyone.
+const EXERCISE: &[&str] = &[
+    "--model",
+    "m",
+    "--max-batch-size",
+    "4",
+    "--max-wait",
+    "10ms",
+    "--sim-batch-time",
+    "100ms",
+    "--latency-budget",
+    "400ms",
+    "--max-timeout",
+    "1s",
+];
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+async fn call_at(
+    s: &Sidecar,
+    after: Duration,
+    value: f32,
+    headers: Vec<(&'static str, String)>,
+) -> (reqwest::Response, Duration) {
+    sleep(after).await;
+    let sent = Instant::now();
+    let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let response = s.infer("m", &body(&[vec![value]]), &headers).await;
+    (response, sent.elapsed())
+}
+
+async fn doubled(response: reqwest::Response) -> Vec<f64> {
+    let v: Value = response.json().await.unwrap();
+    v["outputs"][0]["data"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
+#[tokio::test]
+async fn sparse_arrivals_share_a_batch_after_max_wait() {
+    // maxWait widened to 50 ms so that B (sent 20 ms after A) surely arrives inside it.
+    let args: Vec<&str> = EXERCISE.iter().map(|a| if *a == "10ms" { "50ms" } else { a }).collect();
+    let s = Sidecar::start(&args).await;
+    let (a, b) =
+        tokio::join!(call_at(&s, Duration::ZERO, 1.0, vec![]), call_at(&s, Duration::from_millis(20), 2.0, vec![]));
+    let ((a, a_took), (b, _)) = (a, b);
+    assert_eq!(a.status(), 200);
+    assert_eq!(b.status(), 200);
+    assert_eq!(a.headers()["x-ferry-batch-size"], "2");
+    assert_eq!(b.headers()["x-ferry-batch-size"], "2");
+    let queued = timing(&a, "queue");
+    assert!((45.0..90.0).contains(&queued), "A left when it had waited maxWait: {queued} ms");
+    assert!((95.0..160.0).contains(&timing(&a, "batch")));
+    assert!((145.0..300.0).contains(&ms(a_took)), "A took {a_took:?}");
+    assert_eq!(doubled(a).await, vec![2.0]);
+    assert_eq!(doubled(b).await, vec![4.0]);
+}
+
+#[tokio::test]
+async fn a_full_batch_leaves_at_once() {
+    let s = Sidecar::start(EXERCISE).await;
+    let calls = (0..4).map(|i| call_at(&s, Duration::ZERO, i as f32, vec![]));
+    for (i, (response, took)) in futures_join(calls).await.into_iter().enumerate() {
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["x-ferry-batch-size"], "4");
+        assert!(timing(&response, "queue") < 40.0, "a full batch does not wait for maxWait");
+        assert!((95.0..250.0).contains(&ms(took)), "took {took:?}");
+        assert_eq!(doubled(response).await, vec![2.0 * i as f64]);
+    }
+}
+
+#[tokio::test]
+async fn max_wait_does_not_cap_the_wait_for_a_busy_worker() {
+    let s = Sidecar::start(EXERCISE).await;
+    let mut calls: Vec<_> = (0..4).map(|i| call_at(&s, Duration::ZERO, i as f32, vec![])).collect();
+    calls.push(call_at(&s, Duration::from_millis(30), 10.0, vec![]));
+    let mut seen = futures_join(calls).await;
+    let (e, took) = seen.pop().unwrap();
+    assert_eq!(e.status(), 200);
+    assert_eq!(e.headers()["x-ferry-batch-size"], "1");
+    let queued = timing(&e, "queue");
+    assert!(queued > 50.0, "E waited for the worker ({queued} ms), far past its 10 ms maxWait");
+    assert!((150.0..350.0).contains(&ms(took)), "E was done at about 200 ms: {took:?}");
+    assert_eq!(doubled(e).await, vec![20.0]);
+}
+
+#[tokio::test]
+async fn a_deadline_that_cannot_be_met_is_refused_at_admission() {
+    let s = Sidecar::start(EXERCISE).await;
+    let mut calls: Vec<_> = (0..4).map(|i| call_at(&s, Duration::ZERO, i as f32, vec![])).collect();
+    calls.push(call_at(&s, Duration::from_millis(30), 10.0, vec![("x-ferry-timeout-ms", "100".into())]));
+    let mut seen = futures_join(calls).await;
+    let (e, took) = seen.pop().unwrap();
+    assert_eq!(e.status(), 503);
+    assert!(ms(took) < 60.0, "refused at once, not at its deadline: {took:?}");
+    assert!(e.headers()["retry-after"].to_str().unwrap().parse::<u64>().unwrap() >= 1);
+    let error: Value = e.json().await.unwrap();
+    let message = error["error"].as_str().unwrap();
+    // "deadline cannot be met: estimated completion in N ms, the deadline allows M ms"
+    let numbers: Vec<u64> = message.split(' ').filter_map(|w| w.trim_end_matches(',').parse().ok()).collect();
+    assert!(message.starts_with("deadline cannot be met: estimated completion in"), "{message}");
+    assert!(numbers[0] > numbers[1] && numbers[1] <= 100, "estimated vs allowed: {message}");
+    assert!(seen.iter().all(|(r, _)| r.status() == 200));
+    assert_eq!(s.outcome("infeasible").await, 1);
+}
+
+#[tokio::test]
+async fn two_hundred_concurrent_callers_get_their_own_rows_back() {
+    let s = Sidecar::start(&[
+        "--model",
+        "m",
+        "--max-batch-size",
+        "32",
+        "--workers",
+        "2",
+        "--sim-batch-time",
+        "20ms",
+        "--latency-budget",
+        "10s",
+    ])
+    .await;
+    let requests: Vec<Vec<Vec<f32>>> = {
+        let mut rng = rand::rng();
+        (0..200)
+            .map(|_| {
+                let rows = rng.random_range(1..=4);
+                (0..rows).map(|_| (0..3).map(|_| rng.random_range(-1000..1000) as f32 / 8.0).collect()).collect()
+            })
+            .collect()
+    };
+    let calls = requests.iter().map(|rows| async { s.infer("m", &body(rows), &[]).await });
+    let responses = futures_join(calls).await;
+    let mut shared = 0;
+    for (rows, response) in requests.iter().zip(responses) {
+        assert_eq!(response.status(), 200);
+        let batch: u32 = response.headers()["x-ferry-batch-size"].to_str().unwrap().parse().unwrap();
+        assert!(batch as usize >= rows.len() && batch <= 32);
+        shared += usize::from(batch as usize > rows.len());
+        let v: Value = response.json().await.unwrap();
+        assert_eq!(v["outputs"][0]["shape"], json!([rows.len(), 3]));
+        let want: Vec<f64> = rows.iter().flatten().map(|x| f64::from(x * 2.0)).collect();
+        let got: Vec<f64> = v["outputs"][0]["data"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        assert_eq!(got, want, "a caller got someone else's rows");
+    }
+    assert!(shared > 100, "requests were batched together ({shared} of 200 shared a batch)");
+    assert_eq!(s.outcome("ok").await, 200);
+}
+
+#[tokio::test]
+async fn every_error_of_the_table_has_its_status_and_json_body() {
+    let s = Sidecar::start(&[
+        "--model",
+        "m",
+        "--model-version",
+        "3",
+        "--max-batch-size",
+        "2",
+        "--max-request-bytes",
+        "4096",
+        "--sim-batch-time",
+        "300ms",
+        "--max-queue",
+        "2",
+        "--max-wait",
+        "1s",
+        "--latency-budget",
+        "5s",
+    ])
+    .await;
+    async fn expect(response: reqwest::Response, status: u16, contains: &str) {
+        assert_eq!(response.status(), status);
+        assert!(response.headers().contains_key("x-request-id"));
+        let v: Value = response.json().await.unwrap();
+        let message = v["error"].as_str().unwrap_or_else(|| panic!("no error in {v}"));
+        assert!(message.contains(contains), "{message:?} does not say {contains:?}");
+    }
+    // 400: malformed JSON, data that does not match the shape, a bad header.
+    let raw = s.http.post(s.url("/v2/models/m/infer")).body("{not json").send().await.unwrap();
+    expect(raw, 400, "not a valid infer request").await;
+    let bad = json!({"inputs": [{"name": "INPUT0", "shape": [1, 3], "datatype": "FP32", "data": [1, 2]}]});
+    expect(s.infer("m", &bad, &[]).await, 400, "'data' has 2 elements, but shape [1, 3] needs 3").await;
+    expect(s.infer("m", &body(&[vec![1.0]]), &[("x-ferry-timeout-ms", "9000")]).await, 400, "at most 5000 ms").await;
+    expect(s.infer("m", &body(&[vec![1.0]]), &[("x-ferry-priority", "urgent")]).await, 400, "'urgent'").await;
+    // 404: unknown model, unknown version.
+    expect(s.infer("other", &body(&[vec![1.0]]), &[]).await, 404, "serves 'm' (version 3)").await;
+    let v = s.http.post(s.url("/v2/models/m/versions/9/infer")).json(&body(&[vec![1.0]])).send().await.unwrap();
+    expect(v, 404, "no version '9'; it has version 3").await;
+    // 413: more rows than maxBatchSize, a body over the byte limit.
+    let rows = body(&[vec![1.0], vec![2.0], vec![3.0]]);
+    expect(s.infer("m", &rows, &[]).await, 413, "3 rows; this service accepts at most 2").await;
+    let big = body(&[vec![1.0; 2000]]);
+    expect(s.infer("m", &big, &[]).await, 413, "the limit (--max-request-bytes) is 4096").await;
+    // 503 queue full: two-row batches leave at once, so four one-row requests... the first two
+    // ride, the next two wait, and the fifth finds the queue full.
+    let s = &s;
+    let calls = (0..5).map(|i| async move {
+        sleep(Duration::from_millis(20 * i)).await;
+        s.infer("m", &body(&[vec![i as f32]]), &[]).await
+    });
+    let mut responses = futures_join(calls).await;
+    let fifth = responses.pop().unwrap();
+    assert!(fifth.headers()["retry-after"].to_str().unwrap().parse::<u64>().unwrap() >= 1);
+    expect(fifth, 503, "queue full: 2 requests waiting, the bound (maxQueue) is 2").await;
+    for r in responses {
+        assert_eq!(r.status(), 200);
+    }
+    let m = s.metrics().await;
+    for (outcome, n) in [("invalid", 4.0), ("not_found", 2.0), ("too_large", 2.0), ("queue_full", 1.0), ("ok", 4.0)] {
+        assert_eq!(metric_value(&m, "ferry_requests_total", &format!("outcome=\"{outcome}\"")), n, "{outcome}");
+    }
+}
+
+#[tokio::test]
+async fn a_request_whose_batch_hangs_gets_504_at_its_deadline() {
+    let s =
+        Sidecar::start(&["--model", "m", "--sim-hang-rate", "1", "--sim-batch-time", "50ms", "--max-timeout", "1s"])
+            .await;
+    let sent = Instant::now();
+    let response = s.infer("m", &body(&[vec![1.0]]), &[("x-ferry-timeout-ms", "300")]).await;
+    let took = sent.elapsed();
+    assert_eq!(response.status(), 504);
+    assert!((290.0..600.0).contains(&ms(took)), "answered at its deadline: {took:?}");
+    let v: Value = response.json().await.unwrap();
+    assert!(v["error"].as_str().unwrap().contains("deadline passed while its batch was running"), "{v}");
+    assert_eq!(s.outcome("expired").await, 1);
+}
+
+#[tokio::test]
+async fn an_engine_failure_is_a_500_naming_the_engine_error() {
+    let s = Sidecar::start(&["--model", "m", "--sim-fail-rate", "1", "--sim-batch-time", "10ms"]).await;
+    let response = s.infer("m", &body(&[vec![1.0]]), &[]).await;
+    assert_eq!(response.status(), 500);
+    let v: Value = response.json().await.unwrap();
+    assert_eq!(v["error"], "engine error: injected failure (--sim-fail-rate)");
+    assert_eq!(s.outcome("failed").await, 1);
+}
+
+#[tokio::test]
+async fn metrics_expose_every_name_of_the_contract_on_the_admin_port_only() {
+    let s = Sidecar::start(&["--model", "m", "--sim-batch-time", "5ms"]).await;
+    assert_eq!(s.infer("m", &body(&[vec![1.0]]), &[]).await.status(), 200);
+    let text = s.metrics().await;
+    for name in [
+        "ferry_requests_total",
+        "ferry_queue_depth",
+        "ferry_queue_bytes",
+        "ferry_queue_oldest_age_seconds",
+        "ferry_queue_wait_seconds_bucket",
+        "ferry_request_duration_seconds_bucket",
+        "ferry_batch_size_bucket",
+        "ferry_batch_duration_seconds_bucket",
+        "ferry_workers",
+        "ferry_late_results_total",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(&format!("{name}{{")) && l.contains("model=\"m\",")),
+            "{name} missing"
+        );
+    }
+    assert_eq!(metric_value(&text, "ferry_workers", "state=\"idle\""), 1.0);
+    assert_eq!(metric_value(&text, "ferry_batch_size_count", "model=\"m\""), 1.0);
+    let on_api = s.http.get(s.url("/metrics")).send().await.unwrap();
+    assert_eq!(on_api.status(), 404);
+}
+
+#[tokio::test]
+async fn the_oldest_age_gauge_grows_while_a_request_waits() {
+    let s = Sidecar::start(&[
+        "--model",
+        "m",
+        "--sim-batch-time",
+        "600ms",
+        "--max-batch-size",
+        "1",
+        "--latency-budget",
+        "5s",
+    ])
+    .await;
+    let one = body(&[vec![1.0]]);
+    let first = s.infer("m", &one, &[]);
+    let second = async {
+        sleep(Duration::from_millis(50)).await;
+        s.infer("m", &body(&[vec![2.0]]), &[]).await
+    };
+    let probe = async {
+        sleep(Duration::from_millis(350)).await;
+        s.metrics().await
+    };
+    let (a, b, text) = tokio::join!(first, second, probe);
+    assert_eq!((a.status().as_u16(), b.status().as_u16()), (200, 200));
+    assert_eq!(metric_value(&text, "ferry_queue_depth", "model=\"m\""), 1.0);
+    assert_eq!(metric_value(&text, "ferry_workers", "state=\"busy\""), 1.0);
+    let age = metric_value(&text, "ferry_queue_oldest_age_seconds", "model=\"m\"");
+    assert!((0.2..0.6).contains(&age), "the second request had waited about 0.3 s: {age}");
+}
+
+#[tokio::test]
+async fn metadata_and_health_follow_the_open_inference_protocol() {
+    let s = Sidecar::start(&["--model", "m", "--model-version", "2"]).await;
+    let get = |path: &'static str| {
+        let s = &s;
+        async move {
+            let r = s.http.get(s.url(path)).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    assert_eq!(get("/v2/health/live").await, (200, json!({"live": true})));
+    assert_eq!(get("/v2/health/ready").await, (200, json!({"ready": true})));
+    assert_eq!(get("/v2").await.1["name"], "ferry-sidecar");
+    let (status, meta) = get("/v2/models/m").await;
+    assert_eq!(status, 200);
+    assert_eq!(meta["versions"], json!(["2"]));
+    assert_eq!(meta["inputs"][0]["name"], "INPUT0");
+    assert_eq!(get("/v2/models/m/versions/2/ready").await, (200, json!({"name": "m", "ready": true})));
+    assert_eq!(get("/v2/models/x/ready").await.0, 404);
+    let (status, err) = get("/v3/anything").await;
+    assert_eq!(status, 404);
+    assert!(err["error"].as_str().unwrap().contains("no endpoint GET /v3/anything"));
+    // The request id is echoed when given, made up when not.
+    let r = s.http.get(s.url("/v2")).header("x-request-id", "abc-123").send().await.unwrap();
+    assert_eq!(r.headers()["x-request-id"], "abc-123");
+    let r = s.http.get(s.url("/v2")).send().await.unwrap();
+    assert_eq!(r.headers()["x-request-id"].len(), 32);
+}
+
+#[tokio::test]
+async fn sigterm_drains_then_exits_zero() {
+    let mut s = Sidecar::start(&[
+        "--model",
+        "m",
+        "--sim-batch-time",
+        "400ms",
+        "--max-batch-size",
+        "1",
+        "--latency-budget",
+        "5s",
+    ])
+    .await;
+    let bodies: Vec<Value> = (0..3).map(|i| body(&[vec![i as f32]])).collect();
+    let in_flight: Vec<_> = bodies.iter().map(|b| s.infer("m", b, &[])).collect();
+    let terminate = async {
+        // Wait until all three are admitted (one running, two queued), then send SIGTERM.
+        loop {
+            let text = s.metrics().await;
+            if metric_value(&text, "ferry_queue_depth", "model=\"m\"") == 2.0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        s.terminate();
+        // Draining: not ready, and new requests are refused with 503 draining.
+        loop {
+            let r = s.http.get(s.admin_url("/v2/health/ready")).send().await.unwrap();
+            if r.status() == 503 {
+                break;
+            }
+        }
+        s.infer("m", &body(&[vec![9.0]]), &[]).await
+    };
+    let (responses, refused) = tokio::join!(futures_join(in_flight), terminate);
+    for r in responses {
+        assert_eq!(r.status(), 200, "queued work finishes during the drain");
+    }
+    assert_eq!(refused.status(), 503);
+    let v: Value = refused.json().await.unwrap();
+    assert!(v["error"].as_str().unwrap().starts_with("draining"), "{v}");
+    let status = tokio::time::timeout(Duration::from_secs(10), s.child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "exit status {status:?}");
+}
+
+#[tokio::test]
+async fn a_bad_setting_is_one_line_naming_the_field_and_exit_2() {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry-sidecar"))
+        .args(["--max-batch-size", "0"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(stderr, "ferry-sidecar: spec.batching.maxBatchSize (--max-batch-size) is 0; it must be at least 1\n");
+}
+
+#[tokio::test]
+async fn the_quickstart_manifest_serves() {
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/quickstart.yaml");
+    let s = Sidecar::start(&["--config", manifest]).await;
+    let r = s.infer("quickstart", &body(&[vec![1.5, 2.5]]), &[]).await;
+    assert_eq!(r.status(), 200);
+    let took = timing(&r, "total");
+    assert!((105.0..300.0).contains(&took), "one request alone: maxWait 10 ms + 100 ms batch, took {took} ms");
+    assert_eq!(doubled(r).await, vec![3.0, 5.0]);
+}
