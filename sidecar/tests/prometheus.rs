@@ -66,7 +66,8 @@ async fn a_real_prometheus_scrapes_the_sidecar() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let query = format!("http://127.0.0.1:{port}/api/v1/query?query=ferry_requests_total{{outcome=\"ok\",model=\"m\"}}");
+    let query =
+        format!("http://127.0.0.1:{port}/api/v1/query?query=ferry_requests_total{{outcome=\"ok\",model=\"m\"}}");
     let found = tokio::time::timeout(Duration::from_secs(60), async {
         loop {
             if let Ok(r) = s.http.get(&query).send().await {
