@@ -32,6 +32,7 @@ pub mod front;
 pub mod metrics;
 pub mod outcome;
 pub mod queue;
+pub mod recovery;
 pub mod replay;
 pub mod scheduler;
 pub mod server;
