@@ -3,6 +3,13 @@
 //! request exactly once — 200 with its own rows, 504 at its deadline, or 500 when the engine
 //! failed — or counts it `cancelled` when its caller went away.
 //!
+//! When a batch fails (an engine error, a panic, or the watchdog giving up on it), the requests
+//! it carried are retried within their deadline and attempt budget, and a poison row is isolated
+//! by bisection ([`crate::recovery`]). Every run of a request is an attempt with its own number;
+//! a result for an attempt that is no longer current (the watchdog gave up on it) or for a
+//! request already answered at its deadline is discarded and counted in
+//! `ferry_late_results_total`.
+//!
 //! One task owns all of this state, so there are no locks; callers talk to it over a channel.
 //! At each instant it handles events in the order [`crate::replay`] uses (finished batches,
 //! deadlines, arrivals, dispatches), which is what makes the paused-clock tests exact.
@@ -18,6 +25,7 @@ use tokio::time::Instant;
 use crate::engine::{BatchOutputs, Engine, EngineError, Inputs};
 use crate::metrics::ModelMetrics;
 use crate::outcome::{Outcome, Refusal};
+use crate::recovery::{self, Member, Recovery};
 use crate::scheduler::Scheduler;
 use crate::tensor::Tensor;
 use crate::ticket::{Priority, RequestId, Ticket};
@@ -67,7 +75,7 @@ pub struct Batcher {
 
 impl Batcher {
     /// Starts the batcher task on the current tokio runtime.
-    pub fn spawn(scheduler: Scheduler, engine: Arc<dyn Engine>, metrics: ModelMetrics) -> Batcher {
+    pub fn spawn(scheduler: Scheduler, engine: Arc<dyn Engine>, metrics: ModelMetrics, retry: RetryPolicy) -> Batcher {
         let (commands, rx) = mpsc::unbounded_channel();
         let epoch = Instant::now();
         let oldest_ns = Arc::new(AtomicU64::new(u64::MAX));
@@ -76,9 +84,14 @@ impl Batcher {
         let task = Task {
             scheduler,
             engine,
+            retry,
             metrics: metrics.clone(),
             waiters: HashMap::new(),
-            running_deadlines: BTreeSet::new(),
+            outside: BTreeSet::new(),
+            running: HashMap::new(),
+            watchdogs: BTreeSet::new(),
+            held: HashMap::new(),
+            next_seq: 0,
             done_tx,
             drains: Vec::new(),
             oldest_ns: oldest_ns.clone(),
@@ -147,39 +160,77 @@ impl Drop for Pending {
     }
 }
 
-/// What became of an admitted request that is no longer waiting for an answer while its batch
-/// still runs; decides how the batch's result for it is counted.
+/// How failed batches are retried.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryPolicy {
+    /// Runs a request may ride in, the first included.
+    pub max_attempts: u32,
+    /// The watchdog gives up on a batch after this many times its expected time...
+    pub watchdog_factor: f64,
+    /// ...plus this, so that a batch expected to take no time is not given up at once.
+    pub watchdog_grace: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy { max_attempts: 3, watchdog_factor: 3.0, watchdog_grace: Duration::from_millis(10) }
+    }
+}
+
+/// Where an admitted, unanswered request is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ended {
-    Expired,
-    Cancelled,
+enum Place {
+    /// In the scheduler (queue or probe).
+    Waiting,
+    /// Riding in the running batch of this sequence number.
+    Running(u64),
+    /// Held back while a probe runs.
+    Held,
 }
 
 struct Waiter {
+    /// `None` once answered: it stays only as a tombstone until its running batch returns, so
+    /// that the batch's result for it is counted late rather than lost.
     reply: Option<oneshot::Sender<Reply>>,
+    expired: bool,
+    ticket: Ticket,
     inputs: Inputs,
-    arrival: Instant,
-    deadline: Instant,
-    dispatched: Option<Instant>,
-    ended: Option<Ended>,
+    place: Place,
+    attempts: u32,
+    failures: u32,
+    last_error: Option<EngineError>,
 }
 
 struct BatchDone {
+    seq: u64,
+    result: Result<BatchOutputs, EngineError>,
+}
+
+struct Running {
     worker: usize,
     dispatched_at: Instant,
+    watchdog: Instant,
     rows: u32,
-    ids: Vec<RequestId>,
-    result: Result<BatchOutputs, EngineError>,
+    /// (request, attempt) in batch order.
+    members: Vec<(RequestId, u32)>,
+    /// When this batch is a probe: the group held back until it ends.
+    held: Option<u64>,
 }
 
 struct Task {
     scheduler: Scheduler,
     engine: Arc<dyn Engine>,
+    retry: RetryPolicy,
     metrics: ModelMetrics,
     waiters: HashMap<RequestId, Waiter>,
-    /// Deadlines of requests whose batch is running: they are answered 504 at their deadline,
-    /// not when the batch ends.
-    running_deadlines: BTreeSet<(Instant, RequestId)>,
+    /// Deadlines of unanswered requests that are not in the scheduler (running or held): they
+    /// are answered 504 at their deadline, not when their batch ends.
+    outside: BTreeSet<(Instant, RequestId)>,
+    running: HashMap<u64, Running>,
+    watchdogs: BTreeSet<(Instant, u64)>,
+    /// Groups held back behind a probe, by probe tag.
+    held: HashMap<u64, Vec<RequestId>>,
+    next_seq: u64,
     done_tx: mpsc::UnboundedSender<BatchDone>,
     drains: Vec<oneshot::Sender<()>>,
     oldest_ns: Arc<AtomicU64>,
@@ -195,6 +246,7 @@ impl Task {
         let mut open = true;
         loop {
             let now = Instant::now();
+            self.watchdog(now);
             self.expire(now);
             self.dispatch(now);
             self.publish();
@@ -202,14 +254,18 @@ impl Task {
                 self.drains.drain(..).for_each(|d| {
                     let _ = d.send(());
                 });
-                if !open {
+                if !open && self.running.is_empty() {
                     return;
                 }
             }
-            let wake = [self.scheduler.next_wake(now), self.running_deadlines.first().map(|(d, _)| *d)]
-                .into_iter()
-                .flatten()
-                .min();
+            let wake = [
+                self.scheduler.next_wake(now),
+                self.outside.first().map(|(d, _)| *d),
+                self.watchdogs.first().map(|(w, _)| *w),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
             tokio::select! {
                 biased;
                 Some(batch) = done.recv() => self.finish(batch),
@@ -224,10 +280,9 @@ impl Task {
         }
     }
 
-    /// Nothing queued, and every request of a running batch already answered (a hung batch whose
-    /// requests have all expired does not hold up a drain).
+    /// Every admitted request has been answered.
     fn is_idle(&self) -> bool {
-        self.scheduler.queue_depth() == 0 && self.running_deadlines.is_empty()
+        self.scheduler.queue_depth() == 0 && self.outside.is_empty()
     }
 
     fn admit(&mut self, id: RequestId, s: Submission, reply: oneshot::Sender<Reply>) {
@@ -238,11 +293,13 @@ impl Task {
             Ok(()) => {
                 let waiter = Waiter {
                     reply: Some(reply),
+                    expired: false,
+                    ticket,
                     inputs: Arc::new(s.inputs),
-                    arrival: s.arrival,
-                    deadline: s.deadline,
-                    dispatched: None,
-                    ended: None,
+                    place: Place::Waiting,
+                    attempts: 0,
+                    failures: 0,
+                    last_error: None,
                 };
                 self.waiters.insert(id, waiter);
             }
@@ -254,42 +311,76 @@ impl Task {
     }
 
     fn cancel(&mut self, id: RequestId) {
-        if self.scheduler.cancel(id).is_some() {
-            self.waiters.remove(&id);
-            self.metrics.count(Outcome::Cancelled);
-        } else if let Some(w) = self.waiters.get_mut(&id) {
-            if w.ended.is_none() {
-                w.ended = Some(Ended::Cancelled);
-                w.reply = None;
-                self.running_deadlines.remove(&(w.deadline, id));
-                self.metrics.count(Outcome::Cancelled);
+        let Some(w) = self.waiters.get_mut(&id) else { return };
+        if w.reply.is_none() {
+            return; // already answered
+        }
+        w.reply = None;
+        self.metrics.count(Outcome::Cancelled);
+        match w.place {
+            Place::Waiting => {
+                self.scheduler.cancel(id);
+                self.waiters.remove(&id);
+            }
+            Place::Held => {
+                self.outside.remove(&(w.ticket.deadline, id));
+                self.waiters.remove(&id);
+            }
+            // Its batch's result will be dropped when it comes.
+            Place::Running(_) => {
+                self.outside.remove(&(w.ticket.deadline, id));
             }
         }
     }
 
-    /// Answers 504 for queued requests whose deadline has come, and for running ones too: their
-    /// batch's result, when it comes, is discarded and counted late.
+    /// Gives up on batches that ran past their watchdog: their worker slot is freed, and their
+    /// requests are handled as if the batch had failed; a result that comes later is stale.
+    fn watchdog(&mut self, now: Instant) {
+        while let Some(&(at, seq)) = self.watchdogs.first() {
+            if at > now {
+                break;
+            }
+            self.watchdogs.pop_first();
+            let Some(run) = self.running.remove(&seq) else { continue };
+            self.scheduler.abandon(run.worker);
+            let error = EngineError(format!(
+                "the batch did not finish within {} ms (the watchdog gives up at {}× the expected time)",
+                (now - run.dispatched_at).as_millis(),
+                self.retry.watchdog_factor
+            ));
+            tracing::warn!(%error, rows = run.rows, "watchdog: giving up on a batch and replacing its worker");
+            self.failed(run, error, now);
+        }
+    }
+
+    /// Answers 504 for requests whose deadline has come, wherever they are.
     fn expire(&mut self, now: Instant) {
         for ticket in self.scheduler.expire(now) {
             if let Some(w) = self.waiters.remove(&ticket.id) {
                 let message = format!(
-                    "deadline passed: waited {} ms in the queue; the deadline was {} ms after arrival",
-                    (now - w.arrival).as_millis(),
-                    (w.deadline - w.arrival).as_millis()
+                    "deadline passed: waited {} ms for a worker; the deadline was {} ms after arrival",
+                    (now - w.ticket.arrival).as_millis(),
+                    (w.ticket.deadline - w.ticket.arrival).as_millis()
                 );
-                self.answer(w, Err(Refusal::new(Outcome::Expired, message)), now);
+                self.reply(w.reply, Err(Refusal::new(Outcome::Expired, message)), w.ticket.arrival, now);
             }
         }
-        while let Some(&(deadline, id)) = self.running_deadlines.first() {
+        while let Some(&(deadline, id)) = self.outside.first() {
             if deadline > now {
                 break;
             }
-            self.running_deadlines.pop_first();
+            self.outside.pop_first();
             let Some(w) = self.waiters.get_mut(&id) else { continue };
-            w.ended = Some(Ended::Expired);
-            let (tx, arrival, deadline) = (w.reply.take(), w.arrival, w.deadline);
+            let (tx, arrival) = (w.reply.take(), w.ticket.arrival);
+            w.expired = true;
+            let where_ = if matches!(w.place, Place::Held) {
+                self.waiters.remove(&id);
+                "while its batch was retried"
+            } else {
+                "while its batch was running"
+            };
             let message = format!(
-                "deadline passed while its batch was running: waited {} ms; the deadline was {} ms after arrival",
+                "deadline passed {where_}: waited {} ms; the deadline was {} ms after arrival",
                 (now - arrival).as_millis(),
                 (deadline - arrival).as_millis()
             );
@@ -304,28 +395,45 @@ impl Task {
                     let message = format!(
                         "deadline cannot be met any more: a batch leaving now would end in {} ms, the deadline is in {} ms",
                         self.scheduler.estimate(batch.rows).as_millis(),
-                        w.deadline.saturating_duration_since(now).as_millis()
+                        ticket.deadline.saturating_duration_since(now).as_millis()
                     );
-                    self.answer(w, Err(Refusal::new(Outcome::Expired, message)), now);
+                    self.reply(w.reply, Err(Refusal::new(Outcome::Expired, message)), ticket.arrival, now);
                 }
             }
+            let held = batch.probe.filter(|tag| self.held.contains_key(tag));
             if batch.tickets.is_empty() {
+                // Nobody left to run: the probe proved nothing, so its held group is retried plainly.
+                if let Some(tag) = held {
+                    let group = self.held.remove(&tag).unwrap_or_default();
+                    self.apply(Recovery { requeue: group, ..Recovery::default() }, now);
+                }
                 continue;
             }
+            let seq = self.next_seq;
+            self.next_seq += 1;
             let mut inputs = Vec::with_capacity(batch.tickets.len());
-            let mut ids = Vec::with_capacity(batch.tickets.len());
+            let mut members = Vec::with_capacity(batch.tickets.len());
             for ticket in &batch.tickets {
-                let w = self.waiters.get_mut(&ticket.id).expect("every queued ticket has a waiter");
-                w.dispatched = Some(now);
-                self.metrics.queue_wait.observe((now - w.arrival).as_secs_f64());
-                self.running_deadlines.insert((w.deadline, ticket.id));
+                let w = self.waiters.get_mut(&ticket.id).expect("every waiting ticket has a waiter");
+                w.attempts += 1;
+                w.place = Place::Running(seq);
+                if w.attempts == 1 {
+                    self.metrics.queue_wait.observe((now - w.ticket.arrival).as_secs_f64());
+                }
+                self.outside.insert((w.ticket.deadline, ticket.id));
                 inputs.push(w.inputs.clone());
-                ids.push(ticket.id);
+                members.push((ticket.id, w.attempts));
             }
             self.metrics.batch_size.observe(f64::from(batch.rows));
+            let expected = self.scheduler.estimate(batch.rows);
+            let watchdog = now + expected.mul_f64(self.retry.watchdog_factor) + self.retry.watchdog_grace;
+            self.watchdogs.insert((watchdog, seq));
+            self.running.insert(
+                seq,
+                Running { worker: batch.worker, dispatched_at: now, watchdog, rows: batch.rows, members, held },
+            );
             let run = self.engine.infer(inputs);
             let done = self.done_tx.clone();
-            let (worker, rows) = (batch.worker, batch.rows);
             tokio::spawn(async move {
                 // The engine runs in its own task so that a panic in it becomes an error here
                 // instead of a worker that never frees up.
@@ -333,56 +441,136 @@ impl Task {
                     Ok(result) => result,
                     Err(e) => Err(EngineError(format!("the engine panicked: {e}"))),
                 };
-                let _ = done.send(BatchDone { worker, dispatched_at: now, rows, ids, result });
+                let _ = done.send(BatchDone { seq, result });
             });
         }
     }
 
-    fn finish(&mut self, batch: BatchDone) {
+    fn finish(&mut self, done: BatchDone) {
         let now = Instant::now();
-        self.scheduler.finish(batch.worker, now);
-        self.metrics.batch_duration.observe((now - batch.dispatched_at).as_secs_f64());
-        let mut outputs = match batch.result {
-            Ok(outputs) if outputs.len() == batch.ids.len() => Ok(outputs.into_iter()),
-            Ok(outputs) => Err(EngineError(format!(
-                "the engine returned outputs for {} requests of a batch of {}",
-                outputs.len(),
-                batch.ids.len()
-            ))),
-            Err(e) => Err(e),
-        };
-        for id in batch.ids {
-            let output = match &mut outputs {
-                Ok(iter) => Ok(iter.next().expect("lengths checked above")),
-                Err(e) => Err(e.clone()),
-            };
-            let Some(w) = self.waiters.remove(&id) else { continue };
-            match w.ended {
-                Some(Ended::Expired) => {
-                    self.metrics.late_results.inc();
-                    continue;
-                }
-                Some(Ended::Cancelled) => continue,
-                None => {}
+        let Some(run) = self.running.remove(&done.seq) else {
+            // The watchdog gave up on this batch and its requests moved on: every result is stale.
+            if let Ok(outputs) = &done.result {
+                self.metrics.late_results.inc_by(outputs.len() as u64);
             }
-            self.running_deadlines.remove(&(w.deadline, id));
-            let reply = match output {
-                Ok(outputs) => Ok(Answer {
-                    outputs,
-                    batch_rows: batch.rows,
-                    queued: batch.dispatched_at - w.arrival,
-                    engine: now - batch.dispatched_at,
-                }),
-                Err(e) => Err(Refusal::new(Outcome::Failed, e.to_string())),
+            return;
+        };
+        self.watchdogs.remove(&(run.watchdog, done.seq));
+        self.scheduler.finish(run.worker, now);
+        self.metrics.batch_duration.observe((now - run.dispatched_at).as_secs_f64());
+        let outputs = match done.result {
+            Ok(outputs) if outputs.len() == run.members.len() => outputs,
+            Ok(outputs) => {
+                let error = EngineError(format!(
+                    "the engine returned outputs for {} requests of a batch of {}",
+                    outputs.len(),
+                    run.members.len()
+                ));
+                return self.failed(run, error, now);
+            }
+            Err(error) => return self.failed(run, error, now),
+        };
+        for (&(id, attempt), outputs) in run.members.iter().zip(outputs) {
+            let Some(w) = self.waiters.get(&id) else { continue };
+            if w.attempts != attempt {
+                self.metrics.late_results.inc();
+                continue;
+            }
+            let w = self.waiters.remove(&id).expect("just found");
+            self.outside.remove(&(w.ticket.deadline, id));
+            if w.expired {
+                self.metrics.late_results.inc();
+                continue;
+            }
+            let answer = Answer {
+                outputs,
+                batch_rows: run.rows,
+                queued: run.dispatched_at - w.ticket.arrival,
+                engine: now - run.dispatched_at,
             };
-            self.answer(w, reply, now);
+            self.reply(w.reply, Ok(answer), w.ticket.arrival, now);
+        }
+        if let Some(tag) = run.held {
+            let group = self.held.remove(&tag).unwrap_or_default();
+            let members = self.members(&group);
+            let recovery = recovery::on_probe_success(&members, self.retry.max_attempts);
+            self.apply(recovery, now);
         }
     }
 
-    /// Sends the final reply of a waiter that is leaving the table.
-    fn answer(&mut self, mut w: Waiter, reply: Reply, now: Instant) {
-        let tx = w.reply.take();
-        self.reply(tx, reply, w.arrival, now);
+    /// A batch failed or was given up on: its unanswered requests are retried or condemned.
+    fn failed(&mut self, run: Running, error: EngineError, now: Instant) {
+        tracing::debug!(%error, rows = run.rows, "batch failed");
+        let mut live = Vec::new();
+        for &(id, attempt) in &run.members {
+            let Some(w) = self.waiters.get_mut(&id) else { continue };
+            if w.attempts != attempt {
+                continue;
+            }
+            if w.reply.is_none() {
+                // Answered at its deadline, or cancelled, while the batch ran: nothing to retry.
+                self.waiters.remove(&id);
+                continue;
+            }
+            w.failures += 1;
+            w.last_error = Some(error.clone());
+            w.place = Place::Held;
+            live.push(id);
+        }
+        let group = run.held.and_then(|tag| self.held.remove(&tag)).unwrap_or_default();
+        let (failed, held) = (self.members(&live), self.members(&group));
+        let recovery = recovery::on_failure(&failed, &held, self.retry.max_attempts);
+        self.apply(recovery, now);
+    }
+
+    fn members(&self, ids: &[RequestId]) -> Vec<Member> {
+        ids.iter()
+            .filter_map(|id| {
+                self.waiters.get(id).map(|w| Member { id: *id, attempts: w.attempts, failures: w.failures })
+            })
+            .collect()
+    }
+
+    fn apply(&mut self, mut recovery: Recovery, now: Instant) {
+        // Nobody runs more often than the attempt budget allows.
+        let spent = |id: &RequestId| self.waiters.get(id).is_some_and(|w| w.attempts >= self.retry.max_attempts);
+        let mut over: Vec<RequestId> = recovery.requeue.extract_if(.., |id| spent(id)).collect();
+        if let Some(probe) = &mut recovery.probe {
+            over.extend(probe.run.extract_if(.., |id| spent(id)));
+        }
+        recovery.condemn.extend(over);
+        for id in recovery.condemn {
+            let Some(w) = self.waiters.remove(&id) else { continue };
+            self.outside.remove(&(w.ticket.deadline, id));
+            let error = w.last_error.map_or_else(|| "engine error".to_owned(), |e| e.to_string());
+            let message = format!("{error} (failed {} of {} attempts; retries stopped)", w.failures, w.attempts);
+            self.reply(w.reply, Err(Refusal::new(Outcome::Failed, message)), w.ticket.arrival, now);
+        }
+        for id in recovery.requeue {
+            if let Some(ticket) = self.leave_outside(id, Place::Waiting) {
+                self.scheduler.requeue(ticket);
+            }
+        }
+        if let Some(probe) = recovery.probe {
+            let tag = self.next_seq;
+            self.next_seq += 1;
+            let run: Vec<Ticket> = probe.run.iter().filter_map(|&id| self.leave_outside(id, Place::Waiting)).collect();
+            for &id in &probe.hold {
+                if let Some(w) = self.waiters.get_mut(&id) {
+                    w.place = Place::Held;
+                }
+            }
+            self.held.insert(tag, probe.hold);
+            self.scheduler.add_probe(tag, run);
+        }
+    }
+
+    /// Moves an unanswered request from outside the scheduler back to `place`.
+    fn leave_outside(&mut self, id: RequestId, place: Place) -> Option<Ticket> {
+        let w = self.waiters.get_mut(&id)?;
+        self.outside.remove(&(w.ticket.deadline, id));
+        w.place = place;
+        Some(w.ticket)
     }
 
     /// Counts and sends a reply. A reply that finds nobody listening counts as `cancelled`: the

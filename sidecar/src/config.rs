@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Deserialize;
 
+use crate::batcher::RetryPolicy;
 use crate::duration;
 use crate::engine::sim::Faults;
 
@@ -79,6 +80,15 @@ pub struct Cli {
     /// Seed of the sim engine's fault draws. [default: 0]
     #[arg(long, env = "FERRY_SIM_SEED")]
     pub sim_seed: Option<u64>,
+    /// Runs a request may ride in when batches fail, the first included. [default: 3]
+    #[arg(long, env = "FERRY_MAX_ATTEMPTS")]
+    pub max_attempts: Option<u32>,
+    /// The watchdog gives up on a batch after this many times its expected time. [default: 3]
+    #[arg(long, env = "FERRY_WATCHDOG_FACTOR")]
+    pub watchdog_factor: Option<f64>,
+    /// Fails any sim batch holding a row whose first element equals this (fault injection).
+    #[arg(long, env = "FERRY_SIM_POISON")]
+    pub sim_poison: Option<f64>,
     /// URL of the inference server beside the sidecar (remote engine).
     #[arg(long, env = "FERRY_UPSTREAM")]
     pub upstream: Option<String>,
@@ -112,6 +122,7 @@ pub struct Settings {
     pub max_queue_bytes: u64,
     pub max_request_bytes: u64,
     pub deadline_margin: Duration,
+    pub retry: RetryPolicy,
     pub engine: EngineSettings,
 }
 
@@ -210,6 +221,11 @@ impl Settings {
             max_queue_bytes: cli.max_queue_bytes.or(batching.max_queue_bytes).unwrap_or(256 << 20),
             max_request_bytes: cli.max_request_bytes.or(batching.max_request_bytes).unwrap_or(16 << 20),
             deadline_margin: cli.deadline_margin.unwrap_or(2 * MS),
+            retry: RetryPolicy {
+                max_attempts: cli.max_attempts.unwrap_or(RetryPolicy::default().max_attempts),
+                watchdog_factor: cli.watchdog_factor.unwrap_or(RetryPolicy::default().watchdog_factor),
+                ..RetryPolicy::default()
+            },
             engine: match cli.engine.or(engine.kind).as_deref().unwrap_or("sim") {
                 "sim" => EngineSettings::Sim {
                     batch_time: cli.sim_batch_time.or(engine.sim.batch_time).unwrap_or(100 * MS),
@@ -218,6 +234,7 @@ impl Settings {
                         fail_rate: probability("--sim-fail-rate", cli.sim_fail_rate)?,
                         hang_rate: probability("--sim-hang-rate", cli.sim_hang_rate)?,
                         seed: cli.sim_seed.unwrap_or(0),
+                        poison: cli.sim_poison,
                     },
                 },
                 kind @ ("cuda" | "remote") => {
@@ -269,6 +286,12 @@ impl Settings {
                 duration::format(self.max_timeout),
                 duration::format(self.latency_budget)
             ));
+        }
+        if self.retry.max_attempts == 0 {
+            return fail("--max-attempts is 0; it must be at least 1".into());
+        }
+        if !(self.retry.watchdog_factor >= 1.0) {
+            return fail(format!("--watchdog-factor is {}; it must be at least 1", self.retry.watchdog_factor));
         }
         if self.max_request_bytes == 0 || self.max_queue_bytes < self.max_request_bytes {
             return fail(format!(

@@ -97,7 +97,8 @@ mod tests {
     /// extra runs and who was condemned.
     fn isolate(n: u64, poison: RequestId, max_attempts: u32) -> (usize, Vec<RequestId>) {
         let mut history: HashMap<RequestId, (u32, u32)> = (0..n).map(|id| (id, (1, 1))).collect();
-        let member = |h: &HashMap<RequestId, (u32, u32)>, id: RequestId| Member { id, attempts: h[&id].0, failures: h[&id].1 };
+        let member =
+            |h: &HashMap<RequestId, (u32, u32)>, id: RequestId| Member { id, attempts: h[&id].0, failures: h[&id].1 };
         let all: Vec<Member> = (0..n).map(|id| member(&history, id)).collect();
         let mut pending = vec![on_failure(&all, &[], max_attempts)];
         let (mut runs, mut condemned, mut queue) = (0, Vec::new(), Vec::new());

@@ -14,6 +14,7 @@ mod forecast;
 #[cfg(test)]
 mod tests;
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -47,6 +48,8 @@ pub enum Trigger {
     MaxWait,
     /// Waiting longer would make a queued request miss its deadline.
     Deadline,
+    /// A probe of the failure recovery ([`crate::recovery`]): a group that must run alone.
+    Retry,
 }
 
 /// What the scheduler wants to happen next.
@@ -73,6 +76,8 @@ pub struct Batch {
     /// Tickets that were due to ride but can no longer finish before their deadline; they are
     /// taken out of the queue and must be answered as expired rather than run.
     pub doomed: Vec<Ticket>,
+    /// The tag given to [`Scheduler::add_probe`] when this batch is a probe.
+    pub probe: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +90,8 @@ enum Worker {
 pub struct Scheduler {
     policy: Policy,
     queue: Queue,
+    /// Groups that must run alone, before the queue, as soon as a worker is idle.
+    probes: VecDeque<(u64, Vec<Ticket>)>,
     workers: Vec<Worker>,
     estimator: Estimator,
 }
@@ -104,7 +111,13 @@ const FILL_LOOKAHEAD: usize = 256;
 impl Scheduler {
     pub fn new(policy: Policy, workers: usize, estimator: Estimator) -> Self {
         assert!(workers >= 1 && policy.max_batch_rows >= 1, "validated by the configuration");
-        Scheduler { policy, queue: Queue::default(), workers: vec![Worker::Idle; workers], estimator }
+        Scheduler {
+            policy,
+            queue: Queue::default(),
+            probes: VecDeque::new(),
+            workers: vec![Worker::Idle; workers],
+            estimator,
+        }
     }
 
     pub fn policy(&self) -> &Policy {
@@ -140,22 +153,56 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Removes a queued request (its caller went away). `None` if it is not queued.
-    pub fn cancel(&mut self, id: RequestId) -> Option<Ticket> {
-        self.queue.remove(id)
+    /// Puts an admitted request back in the queue (its batch failed and it is retried), with its
+    /// original arrival and deadline, and without admission's checks: it was admitted already.
+    pub fn requeue(&mut self, ticket: Ticket) {
+        self.queue.push(ticket);
     }
 
-    /// Removes and returns the queued requests whose deadline has come.
+    /// Adds a group that must run alone, ahead of the queue, as soon as a worker is idle.
+    pub fn add_probe(&mut self, tag: u64, tickets: Vec<Ticket>) {
+        if !tickets.is_empty() {
+            self.probes.push_back((tag, tickets));
+        }
+    }
+
+    /// Removes a waiting request (its caller went away). `None` if it is not waiting here.
+    pub fn cancel(&mut self, id: RequestId) -> Option<Ticket> {
+        if let Some(ticket) = self.queue.remove(id) {
+            return Some(ticket);
+        }
+        for (_, group) in &mut self.probes {
+            if let Some(i) = group.iter().position(|t| t.id == id) {
+                let ticket = group.remove(i);
+                self.probes.retain(|(_, g)| !g.is_empty());
+                return Some(ticket);
+            }
+        }
+        None
+    }
+
+    /// Removes and returns the waiting requests whose deadline has come.
     pub fn expire(&mut self, now: Instant) -> Vec<Ticket> {
-        self.queue.take_expired(now)
+        let mut expired = self.queue.take_expired(now);
+        for (_, group) in &mut self.probes {
+            expired.extend(group.extract_if(.., |t| t.deadline <= now));
+        }
+        self.probes.retain(|(_, g)| !g.is_empty());
+        expired
     }
 
     /// The dispatch rule.
     pub fn next(&self, now: Instant) -> Next {
-        let Some(oldest) = self.queue.oldest_arrival() else { return Next::Empty };
+        if self.queue.is_empty() && self.probes.is_empty() {
+            return Next::Empty;
+        }
         if !self.workers.contains(&Worker::Idle) {
             return Next::WaitForWorker;
         }
+        if !self.probes.is_empty() {
+            return Next::Dispatch(Trigger::Retry);
+        }
+        let Some(oldest) = self.queue.oldest_arrival() else { return Next::Empty };
         let plan = self.plan();
         if plan.full {
             return Next::Dispatch(Trigger::Full);
@@ -179,23 +226,30 @@ impl Scheduler {
             Next::At(at) => Some(at),
             Next::WaitForWorker | Next::Empty => None,
         };
-        [timer, self.queue.earliest_deadline()].into_iter().flatten().min()
+        let probe_deadline = self.probes.iter().flat_map(|(_, g)| g.iter().map(|t| t.deadline)).min();
+        [timer, self.queue.earliest_deadline(), probe_deadline].into_iter().flatten().min()
     }
 
     /// Takes the batch that [`Scheduler::next`] says should leave, and marks a worker busy.
     pub fn take(&mut self, now: Instant) -> Option<Batch> {
         let Next::Dispatch(trigger) = self.next(now) else { return None };
-        let plan = self.plan();
         let worker = self.workers.iter().position(|w| *w == Worker::Idle)?;
-        let chosen: Vec<Ticket> = plan.ids.into_iter().filter_map(|id| self.queue.remove(id)).collect();
-        let finish = now + self.estimator.estimate(plan.rows);
+        let (chosen, probe) = if trigger == Trigger::Retry {
+            let (tag, group) = self.probes.pop_front()?;
+            (group, Some(tag))
+        } else {
+            let plan = self.plan();
+            (plan.ids.into_iter().filter_map(|id| self.queue.remove(id)).collect(), None)
+        };
+        let planned_rows = chosen.iter().map(|t| t.rows).sum();
+        let finish = now + self.estimator.estimate(planned_rows);
         let (tickets, doomed): (Vec<Ticket>, Vec<Ticket>) = chosen.into_iter().partition(|t| t.deadline >= finish);
         let rows = tickets.iter().map(|t| t.rows).sum();
         if !tickets.is_empty() {
             let expected_end = now + self.estimator.estimate(rows);
             self.workers[worker] = Worker::Busy { since: now, rows, expected_end };
         }
-        Some(Batch { worker, trigger, dispatched_at: now, rows, tickets, doomed })
+        Some(Batch { worker, trigger, dispatched_at: now, rows, tickets, doomed, probe })
     }
 
     /// A worker finished its batch (successfully or not): it is idle again, and its measured time
@@ -207,20 +261,28 @@ impl Scheduler {
         self.workers[worker] = Worker::Idle;
     }
 
+    /// The watchdog gave up on a worker's batch: its slot is free again (a replacement takes it),
+    /// and the estimator learns nothing from a batch that never ended.
+    pub fn abandon(&mut self, worker: usize) {
+        self.workers[worker] = Worker::Idle;
+    }
+
     pub fn estimate(&self, rows: u32) -> Duration {
         self.estimator.estimate(rows)
     }
 
+    /// Requests waiting for a worker: the queue and the probes.
     pub fn queue_depth(&self) -> usize {
-        self.queue.len()
+        self.queue.len() + self.probes.iter().map(|(_, g)| g.len()).sum::<usize>()
     }
 
     pub fn queue_bytes(&self) -> u64 {
-        self.queue.bytes()
+        self.queue.bytes() + self.probes.iter().flat_map(|(_, g)| g.iter().map(|t| t.bytes)).sum::<u64>()
     }
 
     pub fn oldest_arrival(&self) -> Option<Instant> {
-        self.queue.oldest_arrival()
+        let probes = self.probes.iter().flat_map(|(_, g)| g.iter().map(|t| t.arrival)).min();
+        [self.queue.oldest_arrival(), probes].into_iter().flatten().min()
     }
 
     pub fn busy_workers(&self) -> usize {

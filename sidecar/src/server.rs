@@ -61,7 +61,7 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Front {
     let served = Served {
         name: settings.model.clone(),
         version: settings.version.clone(),
-        batcher: Batcher::spawn(scheduler, engine.clone(), model_metrics),
+        batcher: Batcher::spawn(scheduler, engine.clone(), model_metrics, settings.retry),
         engine,
         max_rows: settings.max_batch_size,
     };

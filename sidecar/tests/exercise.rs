@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_sidecar::batcher::{Answer, Batcher, Reply, Submission};
+use ferry_sidecar::batcher::{Answer, Batcher, Reply, RetryPolicy, Submission};
 use ferry_sidecar::engine::sim::SimEngine;
 use ferry_sidecar::estimate::Estimator;
 use ferry_sidecar::metrics::{Metrics, ModelMetrics};
@@ -37,7 +37,11 @@ fn service(workers: usize, engine_ms: u64, estimate_ms: u64) -> Service {
     let scheduler = Scheduler::new(policy, workers, Estimator::new(ms(estimate_ms), Duration::ZERO));
     let metrics = Metrics::new().model("m", "1");
     let engine = Arc::new(SimEngine::new(ms(engine_ms), Duration::ZERO));
-    Service { batcher: Batcher::spawn(scheduler, engine, metrics.clone()), metrics, start: Instant::now() }
+    Service {
+        batcher: Batcher::spawn(scheduler, engine, metrics.clone(), RetryPolicy::default()),
+        metrics,
+        start: Instant::now(),
+    }
 }
 
 /// What a caller saw: its reply and when it came (ms since the start).

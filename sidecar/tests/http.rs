@@ -245,7 +245,11 @@ async fn an_engine_failure_is_a_500_naming_the_engine_error() {
     let response = s.infer("m", &body(&[vec![1.0]]), &[]).await;
     assert_eq!(response.status(), 500);
     let v: Value = response.json().await.unwrap();
-    assert_eq!(v["error"], "engine error: injected failure (--sim-fail-rate)");
+    // A request failing alone is retried once; failing alone again, it is given up on.
+    assert_eq!(
+        v["error"],
+        "engine error: injected failure (--sim-fail-rate) (failed 2 of 2 attempts; retries stopped)"
+    );
     assert_eq!(s.outcome("failed").await, 1);
 }
 

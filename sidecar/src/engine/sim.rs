@@ -5,7 +5,8 @@
 //!
 //! Faults can be injected so that failure handling is testable: a batch fails with probability
 //! `fail_rate`, and never returns with probability `hang_rate`, drawn from a seeded generator so
-//! that a run can be repeated.
+//! that a run can be repeated; and a batch holding a *poison* row (one whose first element equals
+//! the configured value) always fails.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -25,12 +26,15 @@ pub struct SimEngine {
     rng: Mutex<StdRng>,
 }
 
-/// Injected faults: probabilities per batch, and the seed of the generator that draws them.
+/// Injected faults: probabilities per batch, the seed of the generator that draws them, and a
+/// poison value.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Faults {
     pub fail_rate: f64,
     pub hang_rate: f64,
     pub seed: u64,
+    /// A batch holding a row whose first element equals this fails.
+    pub poison: Option<f64>,
 }
 
 impl SimEngine {
@@ -77,17 +81,36 @@ impl Engine for SimEngine {
             let mut rng = self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             (rng.random_bool(self.faults.fail_rate), rng.random_bool(self.faults.hang_rate))
         };
+        let poisoned =
+            self.faults.poison.and_then(|value| batch.iter().find_map(|inputs| poison_row(&inputs[0], value)));
         Box::pin(async move {
             if hang {
                 return std::future::pending().await;
             }
             tokio::time::sleep(took).await;
+            if let Some(row) = poisoned {
+                return Err(EngineError(format!("poison row: its first element is {row} (--sim-poison)")));
+            }
             if fail {
                 return Err(EngineError("injected failure (--sim-fail-rate)".into()));
             }
             Ok(batch.iter().map(|inputs| vec![doubled(&inputs[0])]).collect())
         })
     }
+}
+
+/// The first element of the first row of `input` that starts with `value`, if any.
+fn poison_row(input: &Tensor, value: f64) -> Option<f64> {
+    let rows = input.rows().max(1) as usize;
+    let width = input.data.len() / rows;
+    (0..rows).map(|r| r * width).find_map(|i| {
+        let first = match &input.data {
+            TensorData::Float(v) => v.get(i).copied(),
+            TensorData::Int(v) => v.get(i).map(|&x| x as f64),
+            _ => None,
+        }?;
+        (first == value).then_some(first)
+    })
 }
 
 fn doubled(input: &Tensor) -> Tensor {
@@ -148,7 +171,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn injected_failures_are_errors_after_the_batch_time() {
-        let faults = Faults { fail_rate: 1.0, hang_rate: 0.0, seed: 7 };
+        let faults = Faults { fail_rate: 1.0, seed: 7, ..Faults::default() };
         let engine = SimEngine::new(Duration::from_millis(50), Duration::ZERO).with_faults(faults);
         let start = tokio::time::Instant::now();
         let err = engine.infer(vec![tensor(DataType::Fp32, TensorData::Float(vec![1.0]))]).await.unwrap_err();
@@ -157,8 +180,29 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_batch_with_a_poison_row_fails() {
+        let engine = SimEngine::new(Duration::from_millis(5), Duration::ZERO)
+            .with_faults(Faults { poison: Some(-1.0), ..Faults::default() });
+        let healthy = Arc::new(vec![Tensor {
+            name: "x".into(),
+            datatype: DataType::Fp32,
+            shape: vec![2, 2],
+            data: TensorData::Float(vec![1.0, -1.0, 2.0, 3.0]),
+        }]);
+        let poison = Arc::new(vec![Tensor {
+            name: "x".into(),
+            datatype: DataType::Fp32,
+            shape: vec![2, 2],
+            data: TensorData::Float(vec![1.0, 2.0, -1.0, 3.0]),
+        }]);
+        assert!(engine.infer(vec![healthy.clone()]).await.is_ok(), "-1 is not the first element of a row");
+        let err = engine.infer(vec![healthy, poison]).await.unwrap_err();
+        assert_eq!(err.0, "poison row: its first element is -1 (--sim-poison)");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_hung_batch_never_returns() {
-        let faults = Faults { fail_rate: 0.0, hang_rate: 1.0, seed: 7 };
+        let faults = Faults { hang_rate: 1.0, seed: 7, ..Faults::default() };
         let engine = SimEngine::new(Duration::from_millis(50), Duration::ZERO).with_faults(faults);
         let run = engine.infer(vec![tensor(DataType::Fp32, TensorData::Float(vec![1.0]))]);
         assert!(tokio::time::timeout(Duration::from_secs(3600), run).await.is_err());
