@@ -290,7 +290,7 @@ impl Settings {
         if self.retry.max_attempts == 0 {
             return fail("--max-attempts is 0; it must be at least 1".into());
         }
-        if !(self.retry.watchdog_factor >= 1.0) {
+        if self.retry.watchdog_factor.is_nan() || self.retry.watchdog_factor < 1.0 {
             return fail(format!("--watchdog-factor is {}; it must be at least 1", self.retry.watchdog_factor));
         }
         if self.max_request_bytes == 0 || self.max_queue_bytes < self.max_request_bytes {
