@@ -10,8 +10,8 @@ use clap::Parser;
 use serde::Deserialize;
 
 use crate::batcher::RetryPolicy;
-use crate::duration;
 use crate::engine::sim::Faults;
+use crate::{duration, idempotency};
 
 #[derive(Debug, Parser, Default)]
 #[command(
@@ -86,8 +86,17 @@ pub struct Cli {
     /// The watchdog gives up on a batch after this many times its expected time. [default: 3]
     #[arg(long, env = "FERRY_WATCHDOG_FACTOR")]
     pub watchdog_factor: Option<f64>,
+    /// How long a response is kept for replay under its idempotency-key. [default: 10m]
+    #[arg(long, env = "FERRY_IDEMPOTENCY_TTL", value_parser = duration::parse)]
+    pub idempotency_ttl: Option<Duration>,
+    /// Most idempotency records kept. [default: 10000]
+    #[arg(long, env = "FERRY_IDEMPOTENCY_MAX_ENTRIES")]
+    pub idempotency_max_entries: Option<usize>,
+    /// Most bytes of saved responses kept for idempotent replay. [default: 67108864]
+    #[arg(long, env = "FERRY_IDEMPOTENCY_MAX_BYTES")]
+    pub idempotency_max_bytes: Option<usize>,
     /// Fails any sim batch holding a row whose first element equals this (fault injection).
-    #[arg(long, env = "FERRY_SIM_POISON")]
+    #[arg(long, env = "FERRY_SIM_POISON", allow_negative_numbers = true)]
     pub sim_poison: Option<f64>,
     /// URL of the inference server beside the sidecar (remote engine).
     #[arg(long, env = "FERRY_UPSTREAM")]
@@ -123,6 +132,7 @@ pub struct Settings {
     pub max_request_bytes: u64,
     pub deadline_margin: Duration,
     pub retry: RetryPolicy,
+    pub idempotency: idempotency::Limits,
     pub engine: EngineSettings,
 }
 
@@ -225,6 +235,11 @@ impl Settings {
                 max_attempts: cli.max_attempts.unwrap_or(RetryPolicy::default().max_attempts),
                 watchdog_factor: cli.watchdog_factor.unwrap_or(RetryPolicy::default().watchdog_factor),
                 ..RetryPolicy::default()
+            },
+            idempotency: idempotency::Limits {
+                ttl: cli.idempotency_ttl.unwrap_or(Duration::from_secs(600)),
+                max_entries: cli.idempotency_max_entries.unwrap_or(10_000),
+                max_bytes: cli.idempotency_max_bytes.unwrap_or(64 << 20),
             },
             engine: match cli.engine.or(engine.kind).as_deref().unwrap_or("sim") {
                 "sim" => EngineSettings::Sim {

@@ -7,10 +7,10 @@
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use crate::batcher::{Batcher, Submission};
 use crate::deadline::{DeadlinePolicy, TIMEOUT_HEADER};
 use crate::engine::Engine;
+use crate::idempotency::{self, Claim, Key, Saved, Store};
 use crate::metrics::Metrics;
 use crate::outcome::{Outcome, Refusal};
 use crate::tensor::{parse_inputs, InferRequest, InferResponse};
@@ -51,10 +52,17 @@ pub struct Front {
     pub metrics: Metrics,
     draining: AtomicBool,
     ids: RequestIds,
+    idempotency: Mutex<Store>,
 }
 
 impl Front {
-    pub fn new(models: Vec<Arc<Served>>, deadlines: DeadlinePolicy, max_request_bytes: u64, metrics: Metrics) -> Self {
+    pub fn new(
+        models: Vec<Arc<Served>>,
+        deadlines: DeadlinePolicy,
+        max_request_bytes: u64,
+        metrics: Metrics,
+        idempotency: idempotency::Limits,
+    ) -> Self {
         assert!(!models.is_empty(), "a sidecar serves at least one model");
         Front {
             models,
@@ -63,6 +71,7 @@ impl Front {
             metrics,
             draining: AtomicBool::new(false),
             ids: RequestIds::default(),
+            idempotency: Mutex::new(Store::new(idempotency)),
         }
     }
 
@@ -241,7 +250,7 @@ fn readiness(front: &Front, name: &str, version: Option<&str>) -> Response {
 }
 
 async fn infer(State(front): State<Shared>, Path(name): Path<String>, headers: HeaderMap, body: Body) -> Response {
-    run_infer(&front, &name, None, &headers, body).await
+    run_infer(front, name, None, headers, body).await
 }
 
 async fn infer_version(
@@ -250,50 +259,44 @@ async fn infer_version(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    run_infer(&front, &name, Some(&version), &headers, body).await
+    run_infer(front, name, Some(version), headers, body).await
 }
 
-async fn run_infer(front: &Front, name: &str, version: Option<&str>, headers: &HeaderMap, body: Body) -> Response {
+async fn run_infer(front: Shared, name: String, version: Option<String>, headers: HeaderMap, body: Body) -> Response {
     let arrival = Instant::now();
-    let served = match front.find(name, version) {
-        Ok(served) => served,
-        Err(refusal) => {
-            front.models[0].batcher.metrics().count(refusal.outcome);
-            return error(&refusal);
-        }
+    let served = match front.find(&name, version.as_deref()) {
+        Ok(served) => served.clone(),
+        Err(refusal) => return refuse(&front.models[0], refusal),
     };
-    match admit_and_wait(front, served, headers, body, arrival).await {
-        Ok(response) => response,
-        Err(refusal) => {
-            if refusal.outcome.is_refused_at_the_front() {
-                served.batcher.metrics().count(refusal.outcome);
-            }
-            error(&refusal)
+    if front.is_draining() {
+        let refusal =
+            Refusal::new(Outcome::Draining, "draining: this sidecar is shutting down and admits no new requests");
+        return refuse(&served, refusal);
+    }
+    let bytes = match read_body(&front, &headers, body).await {
+        Ok(bytes) => bytes,
+        Err(refusal) => return refuse(&served, refusal),
+    };
+    match headers.get(idempotency::KEY_HEADER) {
+        None => process(&front, &served, &headers, bytes, arrival).await,
+        Some(key) => {
+            let path = match &version {
+                Some(v) => format!("/v2/models/{name}/versions/{v}/infer"),
+                None => format!("/v2/models/{name}/infer"),
+            };
+            let key = key.clone();
+            idempotent(front, served, headers, bytes, arrival, &key, &path).await
         }
     }
 }
 
-impl Outcome {
-    /// Refusals decided by the front, before the batcher sees the request (the batcher counts
-    /// everything else itself).
-    fn is_refused_at_the_front(self) -> bool {
-        matches!(self, Outcome::Invalid | Outcome::NotFound | Outcome::TooLarge | Outcome::Draining)
-    }
+/// Counts a refusal decided by the front (the batcher counts everything else itself).
+fn refuse(served: &Served, refusal: Refusal) -> Response {
+    served.batcher.metrics().count(refusal.outcome);
+    error(&refusal)
 }
 
-async fn admit_and_wait(
-    front: &Front,
-    served: &Served,
-    headers: &HeaderMap,
-    body: Body,
-    arrival: Instant,
-) -> Result<Response, Refusal> {
-    if front.is_draining() {
-        return Err(Refusal::new(
-            Outcome::Draining,
-            "draining: this sidecar is shutting down and admits no new requests",
-        ));
-    }
+async fn read_body(front: &Front, headers: &HeaderMap, body: Body) -> Result<Bytes, Refusal> {
     let limit = front.max_request_bytes;
     let too_large = |size: String| {
         Refusal::new(
@@ -306,8 +309,121 @@ async fn admit_and_wait(
             return Err(too_large(length.to_string()));
         }
     }
-    let bytes =
-        axum::body::to_bytes(body, limit as usize).await.map_err(|_| too_large(format!("more than {limit}")))?;
+    axum::body::to_bytes(body, limit as usize).await.map_err(|_| too_large(format!("more than {limit}")))
+}
+
+/// Runs a request under its `idempotency-key`: the first caller's request runs detached from its
+/// connection (so that a retry after a dropped connection finds its outcome), joiners wait for
+/// that outcome, later callers get it replayed, and another request under the same key is a 409.
+async fn idempotent(
+    front: Shared,
+    served: Arc<Served>,
+    headers: HeaderMap,
+    bytes: Bytes,
+    arrival: Instant,
+    key: &HeaderValue,
+    path: &str,
+) -> Response {
+    let key = match key.to_str() {
+        Ok(k) if !k.is_empty() && k.len() <= 255 && k.bytes().all(|b| b.is_ascii_graphic()) => k.to_owned(),
+        _ => {
+            return refuse(
+                &served,
+                Refusal::invalid(format!(
+                    "{} must be 1 to 255 visible ASCII characters; got {} bytes",
+                    idempotency::KEY_HEADER,
+                    key.len()
+                )),
+            )
+        }
+    };
+    // Keys are scoped per tenant: the caller's credentials, hashed (never stored in clear).
+    let scope = headers
+        .get(header::AUTHORIZATION)
+        .map(|v| {
+            let f = idempotency::fingerprint("", "", v.as_bytes());
+            f.iter().map(|b| format!("{b:02x}")).collect()
+        })
+        .unwrap_or_default();
+    let record = Key { scope, key: key.clone() };
+    let fingerprint = idempotency::fingerprint("POST", path, &bytes);
+    let claim = front.idempotency.lock().unwrap_or_else(|p| p.into_inner()).claim(record.clone(), fingerprint, arrival);
+    let (mut outcome, replayed) = match claim {
+        Claim::Conflict => {
+            let message = format!(
+                "{} '{key}' was already used for a different request (method, path or body differ); use a new key",
+                idempotency::KEY_HEADER
+            );
+            return refuse(&served, Refusal::new(Outcome::Conflict, message));
+        }
+        Claim::Replay(saved) => return replay(&saved, true),
+        Claim::Join(rx) => (rx, true),
+        Claim::Execute(rx) => {
+            let front = front.clone();
+            tokio::spawn(async move {
+                let response = process(&front, &served, &headers, bytes, arrival).await;
+                let saved = save(response).await;
+                front.idempotency.lock().unwrap_or_else(|p| p.into_inner()).finish(&record, saved);
+            });
+            (rx, false)
+        }
+    };
+    let saved = outcome.wait_for(Option::is_some).await.ok().and_then(|saved| saved.clone());
+    match saved {
+        Some(saved) => replay(&saved, replayed),
+        None => {
+            error(&Refusal::new(Outcome::Failed, "the request holding this idempotency-key ended without an answer"))
+        }
+    }
+}
+
+/// The headers of a response worth replaying.
+const SAVED_HEADERS: [HeaderName; 4] = [header::CONTENT_TYPE, header::RETRY_AFTER, BATCH_SIZE, SERVER_TIMING];
+
+async fn save(response: Response) -> Saved {
+    let (parts, body) = response.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
+    let headers =
+        SAVED_HEADERS.iter().filter_map(|name| parts.headers.get(name).map(|v| (name.clone(), v.clone()))).collect();
+    Saved { status: parts.status, headers, body }
+}
+
+fn replay(saved: &Saved, replayed: bool) -> Response {
+    let mut response = Response::new(Body::from(saved.body.clone()));
+    *response.status_mut() = saved.status;
+    let h = response.headers_mut();
+    for (name, value) in &saved.headers {
+        h.insert(name.clone(), value.clone());
+    }
+    if replayed {
+        h.insert(idempotency::REPLAYED_HEADER, HeaderValue::from_static("true"));
+    }
+    response
+}
+
+/// Parses, checks, admits and waits for one request whose body has been read.
+async fn process(front: &Front, served: &Served, headers: &HeaderMap, bytes: Bytes, arrival: Instant) -> Response {
+    match admit_and_wait(front, served, headers, bytes, arrival).await {
+        Ok(response) => response,
+        Err(refusal) if refusal.outcome.is_refused_at_the_front() => refuse(served, refusal),
+        Err(refusal) => error(&refusal),
+    }
+}
+
+impl Outcome {
+    /// Refusals decided by the front, before the batcher sees the request.
+    fn is_refused_at_the_front(self) -> bool {
+        matches!(self, Outcome::Invalid | Outcome::NotFound | Outcome::TooLarge | Outcome::Draining | Outcome::Conflict)
+    }
+}
+
+async fn admit_and_wait(
+    front: &Front,
+    served: &Served,
+    headers: &HeaderMap,
+    bytes: Bytes,
+    arrival: Instant,
+) -> Result<Response, Refusal> {
     let request: InferRequest = serde_json::from_slice(&bytes)
         .map_err(|e| Refusal::invalid(format!("the body is not a valid infer request: {e}")))?;
 

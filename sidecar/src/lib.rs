@@ -29,6 +29,7 @@ pub mod duration;
 pub mod engine;
 pub mod estimate;
 pub mod front;
+pub mod idempotency;
 pub mod metrics;
 pub mod outcome;
 pub mod queue;

@@ -128,7 +128,7 @@ impl Default for Metrics {
 /// One model version's series.
 #[derive(Clone)]
 pub struct ModelMetrics {
-    requests: [prometheus::IntCounter; 11],
+    requests: [prometheus::IntCounter; Outcome::ALL.len()],
     pub queue_depth: prometheus::IntGauge,
     pub queue_bytes: prometheus::IntGauge,
     pub oldest_age: prometheus::Gauge,

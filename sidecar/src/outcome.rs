@@ -20,10 +20,12 @@ pub enum Outcome {
     Cancelled,
     Failed,
     Draining,
+    /// An `idempotency-key` reused for a different request.
+    Conflict,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 11] = [
+    pub const ALL: [Outcome; 12] = [
         Outcome::Ok,
         Outcome::Invalid,
         Outcome::NotFound,
@@ -35,6 +37,7 @@ impl Outcome {
         Outcome::Cancelled,
         Outcome::Failed,
         Outcome::Draining,
+        Outcome::Conflict,
     ];
 
     /// The `outcome` label value; dashboards and the autoscaler match on these strings.
@@ -51,6 +54,7 @@ impl Outcome {
             Outcome::Cancelled => "cancelled",
             Outcome::Failed => "failed",
             Outcome::Draining => "draining",
+            Outcome::Conflict => "conflict",
         }
     }
 
@@ -67,6 +71,7 @@ impl Outcome {
             Outcome::Expired => StatusCode::GATEWAY_TIMEOUT,
             Outcome::Cancelled => StatusCode::from_u16(499).expect("499 is a valid status code"),
             Outcome::Failed => StatusCode::INTERNAL_SERVER_ERROR,
+            Outcome::Conflict => StatusCode::CONFLICT,
         }
     }
 }

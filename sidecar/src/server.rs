@@ -66,7 +66,7 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Front {
         max_rows: settings.max_batch_size,
     };
     let deadlines = DeadlinePolicy { budget: settings.latency_budget, max_timeout: settings.max_timeout };
-    Front::new(vec![Arc::new(served)], deadlines, settings.max_request_bytes, metrics.clone())
+    Front::new(vec![Arc::new(served)], deadlines, settings.max_request_bytes, metrics.clone(), settings.idempotency)
 }
 
 /// Serves until `shutdown` resolves, then drains: readiness turns false and new requests get
