@@ -104,7 +104,7 @@ pub struct Cli {
     /// Model files for the cuda engine (spec.model.source).
     #[arg(long, env = "FERRY_MODEL_SOURCE")]
     pub model_source: Option<PathBuf>,
-    /// auto, cpu or cuda[:N] (cuda engine). [default: auto]
+    /// `auto`, `cpu` or `cuda[:N]` (cuda engine). [default: auto]
     #[arg(long, env = "FERRY_DEVICE")]
     pub device: Option<String>,
 }

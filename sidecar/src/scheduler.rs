@@ -8,7 +8,7 @@
 //!
 //! Admission lives here too, because whether a request can still finish in time depends on the
 //! same state: the queue ahead of it, the busy workers and the measured batch time
-//! ([`forecast`]).
+//! (the `forecast` module).
 
 mod forecast;
 #[cfg(test)]
