@@ -1,0 +1,22 @@
+//! Ferry's operator: the `InferenceService` resource and the controller that runs worker pods
+//! for it.
+//!
+//! # Layout
+//!
+//! - [`resource`]: the resource's Rust types; the CRD schema is generated from them.
+//! - [`crdgen`]: writes the CRD YAML (`crds/`), checked for drift by a test.
+//! - [`desired`]: the worker Deployment and Service an InferenceService should have (pure).
+//! - [`status`]: the conditions it reports, from its Deployment (pure).
+//! - [`reconcile`]: applies the desired objects and the status; backoff on failure.
+//! - [`lease`]: leader election on a `coordination.k8s.io` Lease, so two replicas never both act.
+//! - [`metrics`]: the operator's own metrics.
+//! - [`run`]: the controller, the leader election and the metrics/health server, together.
+
+pub mod crdgen;
+pub mod desired;
+pub mod lease;
+pub mod metrics;
+pub mod reconcile;
+pub mod resource;
+pub mod run;
+pub mod status;

@@ -1,0 +1,102 @@
+//! `ferry-operator`: see the crate documentation and the README.
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use ferry_operator::desired::Images;
+use ferry_operator::lease::LeaseConfig;
+use ferry_operator::run::{self, Options};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Debug, Parser)]
+#[command(name = "ferry-operator", version, about = "Ferry's Kubernetes operator for InferenceServices")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the controller (the default).
+    Run(RunArgs),
+    /// Print the InferenceService CRD as YAML.
+    Crdgen,
+}
+
+#[derive(Debug, Parser)]
+struct RunArgs {
+    /// Address of /metrics and /healthz.
+    #[arg(long, env = "FERRY_OPERATOR_LISTEN", default_value = "0.0.0.0:8080")]
+    listen: SocketAddr,
+    /// Image of the sidecar container in worker pods.
+    #[arg(long, env = "FERRY_SIDECAR_IMAGE", default_value = concat!("ghcr.io/ferry-dev/ferry-sidecar:", env!("CARGO_PKG_VERSION")))]
+    sidecar_image: String,
+    /// Elect a leader among operator replicas through a Lease.
+    #[arg(long, env = "FERRY_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Name of the Lease.
+    #[arg(long, env = "FERRY_LEASE_NAME", default_value = "ferry-operator")]
+    lease_name: String,
+    /// Namespace of the Lease (the operator's own).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// This replica's identity in the Lease.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let args = match cli.command {
+        Some(Command::Crdgen) => {
+            print!("{}", ferry_operator::crdgen::crd_yaml());
+            return ExitCode::SUCCESS;
+        }
+        Some(Command::Run(args)) => args,
+        None => RunArgs::parse_from(["ferry-operator"]),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        std::env::var("HOSTNAME").unwrap_or_else(|_| format!("ferry-operator-{}", std::process::id()))
+    });
+    let options = Options {
+        listen: args.listen,
+        images: Images { sidecar: args.sidecar_image },
+        lease: args.leader_elect.then(|| {
+            (
+                args.lease_namespace.clone(),
+                LeaseConfig {
+                    name: args.lease_name.clone(),
+                    identity,
+                    duration: Duration::from_secs(15),
+                    retry: Duration::from_secs(4),
+                },
+            )
+        }),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    match runtime.block_on(run::run(options, shutdown_signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

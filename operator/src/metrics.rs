@@ -1,0 +1,44 @@
+//! The operator's own metrics: reconciles, failures by error label, and reconcile duration.
+
+use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
+
+#[derive(Clone)]
+pub struct OperatorMetrics {
+    registry: Registry,
+    pub reconciles: IntCounter,
+    pub failures: IntCounterVec,
+    pub duration: Histogram,
+}
+
+impl OperatorMetrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let reconciles = IntCounter::new("ferry_operator_reconciles_total", "Reconciles started.").expect("valid");
+        let failures = IntCounterVec::new(
+            Opts::new("ferry_operator_reconcile_failures_total", "Reconciles that failed, by error."),
+            &["error"],
+        )
+        .expect("valid");
+        let duration = Histogram::with_opts(
+            HistogramOpts::new("ferry_operator_reconcile_duration_seconds", "Time per reconcile.")
+                .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
+        )
+        .expect("valid");
+        registry.register(Box::new(reconciles.clone())).expect("unique");
+        registry.register(Box::new(failures.clone())).expect("unique");
+        registry.register(Box::new(duration.clone())).expect("unique");
+        OperatorMetrics { registry, reconciles, failures, duration }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("text encoding cannot fail");
+        String::from_utf8(out).expect("UTF-8")
+    }
+}
+
+impl Default for OperatorMetrics {
+    fn default() -> Self {
+        OperatorMetrics::new()
+    }
+}

@@ -1,0 +1,309 @@
+//! The `InferenceService` resource (`ferry.dev/v1alpha1`): what a platform team declares. The CRD
+//! schema is generated from these types (`ferry-operator crdgen`), with bounds, defaults and CEL
+//! rules, so the API server refuses a bad spec before the operator ever sees it.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Serialize};
+
+/// The Gateway API duration grammar, as the sidecar parses it.
+pub const DURATION_PATTERN: &str = "^([0-9]{1,5}(h|m|s|ms)){1,4}$";
+
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "ferry.dev",
+    version = "v1alpha1",
+    kind = "InferenceService",
+    plural = "inferenceservices",
+    shortname = "fisvc",
+    category = "ferry",
+    namespaced,
+    cel,
+    status = "InferenceServiceStatus",
+    doc = "A model version served by GPU worker pods that batch requests under deadlines",
+    printcolumn(name = "Model", type_ = "string", json_path = ".spec.model.name"),
+    printcolumn(name = "Version", type_ = "string", json_path = ".spec.model.version"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(name = "Desired", type_ = "integer", json_path = ".status.desiredReplicas"),
+    printcolumn(name = "Queue Age", type_ = "number", json_path = ".status.oldestQueueAge", description = "seconds the oldest queued request has waited"),
+    printcolumn(name = "Rate", type_ = "number", json_path = ".status.arrivalRate", description = "requests per second"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct InferenceServiceSpec {
+    pub model: ModelSpec,
+    #[serde(default)]
+    pub engine: EngineSpec,
+    #[serde(default)]
+    pub batching: BatchingSpec,
+    #[serde(default)]
+    pub scaling: ScalingSpec,
+}
+
+/// Which model version is served, and where its files are.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSpec {
+    /// The model's name in the API (`/v2/models/{name}`).
+    #[schemars(length(min = 1, max = 63), regex(pattern = "^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$"))]
+    pub name: String,
+    /// The model version (`/v2/models/{name}/versions/{version}`).
+    #[schemars(length(min = 1, max = 63), regex(pattern = "^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"))]
+    pub version: String,
+    /// Model files: a path in the image, or `pvc://CLAIM[/PATH]` to mount a PersistentVolumeClaim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+}
+
+/// The engines a worker can run.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// Simulated batches of fixed duration (tests, demos, capacity planning).
+    #[default]
+    Sim,
+    /// The built-in CUDA engine, in the sidecar.
+    Cuda,
+    /// An inference server (Triton, vLLM, ...) beside the sidecar in the pod.
+    Remote,
+}
+
+impl EngineKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Sim => "sim",
+            EngineKind::Cuda => "cuda",
+            EngineKind::Remote => "remote",
+        }
+    }
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("self.kind != 'remote' || has(self.image)")
+    .message("engine.image is required when engine.kind is remote"))]
+pub struct EngineSpec {
+    #[serde(default)]
+    pub kind: EngineKind,
+    /// GPUs per worker pod (`nvidia.com/gpu`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 16))]
+    pub gpus: Option<u32>,
+    /// The inference server's image (`remote` engine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The inference server's HTTP port inside the pod (`remote` engine).
+    #[serde(default = "default_engine_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sim: Option<SimSpec>,
+}
+
+fn default_engine_port() -> u16 {
+    8000
+}
+
+impl Default for EngineSpec {
+    fn default() -> Self {
+        EngineSpec { kind: EngineKind::Sim, gpus: None, image: None, port: default_engine_port(), sim: None }
+    }
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SimSpec {
+    /// Fixed time per batch.
+    #[serde(default = "default_batch_time")]
+    pub batch_time: GatewayDuration,
+    /// Extra time per row.
+    #[serde(default = "zero")]
+    pub per_item: GatewayDuration,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchingSpec {
+    /// Rows per batch.
+    #[serde(default = "default_max_batch_size")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub max_batch_size: u32,
+    /// Longest voluntary wait of the oldest request before its batch leaves.
+    #[serde(default = "default_max_wait")]
+    pub max_wait: GatewayDuration,
+    /// Deadline of a request that asks for none.
+    #[serde(default = "default_latency_budget")]
+    pub latency_budget: GatewayDuration,
+    /// Queue bound per worker pod, in requests.
+    #[serde(default = "default_max_queue")]
+    #[schemars(range(min = 1, max = 1000000))]
+    pub max_queue: u32,
+}
+
+impl Default for BatchingSpec {
+    fn default() -> Self {
+        BatchingSpec {
+            max_batch_size: default_max_batch_size(),
+            max_wait: default_max_wait(),
+            latency_budget: default_latency_budget(),
+            max_queue: default_max_queue(),
+        }
+    }
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("self.minReplicas <= self.maxReplicas")
+        .message("scaling.minReplicas must not exceed scaling.maxReplicas"),
+    validation = kube::core::Rule::new("self.warmReplicas <= self.maxReplicas")
+        .message("scaling.warmReplicas must not exceed scaling.maxReplicas")
+)]
+pub struct ScalingSpec {
+    #[serde(default = "one")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub min_replicas: u32,
+    #[serde(default = "default_max_replicas")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_replicas: u32,
+    /// Spare replicas kept beyond what the load needs.
+    #[serde(default = "one")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub warm_replicas: u32,
+    /// Share of a replica's full-batch capacity to plan for.
+    #[serde(default = "default_target_utilization")]
+    #[schemars(range(min = 0.05, max = 1.0))]
+    pub target_utilization: f64,
+    /// How long lower need must last before a replica is removed.
+    #[serde(default = "default_scale_down_delay")]
+    pub scale_down_delay: GatewayDuration,
+    /// First guess of a new pod's time to ready.
+    #[serde(default = "default_startup_time")]
+    pub startup_time: GatewayDuration,
+}
+
+impl Default for ScalingSpec {
+    fn default() -> Self {
+        ScalingSpec {
+            min_replicas: 1,
+            max_replicas: default_max_replicas(),
+            warm_replicas: 1,
+            target_utilization: default_target_utilization(),
+            scale_down_delay: default_scale_down_delay(),
+            startup_time: default_startup_time(),
+        }
+    }
+}
+
+/// What the operator observed and decided.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct InferenceServiceStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default)]
+    pub replicas: i32,
+    #[serde(default)]
+    pub ready_replicas: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_replicas: Option<i32>,
+    /// Requests per second over the scrape window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrival_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_depth: Option<f64>,
+    /// Seconds the oldest queued request has waited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_queue_age: Option<f64>,
+    /// Mean rows per batch over `maxBatchSize`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_fill: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A duration in the Gateway API format (`10ms`, `1s`, `5m`, `1h`, `1m30s`), kept as written.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct GatewayDuration(pub String);
+
+impl GatewayDuration {
+    pub fn new(text: &str) -> Self {
+        GatewayDuration(text.to_owned())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The duration, or why it is not one (the schema's pattern normally rules that out).
+    pub fn parse(&self) -> Result<Duration, ferry_sidecar::duration::DurationError> {
+        ferry_sidecar::duration::parse(&self.0)
+    }
+}
+
+impl JsonSchema for GatewayDuration {
+    fn schema_name() -> Cow<'static, str> {
+        "GatewayDuration".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "pattern": DURATION_PATTERN,
+            "description": "A duration in the Gateway API format: 10ms, 1s, 5m, 1h, 1m30s",
+        })
+    }
+}
+
+impl Default for SimSpec {
+    fn default() -> Self {
+        SimSpec { batch_time: default_batch_time(), per_item: zero() }
+    }
+}
+
+fn one() -> u32 {
+    1
+}
+fn zero() -> GatewayDuration {
+    GatewayDuration::new("0s")
+}
+fn default_batch_time() -> GatewayDuration {
+    GatewayDuration::new("100ms")
+}
+fn default_max_batch_size() -> u32 {
+    32
+}
+fn default_max_wait() -> GatewayDuration {
+    GatewayDuration::new("10ms")
+}
+fn default_latency_budget() -> GatewayDuration {
+    GatewayDuration::new("200ms")
+}
+fn default_max_queue() -> u32 {
+    1024
+}
+fn default_max_replicas() -> u32 {
+    8
+}
+fn default_target_utilization() -> f64 {
+    0.8
+}
+fn default_scale_down_delay() -> GatewayDuration {
+    GatewayDuration::new("5m")
+}
+fn default_startup_time() -> GatewayDuration {
+    GatewayDuration::new("60s")
+}

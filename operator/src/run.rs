@@ -1,0 +1,80 @@
+//! The operator process: metrics and health server, leader election, and the controller, which
+//! starts only once this replica leads and stops the process if leadership is lost (the pod is
+//! restarted and becomes a candidate again, as controller-runtime does).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Service;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::{watcher, Controller};
+use kube::{Api, Client};
+use tokio::sync::watch;
+
+use crate::desired::Images;
+use crate::lease::{self, LeaseConfig};
+use crate::metrics::OperatorMetrics;
+use crate::reconcile::{error_policy, reconcile, Context};
+use crate::resource::InferenceService;
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub listen: SocketAddr,
+    pub images: Images,
+    /// `None`: no leader election (a single replica).
+    pub lease: Option<(String, LeaseConfig)>,
+}
+
+/// Runs until SIGTERM/SIGINT, or until leadership is lost (an error: the process should restart).
+pub async fn run(options: Options, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) -> anyhow::Result<()> {
+    let client = Client::try_default().await?;
+    let metrics = OperatorMetrics::new();
+    let listener = tokio::net::TcpListener::bind(options.listen).await?;
+    tracing::info!(address = %listener.local_addr()?, "serving /metrics and /healthz");
+    let served = metrics.clone();
+    let app = Router::new()
+        .route("/metrics", get(move || std::future::ready(served.render())))
+        .route("/healthz", get(|| std::future::ready("ok")));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let (leading_tx, mut leading) = watch::channel(options.lease.is_none());
+    if let Some((namespace, config)) = options.lease.clone() {
+        let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+        tokio::spawn(lease::hold(leases, config, leading_tx));
+        tracing::info!("waiting to become the leader");
+        leading.wait_for(|l| *l).await?;
+    }
+
+    let reporter = Reporter { controller: "ferry-operator".into(), instance: options.lease.as_ref().map(|(_, c)| c.identity.clone()) };
+    let ctx = Arc::new(Context::new(client.clone(), options.images, metrics, Recorder::new(client.clone(), reporter)));
+    let controller = Controller::new(Api::<InferenceService>::all(client.clone()), watcher::Config::default())
+        .owns(Api::<Deployment>::all(client.clone()), watcher::Config::default())
+        .owns(Api::<Service>::all(client.clone()), watcher::Config::default())
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "reconcile did not complete");
+            }
+        });
+    let lost = async move {
+        let _ = leading.wait_for(|l| !*l).await;
+    };
+    tokio::select! {
+        () = controller => {
+            tracing::info!("controller stopped");
+            Ok(())
+        }
+        () = lost => {
+            // Give in-flight writes a moment, then let the pod restart as a candidate.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            anyhow::bail!("lost the leader Lease; exiting so that only one replica acts")
+        }
+    }
+}
