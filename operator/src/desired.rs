@@ -213,10 +213,14 @@ pub fn deployment(isvc: &InferenceService, images: &Images) -> Result<Deployment
     let spec = &isvc.spec;
     let checked = check(spec)?;
     let gpus = spec.engine.gpus.unwrap_or(1);
-    let mounts = checked
-        .volume
-        .as_ref()
-        .map(|_| vec![VolumeMount { name: "model".into(), mount_path: MODEL_MOUNT.into(), read_only: Some(true), ..VolumeMount::default() }]);
+    let mounts = checked.volume.as_ref().map(|_| {
+        vec![VolumeMount {
+            name: "model".into(),
+            mount_path: MODEL_MOUNT.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        }]
+    });
     let mut sidecar = Container {
         name: "sidecar".into(),
         image: Some(images.sidecar.clone()),

@@ -11,7 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{PostParams};
+use kube::api::PostParams;
 use kube::Api;
 use tokio::sync::watch;
 
@@ -62,7 +62,11 @@ pub fn next_spec(current: Option<&LeaseSpec>, config: &LeaseConfig, now: Timesta
         lease_duration_seconds: Some(config.duration.as_secs() as i32),
         acquire_time: if acquire { Some(MicroTime(now)) } else { current.acquire_time },
         renew_time: Some(MicroTime(now)),
-        lease_transitions: Some(if acquire && current.holder_identity.is_some() { transitions + 1 } else { transitions }),
+        lease_transitions: Some(if acquire && current.holder_identity.is_some() {
+            transitions + 1
+        } else {
+            transitions
+        }),
         ..current
     }
 }

@@ -111,9 +111,13 @@ async fn apply(isvc: &InferenceService, ctx: &Context) -> Result<Action, Error> 
     let deployment = match desired::deployment(isvc, &ctx.images) {
         Ok(deployment) => deployment,
         Err(invalid) => {
-            let conditions = status::carry_transitions(status::invalid(&invalid.message, generation, &now), &previous.conditions);
+            let conditions =
+                status::carry_transitions(status::invalid(&invalid.message, generation, &now), &previous.conditions);
             let patch = json!({"status": {"observedGeneration": generation, "conditions": conditions}});
-            isvcs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(Error::PatchStatus)?;
+            isvcs
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(Error::PatchStatus)?;
             if previous.observed_generation != generation {
                 publish(ctx, isvc, EventType::Warning, "InvalidSpec", "Validate", invalid.message.clone()).await;
             }
@@ -153,7 +157,8 @@ async fn apply(isvc: &InferenceService, ctx: &Context) -> Result<Action, Error> 
     isvcs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(Error::PatchStatus)?;
 
     if created {
-        let note = format!("created worker Deployment and Service {name} with {} replicas", desired_replicas.unwrap_or(1));
+        let note =
+            format!("created worker Deployment and Service {name} with {} replicas", desired_replicas.unwrap_or(1));
         publish(ctx, isvc, EventType::Normal, "Created", "Apply", note).await;
     } else if previous.observed_generation != generation {
         let note = format!("applied generation {} to worker Deployment and Service {name}", generation.unwrap_or(0));

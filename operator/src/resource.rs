@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 /// The Gateway API duration grammar, as the sidecar parses it.
 pub const DURATION_PATTERN: &str = "^([0-9]{1,5}(h|m|s|ms)){1,4}$";
 
+// Each printer column repeats `type_ = ...`, which clippy takes for a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "ferry.dev",
@@ -29,8 +31,18 @@ pub const DURATION_PATTERN: &str = "^([0-9]{1,5}(h|m|s|ms)){1,4}$";
     printcolumn(name = "Version", type_ = "string", json_path = ".spec.model.version"),
     printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
     printcolumn(name = "Desired", type_ = "integer", json_path = ".status.desiredReplicas"),
-    printcolumn(name = "Queue Age", type_ = "number", json_path = ".status.oldestQueueAge", description = "seconds the oldest queued request has waited"),
-    printcolumn(name = "Rate", type_ = "number", json_path = ".status.arrivalRate", description = "requests per second"),
+    printcolumn(
+        name = "Queue Age",
+        type_ = "number",
+        json_path = ".status.oldestQueueAge",
+        description = "seconds the oldest queued request has waited"
+    ),
+    printcolumn(
+        name = "Rate",
+        type_ = "number",
+        json_path = ".status.arrivalRate",
+        description = "requests per second"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]

@@ -32,7 +32,10 @@ pub struct Options {
 }
 
 /// Runs until SIGTERM/SIGINT, or until leadership is lost (an error: the process should restart).
-pub async fn run(options: Options, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) -> anyhow::Result<()> {
+pub async fn run(
+    options: Options,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> anyhow::Result<()> {
     let client = Client::try_default().await?;
     let metrics = OperatorMetrics::new();
     let listener = tokio::net::TcpListener::bind(options.listen).await?;
@@ -51,7 +54,10 @@ pub async fn run(options: Options, shutdown: impl std::future::Future<Output = (
         leading.wait_for(|l| *l).await?;
     }
 
-    let reporter = Reporter { controller: "ferry-operator".into(), instance: options.lease.as_ref().map(|(_, c)| c.identity.clone()) };
+    let reporter = Reporter {
+        controller: "ferry-operator".into(),
+        instance: options.lease.as_ref().map(|(_, c)| c.identity.clone()),
+    };
     let ctx = Arc::new(Context::new(client.clone(), options.images, metrics, Recorder::new(client.clone(), reporter)));
     let controller = Controller::new(Api::<InferenceService>::all(client.clone()), watcher::Config::default())
         .owns(Api::<Deployment>::all(client.clone()), watcher::Config::default())

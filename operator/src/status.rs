@@ -43,7 +43,9 @@ pub fn observe(deployment: &Deployment, generation: Option<i64>, now: &Time) -> 
 
     let failure = status.conditions.iter().flatten().find(|c| {
         (c.type_ == "ReplicaFailure" && c.status == "True")
-            || (c.type_ == "Progressing" && c.status == "False" && c.reason.as_deref() == Some("ProgressDeadlineExceeded"))
+            || (c.type_ == "Progressing"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("ProgressDeadlineExceeded"))
     });
     let degraded = match failure {
         Some(c) => condition(
@@ -62,7 +64,14 @@ pub fn observe(deployment: &Deployment, generation: Option<i64>, now: &Time) -> 
         condition(READY, false, "WorkersNotReady", format!("{ready}/{desired} worker pods ready"), generation, now)
     };
     let progressing = if rolled_out {
-        condition(PROGRESSING, false, "RolloutComplete", format!("{desired} worker pods run the current spec"), generation, now)
+        condition(
+            PROGRESSING,
+            false,
+            "RolloutComplete",
+            format!("{desired} worker pods run the current spec"),
+            generation,
+            now,
+        )
     } else {
         condition(
             PROGRESSING,
@@ -80,7 +89,14 @@ pub fn observe(deployment: &Deployment, generation: Option<i64>, now: &Time) -> 
 pub fn invalid(message: &str, generation: Option<i64>, now: &Time) -> Vec<Condition> {
     vec![
         condition(READY, false, "InvalidSpec", "the spec cannot be run; see Degraded".into(), generation, now),
-        condition(PROGRESSING, false, "InvalidSpec", "nothing is rolled out until the spec is fixed".into(), generation, now),
+        condition(
+            PROGRESSING,
+            false,
+            "InvalidSpec",
+            "nothing is rolled out until the spec is fixed".into(),
+            generation,
+            now,
+        ),
         condition(DEGRADED, true, "InvalidSpec", message.to_owned(), generation, now),
     ]
 }

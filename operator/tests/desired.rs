@@ -1,0 +1,144 @@
+//! The desired worker Deployment and Service for each engine kind: args, ports, probes, GPU
+//! limits, volumes, labels and owner references.
+
+use std::path::Path;
+
+use ferry_operator::desired::{self, Images};
+use ferry_operator::resource::InferenceService;
+use k8s_openapi::api::core::v1::Container;
+
+fn example(name: &str) -> InferenceService {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name);
+    let mut isvc: InferenceService = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    isvc.metadata.namespace = Some("ml".into());
+    isvc.metadata.uid = Some("0f1e2d3c".into());
+    isvc
+}
+
+fn images() -> Images {
+    Images { sidecar: "registry.example/ferry-sidecar:1.2.3".into() }
+}
+
+fn containers(isvc: &InferenceService) -> Vec<Container> {
+    let d = desired::deployment(isvc, &images()).unwrap();
+    d.spec.unwrap().template.spec.unwrap().containers
+}
+
+fn gpus(c: &Container) -> Option<String> {
+    c.resources.as_ref()?.limits.as_ref()?.get("nvidia.com/gpu").map(|q| q.0.clone())
+}
+
+#[test]
+fn the_quickstart_runs_the_sim_engine_with_its_numbers() {
+    let isvc = example("quickstart.yaml");
+    let c = containers(&isvc);
+    assert_eq!(c.len(), 1);
+    let sidecar = &c[0];
+    assert_eq!(sidecar.image.as_deref(), Some("registry.example/ferry-sidecar:1.2.3"));
+    assert_eq!(
+        sidecar.args.clone().unwrap(),
+        [
+            "--listen=0.0.0.0:8080",
+            "--metrics-listen=0.0.0.0:9090",
+            "--model=quickstart",
+            "--model-version=1",
+            "--max-batch-size=32",
+            "--max-wait=10ms",
+            "--latency-budget=200ms",
+            "--max-queue=1024",
+            "--engine=sim",
+            "--sim-batch-time=100ms",
+            "--sim-per-item=0ms",
+        ]
+    );
+    let ports: Vec<(Option<String>, i32)> =
+        sidecar.ports.clone().unwrap().into_iter().map(|p| (p.name, p.container_port)).collect();
+    assert_eq!(ports, [(Some("http".into()), 8080), (Some("metrics".into()), 9090)]);
+    let ready = sidecar.readiness_probe.clone().unwrap().http_get.unwrap();
+    assert_eq!(ready.path.as_deref(), Some("/v2/health/ready"));
+    let live = sidecar.liveness_probe.clone().unwrap().http_get.unwrap();
+    assert_eq!(live.path.as_deref(), Some("/v2/health/live"));
+    assert_eq!(gpus(sidecar), None, "the sim engine needs no GPU");
+}
+
+#[test]
+fn the_cuda_engine_gets_gpus_and_its_model_volume() {
+    let isvc = example("cuda.yaml");
+    let d = desired::deployment(&isvc, &images()).unwrap();
+    let pod = d.spec.clone().unwrap().template.spec.unwrap();
+    let sidecar = &pod.containers[0];
+    assert_eq!(gpus(sidecar).as_deref(), Some("1"));
+    let args = sidecar.args.clone().unwrap();
+    assert!(args.contains(&"--engine=cuda".to_owned()));
+    assert!(args.contains(&"--model-source=/models/all-minilm-l6-v2".to_owned()));
+    let volume = &pod.volumes.unwrap()[0];
+    assert_eq!(volume.persistent_volume_claim.as_ref().unwrap().claim_name, "models");
+    assert_eq!(sidecar.volume_mounts.clone().unwrap()[0].mount_path, "/models");
+    // Long enough to drain: the 100 ms budget plus 30 s of slack.
+    assert_eq!(pod.termination_grace_period_seconds, Some(30));
+}
+
+#[test]
+fn the_remote_engine_runs_beside_the_sidecar() {
+    let isvc = example("remote.yaml");
+    let c = containers(&isvc);
+    assert_eq!(c.len(), 2);
+    let (sidecar, engine) = (&c[0], &c[1]);
+    assert!(sidecar.args.clone().unwrap().contains(&"--upstream=http://127.0.0.1:8000".to_owned()));
+    assert_eq!(engine.image.as_deref(), Some("nvcr.io/nvidia/tritonserver:25.01-py3"));
+    assert_eq!(engine.ports.clone().unwrap()[0].container_port, 8000);
+    assert_eq!(gpus(engine).as_deref(), Some("1"));
+    assert_eq!(gpus(sidecar), None, "the GPU is the engine's");
+    assert_eq!(engine.volume_mounts.clone().unwrap()[0].mount_path, "/models");
+}
+
+#[test]
+fn objects_carry_labels_and_an_owner_reference() {
+    let isvc = example("remote.yaml");
+    let d = desired::deployment(&isvc, &images()).unwrap();
+    let s = desired::service(&isvc);
+    for meta in [&d.metadata, &s.metadata] {
+        let labels = meta.labels.clone().unwrap();
+        assert_eq!(labels["ferry.dev/inference-service"], "resnet");
+        assert_eq!(labels["ferry.dev/model-version"], "2");
+        assert_eq!(labels["app.kubernetes.io/managed-by"], "ferry-operator");
+        assert_eq!(labels["app.kubernetes.io/instance"], "resnet");
+        let owner = &meta.owner_references.clone().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+            ("InferenceService", "resnet", "0f1e2d3c")
+        );
+        assert_eq!(owner.controller, Some(true));
+        assert_eq!(meta.namespace.as_deref(), Some("ml"));
+    }
+    let spec = d.spec.unwrap();
+    assert_eq!(spec.replicas, None, "replicas are the autoscaler's");
+    assert_eq!(spec.selector.match_labels.unwrap().len(), 1, "the selector survives version changes");
+    let template_labels = spec.template.metadata.unwrap().labels.unwrap();
+    assert_eq!(template_labels["ferry.dev/model-version"], "2", "a new version rolls the pods");
+    let port = &s.spec.unwrap().ports.unwrap()[0];
+    assert_eq!(port.port, 80);
+    assert_eq!(
+        port.target_port,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("http".into()))
+    );
+}
+
+#[test]
+fn initial_replicas_are_min_plus_warm_within_max() {
+    let mut isvc = example("remote.yaml");
+    assert_eq!(desired::initial_replicas(&isvc.spec), 4);
+    isvc.spec.scaling.max_replicas = 3;
+    assert_eq!(desired::initial_replicas(&isvc.spec), 3);
+}
+
+#[test]
+fn a_spec_the_schema_let_through_is_refused_with_the_field() {
+    let mut isvc = example("quickstart.yaml");
+    isvc.spec.scaling.min_replicas = 9;
+    let err = desired::deployment(&isvc, &images()).unwrap_err();
+    assert_eq!(err.message, "spec.scaling.minReplicas (9) is more than spec.scaling.maxReplicas (8)");
+    let mut isvc = example("quickstart.yaml");
+    isvc.spec.model.source = Some("pvc://".into());
+    assert!(desired::deployment(&isvc, &images()).unwrap_err().message.contains("names no claim"));
+}
