@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Runs every test of Ferry: formatting, lints, then unit, property, paused-clock, black-box HTTP
-# and Prometheus tests. Installs what the tests need first when it can (as root, with apt-get).
+# Runs every test of Ferry: formatting, lints, the Rust tests (unit, property, paused-clock,
+# black-box HTTP and Prometheus tests of the sidecar; CRD, reconciler and lease tests of the
+# operator), then the Helm chart tests. Installs what the tests need first: Debian's prometheus
+# package (as root, with apt-get) and a Python virtual environment in .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +17,11 @@ if [ ! -x /usr/bin/promtool ] || [ ! -x /usr/bin/prometheus ]; then
   fi
 fi
 
+# The Helm chart tests use the real Helm library and kubernetes-validate, from PyPI.
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
+
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+.venv/bin/pytest -q tests/chart

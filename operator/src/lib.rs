@@ -9,6 +9,7 @@
 //! - [`status`]: the conditions it reports, from its Deployment (pure).
 //! - [`reconcile`]: applies the desired objects and the status; backoff on failure.
 //! - [`lease`]: leader election on a `coordination.k8s.io` Lease, so two replicas never both act.
+//! - [`rbac`]: every API call the operator makes, as RBAC rules (the chart must grant exactly these).
 //! - [`metrics`]: the operator's own metrics.
 //! - [`run`]: the controller, the leader election and the metrics/health server, together.
 
@@ -16,6 +17,7 @@ pub mod crdgen;
 pub mod desired;
 pub mod lease;
 pub mod metrics;
+pub mod rbac;
 pub mod reconcile;
 pub mod resource;
 pub mod run;

@@ -24,6 +24,8 @@ enum Command {
     Run(RunArgs),
     /// Print the InferenceService CRD as YAML.
     Crdgen,
+    /// Print the RBAC rules the operator needs, as JSON (the Helm chart grants exactly these).
+    Rbac,
 }
 
 #[derive(Debug, Parser)]
@@ -53,6 +55,10 @@ fn main() -> ExitCode {
     let args = match cli.command {
         Some(Command::Crdgen) => {
             print!("{}", ferry_operator::crdgen::crd_yaml());
+            return ExitCode::SUCCESS;
+        }
+        Some(Command::Rbac) => {
+            println!("{:#}", ferry_operator::rbac::to_json());
             return ExitCode::SUCCESS;
         }
         Some(Command::Run(args)) => args,

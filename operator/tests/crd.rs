@@ -40,6 +40,12 @@ fn the_checked_in_crd_is_what_the_code_generates() {
 }
 
 #[test]
+fn the_helm_chart_ships_the_same_crd() {
+    let chart = std::fs::read(repo().join("charts/ferry/crds/inferenceservice.yaml")).unwrap();
+    assert!(chart == std::fs::read(repo().join(CRD_PATH)).unwrap(), "copy {CRD_PATH} to charts/ferry/crds/");
+}
+
+#[test]
 fn every_example_is_a_valid_inference_service() {
     let mut seen = 0;
     for entry in std::fs::read_dir(repo().join("examples")).unwrap() {

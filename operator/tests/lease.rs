@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use ferry_operator::lease::{step, LeaseConfig};
+use ferry_operator::rbac;
 use http::{Request, Response};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -30,6 +31,7 @@ fn setup() -> (Api<Lease>, Handle, LeaseConfig) {
 async fn answer(handle: &mut Handle, method: &str, path: &str, status: u16, reply: Value) -> Value {
     let (request, send) = tokio::time::timeout(Duration::from_secs(1), handle.next_request()).await.unwrap().unwrap();
     assert_eq!((request.method().as_str(), request.uri().path()), (method, path));
+    assert!(rbac::allows(method, path, ""), "{method} {path} is not in the operator's RBAC rules");
     let bytes = request.into_body().collect_bytes().await.unwrap();
     let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap() };
     send.send_response(

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use ferry_operator::desired::Images;
 use ferry_operator::metrics::OperatorMetrics;
+use ferry_operator::rbac;
 use ferry_operator::reconcile::{error_policy, reconcile, Context};
 use ferry_operator::resource::InferenceService;
 use http::{Request, Response};
@@ -57,6 +58,8 @@ async fn expect(handle: &mut Handle, method: &str, path: &str, query: &[&str], s
         .unwrap_or_else(|_| panic!("no request within 1 s; expected {method} {path}"))
         .expect("the client is still there");
     assert_eq!(request.method().as_str(), method, "method of {}", request.uri());
+    let (m, p, q) = (request.method().as_str(), request.uri().path(), request.uri().query().unwrap_or(""));
+    assert!(rbac::allows(m, p, q), "{m} {p} is not in the operator's RBAC rules");
     assert_eq!(request.uri().path(), path);
     let q = request.uri().query().unwrap_or("");
     for part in query {
