@@ -51,12 +51,56 @@ pub struct Answer {
     pub queued: Duration,
     /// Dispatch to result.
     pub engine: Duration,
+    /// When the caller took it (and its deadline was checked): the end of `server-timing`.
+    pub answered_at: Instant,
 }
 
 pub type Reply = Result<Answer, Refusal>;
 
+/// What travels to the caller: an answer still to be settled, or a refusal (already counted).
+type Delivery = Result<(Answer, Settle), Refusal>;
+
+/// Counts an answer's outcome at the moment its caller takes it, not when the batcher sent it:
+/// an answer that reaches its caller after the deadline becomes a 504 (and a late result), and
+/// one whose caller went away is `cancelled` — so the count is of what callers actually got.
+struct Settle {
+    metrics: ModelMetrics,
+    arrival: Instant,
+    deadline: Instant,
+    done: bool,
+}
+
+impl Settle {
+    fn settle(mut self, now: Instant) -> Result<(), Refusal> {
+        self.done = true;
+        self.metrics.request_duration.observe((now - self.arrival).as_secs_f64());
+        if now <= self.deadline {
+            self.metrics.count(Outcome::Ok);
+            return Ok(());
+        }
+        self.metrics.count(Outcome::Expired);
+        self.metrics.late_results.inc();
+        Err(Refusal::new(
+            Outcome::Expired,
+            format!(
+                "deadline passed while the answer was on its way: {} ms after arrival; the deadline was {} ms",
+                (now - self.arrival).as_millis(),
+                (self.deadline - self.arrival).as_millis()
+            ),
+        ))
+    }
+}
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        if !self.done {
+            self.metrics.count(Outcome::Cancelled);
+        }
+    }
+}
+
 enum Command {
-    Submit { id: RequestId, submission: Submission, reply: oneshot::Sender<Reply> },
+    Submit { id: RequestId, submission: Submission, reply: oneshot::Sender<Delivery> },
     Cancel(RequestId),
     Drain(oneshot::Sender<()>),
 }
@@ -139,16 +183,25 @@ impl Batcher {
 /// away) tells the batcher, which takes the request out of the queue.
 pub struct Pending {
     id: RequestId,
-    rx: oneshot::Receiver<Reply>,
+    rx: oneshot::Receiver<Delivery>,
     commands: mpsc::UnboundedSender<Command>,
     finished: bool,
 }
 
 impl Pending {
+    /// The reply, settled at the moment it is taken (see [`Settle`]): call it right before
+    /// answering the caller.
     pub async fn reply(mut self) -> Reply {
-        let reply = (&mut self.rx).await;
+        let delivery = (&mut self.rx).await;
         self.finished = true;
-        reply.unwrap_or_else(|_| Err(Refusal::new(Outcome::Failed, "the batcher stopped before answering")))
+        match delivery {
+            Ok(Ok((answer, settle))) => {
+                let now = Instant::now();
+                settle.settle(now).map(|()| Answer { answered_at: now, ..answer })
+            }
+            Ok(Err(refusal)) => Err(refusal),
+            Err(_) => Err(Refusal::new(Outcome::Failed, "the batcher stopped before answering")),
+        }
     }
 }
 
@@ -191,7 +244,7 @@ enum Place {
 struct Waiter {
     /// `None` once answered: it stays only as a tombstone until its running batch returns, so
     /// that the batch's result for it is counted late rather than lost.
-    reply: Option<oneshot::Sender<Reply>>,
+    reply: Option<oneshot::Sender<Delivery>>,
     expired: bool,
     ticket: Ticket,
     inputs: Inputs,
@@ -285,7 +338,7 @@ impl Task {
         self.scheduler.queue_depth() == 0 && self.outside.is_empty()
     }
 
-    fn admit(&mut self, id: RequestId, s: Submission, reply: oneshot::Sender<Reply>) {
+    fn admit(&mut self, id: RequestId, s: Submission, reply: oneshot::Sender<Delivery>) {
         let now = Instant::now();
         let ticket =
             Ticket { id, arrival: s.arrival, deadline: s.deadline, rows: s.rows, bytes: s.bytes, priority: s.priority };
@@ -362,7 +415,7 @@ impl Task {
                     (now - w.ticket.arrival).as_millis(),
                     (w.ticket.deadline - w.ticket.arrival).as_millis()
                 );
-                self.reply(w.reply, Err(Refusal::new(Outcome::Expired, message)), w.ticket.arrival, now);
+                self.reply(w.reply, Err(Refusal::new(Outcome::Expired, message)), &w.ticket, now);
             }
         }
         while let Some(&(deadline, id)) = self.outside.first() {
@@ -371,7 +424,8 @@ impl Task {
             }
             self.outside.pop_first();
             let Some(w) = self.waiters.get_mut(&id) else { continue };
-            let (tx, arrival) = (w.reply.take(), w.ticket.arrival);
+            let (tx, ticket) = (w.reply.take(), w.ticket);
+            let arrival = ticket.arrival;
             w.expired = true;
             let where_ = if matches!(w.place, Place::Held) {
                 self.waiters.remove(&id);
@@ -384,7 +438,7 @@ impl Task {
                 (now - arrival).as_millis(),
                 (deadline - arrival).as_millis()
             );
-            self.reply(tx, Err(Refusal::new(Outcome::Expired, message)), arrival, now);
+            self.reply(tx, Err(Refusal::new(Outcome::Expired, message)), &ticket, now);
         }
     }
 
@@ -397,7 +451,7 @@ impl Task {
                         self.scheduler.estimate(batch.rows).as_millis(),
                         ticket.deadline.saturating_duration_since(now).as_millis()
                     );
-                    self.reply(w.reply, Err(Refusal::new(Outcome::Expired, message)), ticket.arrival, now);
+                    self.reply(w.reply, Err(Refusal::new(Outcome::Expired, message)), &ticket, now);
                 }
             }
             let held = batch.probe.filter(|tag| self.held.contains_key(tag));
@@ -487,8 +541,9 @@ impl Task {
                 batch_rows: run.rows,
                 queued: run.dispatched_at - w.ticket.arrival,
                 engine: now - run.dispatched_at,
+                answered_at: now,
             };
-            self.reply(w.reply, Ok(answer), w.ticket.arrival, now);
+            self.reply(w.reply, Ok(answer), &w.ticket, now);
         }
         if let Some(tag) = run.held {
             let group = self.held.remove(&tag).unwrap_or_default();
@@ -544,7 +599,7 @@ impl Task {
             self.outside.remove(&(w.ticket.deadline, id));
             let error = w.last_error.map_or_else(|| "engine error".to_owned(), |e| e.to_string());
             let message = format!("{error} (failed {} of {} attempts; retries stopped)", w.failures, w.attempts);
-            self.reply(w.reply, Err(Refusal::new(Outcome::Failed, message)), w.ticket.arrival, now);
+            self.reply(w.reply, Err(Refusal::new(Outcome::Failed, message)), &w.ticket, now);
         }
         for id in recovery.requeue {
             if let Some(ticket) = self.leave_outside(id, Place::Waiting) {
@@ -573,19 +628,34 @@ impl Task {
         Some(w.ticket)
     }
 
-    /// Counts and sends a reply. A reply that finds nobody listening counts as `cancelled`: the
-    /// caller went away before its cancellation reached the batcher.
-    fn reply(&mut self, tx: Option<oneshot::Sender<Reply>>, reply: Reply, arrival: Instant, now: Instant) {
+    /// Sends a reply. Refusals are counted here; an answer is counted when its caller takes it
+    /// ([`Settle`]). A reply that finds nobody listening counts as `cancelled`: the caller went
+    /// away before its cancellation reached the batcher.
+    fn reply(&mut self, tx: Option<oneshot::Sender<Delivery>>, reply: Reply, ticket: &Ticket, now: Instant) {
         let Some(tx) = tx else { return };
-        let outcome = match &reply {
-            Ok(_) => Outcome::Ok,
-            Err(r) => r.outcome,
+        let delivery = match reply {
+            Ok(answer) => {
+                let settle = Settle {
+                    metrics: self.metrics.clone(),
+                    arrival: ticket.arrival,
+                    deadline: ticket.deadline,
+                    done: false,
+                };
+                Ok((answer, settle))
+            }
+            Err(refusal) => Err(refusal),
         };
-        if tx.send(reply).is_ok() {
-            self.metrics.count(outcome);
-            self.metrics.request_duration.observe((now - arrival).as_secs_f64());
-        } else {
-            self.metrics.count(Outcome::Cancelled);
+        let refused = delivery.as_ref().err().map(|r| r.outcome);
+        match tx.send(delivery) {
+            Ok(()) => {
+                if let Some(outcome) = refused {
+                    self.metrics.count(outcome);
+                    self.metrics.request_duration.observe((now - ticket.arrival).as_secs_f64());
+                }
+            }
+            // An unsettled answer counts itself as cancelled when dropped.
+            Err(Ok(_)) => {}
+            Err(Err(_)) => self.metrics.count(Outcome::Cancelled),
         }
     }
 

@@ -473,7 +473,7 @@ async fn admit_and_wait(
         "queue;dur={}, batch;dur={}, total;dur={}",
         millis(answer.queued),
         millis(answer.engine),
-        millis(arrival.elapsed())
+        millis(answer.answered_at - arrival)
     );
     h.insert(SERVER_TIMING, HeaderValue::from_str(&timing).expect("ASCII"));
     Ok(response)

@@ -30,8 +30,9 @@ pub(super) fn check_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Resu
     with.extend_from_slice(&queued[pos..]);
     let done_with = completions(s, &with, now);
 
+    // The margin leaves room for the answer's trip back to the caller.
     let finish = done_with[pos];
-    if finish > new.deadline {
+    if finish + s.policy.deadline_margin > new.deadline {
         return Err(Refusal::new(
             Outcome::Infeasible,
             format!(

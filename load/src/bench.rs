@@ -1,0 +1,305 @@
+//! The benchmark suite: real `ferry-sidecar` processes (and a bare echo server) on 127.0.0.1,
+//! measured side by side in one run by the same open-loop client, written to BENCHMARKS.md.
+//!
+//! 1. Overhead: the sidecar with a 0 ms engine against the echo server: most throughput, and the
+//!    latency each adds at half the echo server's most.
+//! 2. The problem statement's service (1000 req/s Poisson, 100 ms batches, cap 32, maxWait 10 ms,
+//!    200 ms budget) with 4 and 5 workers.
+//! 3. Overload at twice the capacity of 4 workers.
+//! 4. Three policies on the service of 2: Ferry's rule; a fixed-delay batcher that knows no
+//!    deadlines (full or `maxWait`, as common dynamic batchers do); no batching.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::plot;
+use crate::record::Summary;
+use crate::run::{self, LoadSpec};
+use crate::schedule::Arrivals;
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Where BENCHMARKS.md goes; its plots go to `benchmarks/` beside it.
+    pub out: PathBuf,
+    /// Seconds of each open-loop run.
+    pub seconds: u64,
+}
+
+/// A server process, killed when dropped.
+struct Server {
+    _child: Child,
+    base: String,
+}
+
+impl Server {
+    async fn start(program: &Path, args: &[&str]) -> anyhow::Result<Server> {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", program.display()))?;
+        let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await??.unwrap_or_default();
+        let address = line
+            .split("http://")
+            .nth(1)
+            .and_then(|a| a.split_whitespace().next())
+            .ok_or_else(|| anyhow::anyhow!("{} did not say where it listens: {line:?}", program.display()))?;
+        Ok(Server { _child: child, base: format!("http://{address}") })
+    }
+}
+
+fn sidecar_binary() -> anyhow::Result<PathBuf> {
+    let here = std::env::current_exe()?;
+    let path = here.with_file_name("ferry-sidecar");
+    anyhow::ensure!(
+        path.exists(),
+        "{} is missing: build it with `cargo build --release -p ferry-sidecar`",
+        path.display()
+    );
+    Ok(path)
+}
+
+async fn sidecar(args: &[&str]) -> anyhow::Result<Server> {
+    let mut all = vec!["--model", "m", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    Server::start(&sidecar_binary()?, &all).await
+}
+
+fn infer_url(server: &Server) -> String {
+    format!("{}/v2/models/m/infer", server.base)
+}
+
+/// The problem statement's service.
+const SCENARIO: &[&str] =
+    &["--max-batch-size", "32", "--max-wait", "10ms", "--sim-batch-time", "100ms", "--max-queue", "4096"];
+
+fn machine() -> String {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned());
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let memory = read("/proc/meminfo")
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .nth(1)
+        .and_then(|kb| kb.parse::<u64>().ok());
+    let kernel = read("/proc/sys/kernel/osrelease");
+    format!(
+        "{cores} cores ({}), {:.0} GiB memory, Linux {}; client and servers share these cores",
+        model.unwrap_or_else(|| "unknown CPU".into()),
+        memory.unwrap_or(0) as f64 / 1024.0 / 1024.0,
+        kernel.trim()
+    )
+}
+
+fn row(name: &str, s: &Summary) -> String {
+    let p = s.latency_ms.clone();
+    format!(
+        "| {name} | {} | {:.0} | {:.1} % | {:.1} % | {} | {} | {} | {} |",
+        s.sent,
+        s.goodput_rps,
+        s.within_deadline * 100.0,
+        s.rejected * 100.0,
+        p.as_ref().map_or("–".into(), |p| format!("{:.1}", p.p50)),
+        p.as_ref().map_or("–".into(), |p| format!("{:.1}", p.p99)),
+        s.batch_fill.map_or("–".into(), |f| format!("{:.0} %", f * 100.0)),
+        s.late_server,
+    )
+}
+
+const HEADER: &str = "| run | requests | goodput (req/s) | within deadline | rejected early | p50 ms | p99 ms | batch fill | late 200s |\n|---|---|---|---|---|---|---|---|---|";
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "**not met**"
+    }
+}
+
+async fn open_loop(url: String, rate: f64, seconds: u64, send_deadline: bool) -> anyhow::Result<Summary> {
+    let mut spec = LoadSpec::new(url, rate, Duration::from_secs(seconds));
+    spec.arrivals = Arrivals::Poisson;
+    spec.send_deadline = send_deadline;
+    spec.drain = Duration::from_secs(5);
+    let samples = run::run(&spec, false).await?;
+    Ok(Summary::of(&samples, spec.duration, Some(32)))
+}
+
+/// Runs the suite and writes BENCHMARKS.md (and its plots); returns the Markdown.
+pub async fn run(options: &BenchOptions) -> anyhow::Result<String> {
+    let secs = options.seconds;
+    let plots = options.out.with_file_name("benchmarks");
+    std::fs::create_dir_all(&plots)?;
+    let mut md = String::new();
+    let _ = writeln!(md, "# Benchmarks\n");
+    let _ = writeln!(
+        md,
+        "Regenerate with `scripts/bench.sh` (one command; about 4 minutes). Every figure below comes from one run \
+         on one machine, servers and client side by side on 127.0.0.1, so compare the rows with each other rather \
+         than with other machines.\n"
+    );
+    let _ = writeln!(md, "Machine: {}.\n", machine());
+
+    // 1. Overhead.
+    eprintln!("1/4 overhead: echo server vs sidecar with a 0 ms engine");
+    let echo = Server::start(&std::env::current_exe()?, &["echo", "--listen", "127.0.0.1:0"]).await?;
+    let echo_url = format!("{}/echo", echo.base);
+    let bare = sidecar(&[
+        "--sim-batch-time",
+        "0ms",
+        "--max-wait",
+        "0ms",
+        "--max-batch-size",
+        "32",
+        "--workers",
+        "8",
+        "--latency-budget",
+        "5s",
+        "--max-queue",
+        "100000",
+    ])
+    .await?;
+    let probe = Duration::from_secs(5);
+    let echo_max = run::max_throughput(&echo_url, 64, probe).await?;
+    let sidecar_max = run::max_throughput(&infer_url(&bare), 64, probe).await?;
+    let half = echo_max / 2.0;
+    let echo_half = open_loop(echo_url.clone(), half, secs / 2, false).await?;
+    let sidecar_half = open_loop(infer_url(&bare), half, secs / 2, false).await?;
+    drop((echo, bare));
+    let ratio = sidecar_max / echo_max;
+    let (e, s) =
+        (echo_half.latency_ms.clone().unwrap_or_else(zero), sidecar_half.latency_ms.clone().unwrap_or_else(zero));
+    let _ = writeln!(md, "## 1. Overhead\n");
+    let _ = writeln!(
+        md,
+        "A bare hyper echo server against the sidecar with a 0 ms `sim` engine (`maxWait` 0, 8 workers), same client \
+         (HTTP/2, 64 callers back to back for {} s, then Poisson arrivals at half the echo server's most for {} s).\n",
+        probe.as_secs(),
+        secs / 2
+    );
+    let _ = writeln!(
+        md,
+        "| server | most req/s | p50 ms at {half:.0} req/s | p99 ms at {half:.0} req/s |\n|---|---|---|---|"
+    );
+    let _ = writeln!(md, "| echo (hyper) | {echo_max:.0} | {:.2} | {:.2} |", e.p50, e.p99);
+    let _ = writeln!(md, "| ferry-sidecar | {sidecar_max:.0} | {:.2} | {:.2} |", s.p50, s.p99);
+    let added_p99 = s.p99 - e.p99;
+    let _ = writeln!(
+        md,
+        "\nThroughput ratio {ratio:.2} (target ≥ 0.8: {}); added p50 {:.2} ms, added p99 {added_p99:.2} ms (target ≤ 1 ms: {}).\n",
+        verdict(ratio >= 0.8),
+        s.p50 - e.p50,
+        verdict(added_p99 <= 1.0)
+    );
+
+    // 2. The problem statement's scenario.
+    eprintln!("2/4 the scenario: 1000 req/s, 100 ms batches, 4 and 5 workers");
+    let mut scenario = Vec::new();
+    for workers in ["4", "5"] {
+        let mut args = SCENARIO.to_vec();
+        args.extend(["--workers", workers, "--latency-budget", "200ms"]);
+        let server = sidecar(&args).await?;
+        let summary = open_loop(infer_url(&server), 1000.0, secs, false).await?;
+        plot::svg(
+            &summary,
+            1000.0,
+            &format!("{workers} workers, 1000 req/s"),
+            &plots.join(format!("scenario-{workers}-workers.svg")),
+        )?;
+        scenario.push((workers, summary));
+    }
+    let _ = writeln!(md, "## 2. The problem statement's service\n");
+    let _ = writeln!(
+        md,
+        "1000 req/s (Poisson) for {secs} s; batches of up to 32 rows take 100 ms; `maxWait` 10 ms; 200 ms latency \
+         budget. Capacity at full batches: workers × 32 / 0.1 s = 1280 req/s with 4 workers, 1600 with 5.\n"
+    );
+    let _ = writeln!(md, "{HEADER}");
+    for (workers, s) in &scenario {
+        let _ = writeln!(md, "{}", row(&format!("{workers} workers"), s));
+    }
+    let p99_4 = scenario[0].1.latency_ms.as_ref().map_or(f64::INFINITY, |p| p.p99);
+    let _ = writeln!(
+        md,
+        "\nWith 4 workers p99 is {p99_4:.1} ms (target ≤ 200 ms: {}). Plots: `benchmarks/scenario-4-workers.svg`, \
+         `benchmarks/scenario-5-workers.svg`.\n",
+        verdict(p99_4 <= 200.0)
+    );
+
+    // 3. Overload.
+    eprintln!("3/4 overload: twice the capacity of 4 workers");
+    let capacity = 1280.0;
+    let mut args = SCENARIO.to_vec();
+    args.extend(["--workers", "4", "--latency-budget", "200ms"]);
+    let server = sidecar(&args).await?;
+    let overload = open_loop(infer_url(&server), 2.0 * capacity, secs, false).await?;
+    drop(server);
+    plot::svg(&overload, 2.0 * capacity, "overload, 2560 req/s on 4 workers", &plots.join("overload.svg"))?;
+    let share = overload.goodput_rps / capacity;
+    let _ = writeln!(md, "## 3. Overload\n");
+    let _ = writeln!(md, "2560 req/s (twice the 1280 req/s of 4 workers) for {secs} s.\n");
+    let _ = writeln!(md, "{HEADER}\n{}", row("2× capacity", &overload));
+    let _ = writeln!(
+        md,
+        "\nGoodput {:.0} req/s = {:.1} % of capacity (target ≥ 90 %: {}); {:.1} % refused early at admission; \
+         {} answers after their deadline by the sidecar's own clock (target 0: {}); {} by the client's clock, \
+         which adds the client's own queueing on these shared cores. Plot: `benchmarks/overload.svg`.\n",
+        overload.goodput_rps,
+        share * 100.0,
+        verdict(share >= 0.9),
+        overload.rejected * 100.0,
+        overload.late_server,
+        verdict(overload.late_server == 0),
+        overload.late_client
+    );
+
+    // 4. Policies.
+    eprintln!("4/4 policies: fixed delay and no batching");
+    let mut policies = vec![("Ferry's rule (deadline-aware)", scenario[0].1.clone())];
+    for (name, extra) in [
+        ("fixed delay (full or maxWait, no deadlines)", vec!["--max-batch-size", "32"]),
+        ("no batching", vec!["--max-batch-size", "1"]),
+    ] {
+        let mut args: Vec<&str> = SCENARIO.iter().copied().filter(|a| *a != "32" && *a != "--max-batch-size").collect();
+        args.extend(extra);
+        args.extend(["--workers", "4", "--latency-budget", "1h", "--max-timeout", "1h", "--max-queue", "1000000"]);
+        let server = sidecar(&args).await?;
+        policies.push((name, open_loop(infer_url(&server), 1000.0, secs, false).await?));
+    }
+    let _ = writeln!(md, "## 4. Batching policies on the service of 2 (4 workers)\n");
+    let _ = writeln!(
+        md,
+        "The fixed-delay batcher and no batching are the sidecar with deadlines switched off (a 1 h budget, an \
+         unbounded queue): every request waits its turn, and the client judges each answer against the same \
+         200 ms. A request still unanswered 5 s after the last one was sent counts as not answered in time.\n"
+    );
+    let _ = writeln!(md, "{HEADER}");
+    for (name, s) in &policies {
+        let _ = writeln!(md, "{}", row(name, s));
+    }
+    let _ = writeln!(
+        md,
+        "\n\"late 200s\" counts answers whose own server-timing passed 200 ms; the deadline-less policies know no \
+         deadline, so their late answers show as a lower share within deadline."
+    );
+    std::fs::write(&options.out, &md)?;
+    Ok(md)
+}
+
+fn zero() -> crate::record::Percentiles {
+    crate::record::Percentiles { p50: 0.0, p90: 0.0, p99: 0.0, p999: 0.0, max: 0.0 }
+}

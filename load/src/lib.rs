@@ -1,0 +1,19 @@
+//! `ferry-load`: an open-loop load generator for Ferry's sidecar (and any OIP endpoint), and the
+//! benchmark suite that regenerates BENCHMARKS.md.
+//!
+//! # Layout
+//!
+//! - [`schedule`]: when each request is sent (constant or Poisson), fixed before the run.
+//! - [`run`]: the open-loop driver, and a closed-loop throughput probe.
+//! - [`record`]: samples and their summary (HDR histograms, goodput, batch fill, per second).
+//! - [`report`], [`plot`]: the summary as a table, and as an SVG over time.
+//! - [`echo`]: a bare hyper echo server, the floor for the overhead comparison.
+//! - [`bench`]: the benchmark suite: real sidecar processes on 127.0.0.1, side by side.
+
+pub mod bench;
+pub mod echo;
+pub mod plot;
+pub mod record;
+pub mod report;
+pub mod run;
+pub mod schedule;

@@ -1,0 +1,145 @@
+//! `ferry-load`: see the crate documentation and the README.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use ferry_load::bench::{self, BenchOptions};
+use ferry_load::record::Summary;
+use ferry_load::run::{self, LoadSpec};
+use ferry_load::schedule::Arrivals;
+use ferry_load::{echo, plot, report};
+use ferry_sidecar::duration;
+
+#[derive(Debug, Parser)]
+#[command(name = "ferry-load", version, about = "Open-loop load generator and benchmarks for Ferry")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Send an open-loop load to an infer endpoint and summarise it.
+    Run(RunArgs),
+    /// Serve a bare hyper echo server (the floor of the overhead benchmark).
+    Echo {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+    },
+    /// Run the benchmark suite against real sidecar processes and write BENCHMARKS.md.
+    Bench {
+        #[arg(long, default_value = "BENCHMARKS.md")]
+        out: PathBuf,
+        /// Seconds of each open-loop run.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// The infer endpoint, e.g. http://127.0.0.1:8080/v2/models/quickstart/infer
+    #[arg(long)]
+    url: String,
+    /// Requests per second.
+    #[arg(long, default_value_t = 100.0)]
+    rate: f64,
+    #[arg(long, default_value = "10s", value_parser = duration::parse)]
+    duration: Duration,
+    #[arg(long, value_enum, default_value_t = Arrivals::Poisson)]
+    arrivals: Arrivals,
+    /// The deadline each request is judged against.
+    #[arg(long, default_value = "200ms", value_parser = duration::parse)]
+    deadline: Duration,
+    /// Send the deadline as x-ferry-timeout-ms (otherwise the service's budget applies).
+    #[arg(long)]
+    send_deadline: bool,
+    /// Rows per request, and FP32 elements per row.
+    #[arg(long, default_value_t = 1)]
+    rows: u32,
+    #[arg(long, default_value_t = 4)]
+    width: u32,
+    /// Share of requests sent with x-ferry-priority: batch.
+    #[arg(long, default_value_t = 0.0)]
+    batch_share: f64,
+    /// Rotate through this many tenants (authorization: Bearer tenant-N).
+    #[arg(long, default_value_t = 0)]
+    tenants: u32,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// HTTP/2 connections.
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+    /// The service's maxBatchSize, to report batch fill.
+    #[arg(long)]
+    max_batch_size: Option<u32>,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Write an SVG of latency and rate over time.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Run(args) => load(args).await,
+            Command::Echo { listen } => {
+                let listener = tokio::net::TcpListener::bind(listen).await?;
+                println!("ferry-load echo listening on http://{}", listener.local_addr()?);
+                echo::serve(listener).await?;
+                Ok(())
+            }
+            Command::Bench { out, seconds } => {
+                let md = bench::run(&BenchOptions { out: out.clone(), seconds }).await?;
+                println!("{md}");
+                eprintln!("wrote {}", out.display());
+                Ok(())
+            }
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferry-load: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn load(args: RunArgs) -> anyhow::Result<()> {
+    let spec = LoadSpec {
+        url: args.url,
+        rate: args.rate,
+        duration: args.duration,
+        arrivals: args.arrivals,
+        deadline: args.deadline,
+        send_deadline: args.send_deadline,
+        rows: args.rows,
+        width: args.width,
+        batch_share: args.batch_share,
+        tenants: args.tenants,
+        seed: args.seed,
+        connections: args.connections,
+        drain: Duration::from_secs(30),
+    };
+    anyhow::ensure!(spec.rate > 0.0, "--rate is {}; it must be more than 0", spec.rate);
+    let samples = run::run(&spec, !args.json).await?;
+    let summary = Summary::of(&samples, spec.duration, args.max_batch_size);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print!("{}", report::table(&summary));
+    }
+    if let Some(path) = args.plot {
+        plot::svg(&summary, spec.rate, "ferry-load", &path)?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
