@@ -22,17 +22,19 @@ pub fn schedule(arrivals: Arrivals, rate: f64, duration: Duration, seed: u64) ->
     let mut rng = StdRng::seed_from_u64(seed);
     let mut t = 0.0;
     let mut out = Vec::with_capacity((rate * end) as usize + 16);
-    loop {
-        t += match arrivals {
-            Arrivals::Constant => 1.0 / rate,
+    for i in 1u64.. {
+        t = match arrivals {
+            // Computed, not accumulated, so that rounding cannot add or drop a request.
+            Arrivals::Constant => i as f64 / rate,
             // Inverse transform sampling of the exponential distribution.
-            Arrivals::Poisson => -(1.0 - rng.random::<f64>()).ln() / rate,
+            Arrivals::Poisson => t - (1.0 - rng.random::<f64>()).ln() / rate,
         };
         if t >= end {
-            return out;
+            break;
         }
         out.push(Duration::from_secs_f64(t));
     }
+    out
 }
 
 #[cfg(test)]

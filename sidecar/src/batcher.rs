@@ -15,10 +15,12 @@
 //! deadlines, arrivals, dispatches), which is what makes the paused-clock tests exact.
 
 use std::collections::{BTreeSet, HashMap};
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -489,11 +491,11 @@ impl Task {
             let run = self.engine.infer(inputs);
             let done = self.done_tx.clone();
             tokio::spawn(async move {
-                // The engine runs in its own task so that a panic in it becomes an error here
-                // instead of a worker that never frees up.
-                let result = match tokio::spawn(run).await {
+                // A panic in the engine becomes an error here instead of a worker that never
+                // frees up.
+                let result = match AssertUnwindSafe(run).catch_unwind().await {
                     Ok(result) => result,
-                    Err(e) => Err(EngineError(format!("the engine panicked: {e}"))),
+                    Err(panic) => Err(EngineError(format!("the engine panicked: {}", panic_message(&*panic)))),
                 };
                 let _ = done.send(BatchDone { seq, result });
             });
@@ -510,7 +512,13 @@ impl Task {
             return;
         };
         self.watchdogs.remove(&(run.watchdog, done.seq));
-        self.scheduler.finish(run.worker, now);
+        // Only batches that ran to the end teach the estimator: a failure's time says nothing
+        // about how long a batch takes.
+        if done.result.is_ok() {
+            self.scheduler.finish(run.worker, now);
+        } else {
+            self.scheduler.abandon(run.worker);
+        }
         self.metrics.batch_duration.observe((now - run.dispatched_at).as_secs_f64());
         let outputs = match done.result {
             Ok(outputs) if outputs.len() == run.members.len() => outputs,
@@ -668,6 +676,14 @@ impl Task {
         let oldest = self.scheduler.oldest_arrival().map_or(u64::MAX, |a| (a - self.epoch).as_nanos() as u64);
         self.oldest_ns.store(oldest, Ordering::Relaxed);
     }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
 }
 
 async fn sleep_until(wake: Option<Instant>) {

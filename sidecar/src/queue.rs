@@ -9,7 +9,7 @@ use crate::ticket::{Priority, RequestId, Ticket};
 
 type Key = (Instant, RequestId);
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Queue {
     /// One ordered map per priority, keyed by (deadline, id): iteration is dispatch order.
     by_priority: [BTreeMap<Key, Ticket>; 2],

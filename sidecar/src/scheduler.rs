@@ -86,7 +86,7 @@ enum Worker {
     Busy { since: Instant, rows: u32, expected_end: Instant },
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Scheduler {
     policy: Policy,
     queue: Queue,
@@ -261,8 +261,9 @@ impl Scheduler {
         self.workers[worker] = Worker::Idle;
     }
 
-    /// The watchdog gave up on a worker's batch: its slot is free again (a replacement takes it),
-    /// and the estimator learns nothing from a batch that never ended.
+    /// A worker's batch failed, or the watchdog gave up on it: its slot is free again (a
+    /// replacement takes it), and the estimator learns nothing from a batch that did not run to
+    /// its end.
     pub fn abandon(&mut self, worker: usize) {
         self.workers[worker] = Worker::Idle;
     }

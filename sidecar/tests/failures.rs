@@ -27,6 +27,7 @@ enum Step {
     Run(u64),
     Fail(u64),
     Hang,
+    Panic,
 }
 
 /// An engine whose calls follow a script, so that a test can say exactly which batch hangs,
@@ -63,6 +64,7 @@ impl Engine for Scripted {
         Box::pin(async move {
             match step {
                 Step::Hang => std::future::pending().await,
+                Step::Panic => panic!("scripted panic in the engine"),
                 Step::Fail(t) => {
                     tokio::time::sleep(ms(t)).await;
                     Err(EngineError("scripted failure".into()))
@@ -245,4 +247,14 @@ async fn the_attempt_budget_bounds_the_retries() {
     // Every request rode in at most 3 runs: 4 rows × 3 = 12 seats at most.
     assert!(s.metrics.batch_size.get_sample_sum() <= 12.0);
     s.conserved(4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_engine_panic_is_a_failed_batch_and_the_worker_is_freed() {
+    let s = service(Scripted::new(&[Step::Panic, Step::Run(100)]));
+    let seen = all(vec![s.call(0, 1000, 1.0)]).await;
+    // The panic at dispatch (10) fails the batch at once; the retry runs 10..110.
+    assert_eq!(seen[0].at, ms(110));
+    assert!(seen[0].reply.is_ok());
+    s.conserved(1);
 }

@@ -1,0 +1,85 @@
+//! The load generator against a real sidecar (in this process, over real HTTP on 127.0.0.1) and
+//! the echo server.
+
+use std::time::Duration;
+
+use clap::Parser;
+use ferry_load::record::Summary;
+use ferry_load::run::{self, LoadSpec};
+use ferry_load::schedule::Arrivals;
+use ferry_load::{echo, plot, report};
+use ferry_sidecar::config::{Cli, Settings};
+use ferry_sidecar::server::{self, Listeners};
+
+async fn sidecar(args: &[&str]) -> String {
+    let argv = ["ferry-sidecar", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]
+        .into_iter()
+        .chain(args.iter().copied());
+    let settings = Settings::resolve(Cli::parse_from(argv)).unwrap();
+    let listeners = Listeners::bind(&settings).await.unwrap();
+    let (api, _) = listeners.addresses().unwrap();
+    tokio::spawn(server::serve(settings, listeners, std::future::pending()));
+    format!("http://{api}/v2/models/m/infer")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_loop_run_is_summarised() {
+    let url =
+        sidecar(&["--model", "m", "--sim-batch-time", "20ms", "--max-batch-size", "16", "--latency-budget", "2s"])
+            .await;
+    let mut spec = LoadSpec::new(url, 200.0, Duration::from_secs(2));
+    spec.arrivals = Arrivals::Constant;
+    spec.deadline = Duration::from_secs(2);
+    spec.send_deadline = true;
+    spec.rows = 2;
+    let samples = run::run(&spec, false).await.unwrap();
+    assert_eq!(samples.len(), 399, "one sample per scheduled request");
+    let summary = Summary::of(&samples, spec.duration, Some(16));
+    assert_eq!(summary.count("200"), 399, "{:?}", summary.statuses);
+    assert_eq!(summary.within_deadline, 1.0);
+    assert!((summary.goodput_rps - 199.5).abs() < 0.01);
+    let fill = summary.batch_fill.unwrap();
+    assert!(fill > 0.1 && fill <= 1.0, "requests shared batches: {fill}");
+    let p = summary.latency_ms.clone().unwrap();
+    assert!(p.p50 >= 20.0 && p.p99 < 1000.0, "{p:?}");
+    assert_eq!(summary.per_second.len(), 2);
+
+    let json = serde_json::to_value(&summary).unwrap();
+    for key in
+        ["sent", "statuses", "goodput_rps", "within_deadline", "rejected", "latency_ms", "batch_fill", "per_second"]
+    {
+        assert!(json.get(key).is_some(), "{key} in --json");
+    }
+    assert!(report::table(&summary).contains("goodput         199.5 req/s"));
+    let dir = std::env::temp_dir().join(format!("ferry-load-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("run.svg");
+    plot::svg(&summary, 200.0, "test", &svg).unwrap();
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_is_refused_early_and_never_answered_late() {
+    // One worker, 4 rows per 50 ms: 80 req/s of capacity, offered 300.
+    let url =
+        sidecar(&["--model", "m", "--sim-batch-time", "50ms", "--max-batch-size", "4", "--latency-budget", "200ms"])
+            .await;
+    let samples = run::run(&LoadSpec::new(url, 300.0, Duration::from_secs(2)), false).await.unwrap();
+    let summary = Summary::of(&samples, Duration::from_secs(2), Some(4));
+    assert!(summary.rejected > 0.3, "most of the excess is refused at admission: {:?}", summary.statuses);
+    assert_eq!(summary.late_server, 0, "no 200 after its deadline by the sidecar's clock");
+    assert!(summary.count("200") > 80, "{:?}", summary.statuses);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_echo_server_answers_with_the_body_and_sustains_a_closed_loop() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/echo", listener.local_addr().unwrap());
+    tokio::spawn(echo::serve(listener));
+    let client = run::clients(1).unwrap().remove(0);
+    let answer = client.post(&url).body("{\"x\":1}").send().await.unwrap();
+    assert_eq!(answer.text().await.unwrap(), "{\"x\":1}");
+    let rps = run::max_throughput(&url, 8, Duration::from_millis(500)).await.unwrap();
+    assert!(rps > 100.0, "{rps}");
+}
