@@ -22,7 +22,7 @@ fn ticket(id: u64, t0: Instant) -> Ticket {
         deadline: t0 + Duration::from_secs(3600) + Duration::from_micros((id * 7919) % 1_000_000),
         rows: 1 + (id % 4) as u32,
         bytes: 256,
-        priority: if id % 10 == 0 { Priority::Batch } else { Priority::Interactive },
+        priority: if id.is_multiple_of(10) { Priority::Batch } else { Priority::Interactive },
     }
 }
 
