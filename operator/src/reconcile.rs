@@ -83,8 +83,12 @@ pub async fn reconcile(isvc: Arc<InferenceService>, ctx: Arc<Context>) -> Result
     ctx.metrics.reconciles.inc();
     let result = apply(&isvc, &ctx).await;
     ctx.metrics.duration.observe(started.elapsed().as_secs_f64());
-    if result.is_ok() {
-        ctx.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(&key(&isvc));
+    match &result {
+        Ok(_) => {
+            ctx.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(&key(&isvc));
+        }
+        // Tell the user on the object itself; repeats of the same failure become one event series.
+        Err(error) => publish(&ctx, &isvc, EventType::Warning, "ReconcileFailed", "Reconcile", error.to_string()).await,
     }
     result
 }

@@ -177,9 +177,18 @@ async fn an_api_error_is_retried_with_exponential_backoff() {
     let (ctx, mut api) = context();
     let object = Arc::new(isvc(1, None, 32));
     let unavailable = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 500, "message": "etcdserver: request timed out"});
+    let mut event_name = None;
     for wait in [1, 2, 4] {
         let run = tokio::spawn(reconcile(object.clone(), ctx.clone()));
         expect(&mut api, "GET", DEPLOYMENT, &[], 500, unavailable.clone()).await;
+        // A Warning event on the object; the repeats join its series (a patch of the same event).
+        let event = match &event_name {
+            None => expect(&mut api, "POST", EVENTS, &[], 201, ECHO).await,
+            Some(name) => expect(&mut api, "PATCH", &format!("{EVENTS}/{name}"), &[], 200, ECHO).await,
+        };
+        event_name = event["metadata"]["name"].as_str().map(str::to_owned);
+        assert_eq!(event["type"], "Warning");
+        assert_eq!(event["reason"], "ReconcileFailed");
         let error = tokio::time::timeout(Duration::from_secs(1), run).await.unwrap().unwrap().unwrap_err();
         assert_eq!(error.metric_label(), "get_deployment");
         assert!(error.to_string().starts_with("reading the worker Deployment"), "{error}");

@@ -59,7 +59,8 @@ pub struct Cli {
     /// Largest request body accepted (spec.batching.maxRequestBytes). [default: 16777216]
     #[arg(long, env = "FERRY_MAX_REQUEST_BYTES")]
     pub max_request_bytes: Option<u64>,
-    /// A deadline-driven batch leaves this long before the last possible moment. [default: 2ms]
+    /// A deadline-driven batch leaves this long before the last possible moment, and admission keeps
+    /// this much of every deadline for the answer's trip back. [default: 2ms]
     #[arg(long, env = "FERRY_DEADLINE_MARGIN", value_parser = duration::parse)]
     pub deadline_margin: Option<Duration>,
     /// Engine kind (spec.engine.kind): sim, cuda or remote. [default: sim]

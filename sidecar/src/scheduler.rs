@@ -31,7 +31,8 @@ pub struct Policy {
     pub max_batch_rows: u32,
     /// Longest voluntary wait of the oldest request (`maxWait`).
     pub max_wait: Duration,
-    /// A deadline-driven dispatch leaves this much before the last possible moment.
+    /// A deadline-driven dispatch leaves this much before the last possible moment, and admission
+    /// keeps this much of each deadline for the answer's trip back to its caller.
     pub deadline_margin: Duration,
     /// Queue bound by count (`maxQueue`).
     pub max_queue: usize,
