@@ -52,18 +52,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         workers = settings.workers,
         "serving"
     );
-    server::serve(settings, listeners, shutdown_signal()).await?;
+    server::serve(settings, listeners, server::shutdown_signal()).await?;
     tracing::info!("drained; exiting");
     Ok(())
-}
-
-/// SIGTERM (Kubernetes) or SIGINT (Ctrl-C).
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }

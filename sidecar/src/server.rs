@@ -42,6 +42,17 @@ impl Listeners {
     }
 }
 
+/// Resolves on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C). Shared by both binaries.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
 /// Builds the model version's engine and batcher from the settings.
 pub fn build(settings: &Settings, metrics: &Metrics) -> Front {
     let (engine, estimator): (Arc<dyn Engine>, Estimator) = match settings.engine {

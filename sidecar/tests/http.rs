@@ -283,17 +283,7 @@ async fn metrics_expose_every_name_of_the_contract_on_the_admin_port_only() {
 
 #[tokio::test]
 async fn the_oldest_age_gauge_grows_while_a_request_waits() {
-    let s = Sidecar::start(&[
-        "--model",
-        "m",
-        "--sim-batch-time",
-        "600ms",
-        "--max-batch-size",
-        "1",
-        "--latency-budget",
-        "5s",
-    ])
-    .await;
+    let s = Sidecar::start(support::ONE_SLOW_WORKER).await;
     let one = body(&[vec![1.0]]);
     let first = s.infer("m", &one, &[]);
     let second = async {

@@ -64,17 +64,7 @@ async fn a_poison_row_fails_alone_and_its_batch_mates_succeed() {
 
 #[tokio::test]
 async fn a_client_that_disconnects_is_cancelled_and_never_executed() {
-    let s = Sidecar::start(&[
-        "--model",
-        "m",
-        "--sim-batch-time",
-        "600ms",
-        "--max-batch-size",
-        "1",
-        "--latency-budget",
-        "5s",
-    ])
-    .await;
+    let s = Sidecar::start(support::ONE_SLOW_WORKER).await;
     let first_body = body(&[vec![1.0]]);
     let first = s.infer("m", &first_body, &[]);
     let disconnect = async {

@@ -10,6 +10,11 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+/// One worker, one row per batch, 600 ms batches, a 5 s budget: requests queue behind the one
+/// running long enough for a test to look at them.
+pub const ONE_SLOW_WORKER: &[&str] =
+    &["--model", "m", "--sim-batch-time", "600ms", "--max-batch-size", "1", "--latency-budget", "5s"];
+
 pub struct Sidecar {
     pub child: Child,
     pub api: SocketAddr,
