@@ -99,6 +99,9 @@ pub struct Cli {
     /// Fails any sim batch holding a row whose first element equals this (fault injection).
     #[arg(long, env = "FERRY_SIM_POISON", allow_negative_numbers = true)]
     pub sim_poison: Option<f64>,
+    /// First guess of the engine's time per batch, before it is measured (remote engine). [default: 100ms]
+    #[arg(long, env = "FERRY_BATCH_TIME_ESTIMATE", value_parser = duration::parse)]
+    pub batch_time_estimate: Option<Duration>,
     /// URL of the inference server beside the sidecar (remote engine).
     #[arg(long, env = "FERRY_UPSTREAM")]
     pub upstream: Option<String>,
@@ -113,7 +116,16 @@ pub struct Cli {
 /// The engine to run, with its settings.
 #[derive(Debug, Clone, PartialEq)]
 pub enum EngineSettings {
-    Sim { batch_time: Duration, per_item: Duration, faults: Faults },
+    Sim {
+        batch_time: Duration,
+        per_item: Duration,
+        faults: Faults,
+    },
+    /// An Open Inference Protocol server at `upstream`.
+    Remote {
+        upstream: String,
+        batch_time_estimate: Duration,
+    },
 }
 
 /// Everything resolved and checked.
@@ -253,10 +265,17 @@ impl Settings {
                         poison: cli.sim_poison,
                     },
                 },
-                kind @ ("cuda" | "remote") => {
-                    return Err(ConfigError(format!(
-                        "spec.engine.kind (--engine) is '{kind}'; this build of ferry-sidecar has only the 'sim' engine"
-                    )))
+                "remote" => EngineSettings::Remote {
+                    upstream: cli.upstream.clone().ok_or_else(|| {
+                        ConfigError("--upstream is required when --engine is remote (the inference server's URL)".into())
+                    })?,
+                    batch_time_estimate: cli.batch_time_estimate.unwrap_or(100 * MS),
+                },
+                "cuda" => {
+                    return Err(ConfigError(
+                        "spec.engine.kind (--engine) is 'cuda'; this build of ferry-sidecar has the 'sim' and 'remote' engines"
+                            .into(),
+                    ))
                 }
                 other => {
                     return Err(ConfigError(format!(
@@ -265,7 +284,7 @@ impl Settings {
                 }
             },
         };
-        let _ = (model.source, cli.model_source, cli.upstream, cli.device);
+        let _ = (model.source, cli.model_source, cli.device);
         s.check()?;
         Ok(s)
     }
@@ -389,6 +408,8 @@ spec:
         assert!(err.0.contains("--max-timeout is 100ms; it must be at least the latency budget, 200ms"), "{err}");
         let err = Settings::merge(cli(&["--engine", "tpu"]), Manifest::default()).unwrap_err();
         assert!(err.0.contains("'tpu'; it must be one of sim, cuda, remote"), "{err}");
+        let err = Settings::merge(cli(&["--engine", "remote"]), Manifest::default()).unwrap_err();
+        assert!(err.0.starts_with("--upstream is required when --engine is remote"), "{err}");
         let err = Settings::merge(cli(&["--sim-fail-rate", "1.5"]), Manifest::default()).unwrap_err();
         assert_eq!(err.0, "--sim-fail-rate is 1.5; it must be a probability between 0 and 1");
     }

@@ -1,10 +1,11 @@
 //! What runs a batch. The batcher hands an engine the inputs of every request in a batch, in
 //! order, and gets back the outputs of each, in the same order.
 //!
-//! Engines: [`sim`] (a batch takes a configured time; outputs prove that rows were not mixed up).
-//! The CUDA engine and the remote engine (an inference server beside the sidecar) implement the
-//! same trait.
+//! Engines: [`sim`] (a batch takes a configured time; outputs prove that rows were not mixed up)
+//! and [`remote`] (an Open Inference Protocol server beside the sidecar). The CUDA engine will
+//! implement the same trait.
 
+pub mod remote;
 pub mod sim;
 
 use std::future::Future;
@@ -28,7 +29,7 @@ pub type BatchOutputs = Vec<Vec<Tensor>>;
 pub struct EngineError(pub String);
 
 /// A tensor an engine takes or gives, as `GET /v2/models/{name}` shows it (`-1`: any size).
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct TensorSpec {
     pub name: String,
     pub datatype: String,
@@ -46,6 +47,11 @@ pub struct Signature {
 
 pub trait Engine: Send + Sync + 'static {
     fn signature(&self) -> &Signature;
+
+    /// Whether the engine can take batches (a remote server may still be loading its model).
+    fn ready(&self) -> bool {
+        true
+    }
 
     /// Engine-specific checks of one request's inputs (names, datatypes, inner dimensions),
     /// beyond the protocol's own. The message becomes a 400 body.

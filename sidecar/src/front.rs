@@ -195,7 +195,7 @@ async fn live() -> Json<serde_json::Value> {
 }
 
 async fn ready(State(front): State<Shared>) -> Response {
-    let ready = !front.is_draining();
+    let ready = !front.is_draining() && front.models.iter().all(|m| m.engine.ready());
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(json!({ "ready": ready }))).into_response()
 }
@@ -241,7 +241,7 @@ async fn model_version_ready(State(front): State<Shared>, Path((name, version)):
 fn readiness(front: &Front, name: &str, version: Option<&str>) -> Response {
     match front.find(name, version) {
         Ok(served) => {
-            let ready = !front.is_draining();
+            let ready = !front.is_draining() && served.engine.ready();
             let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
             (status, Json(json!({ "name": served.name, "ready": ready }))).into_response()
         }
@@ -271,6 +271,14 @@ async fn run_infer(front: Shared, name: String, version: Option<String>, headers
     if front.is_draining() {
         let refusal =
             Refusal::new(Outcome::Draining, "draining: this sidecar is shutting down and admits no new requests");
+        return refuse(&served, refusal);
+    }
+    if !served.engine.ready() {
+        let refusal = Refusal::new(
+            Outcome::Unavailable,
+            format!("model '{}' is not ready: its engine is still loading", served.name),
+        )
+        .retry_after(Duration::from_secs(1));
         return refuse(&served, refusal);
     }
     let bytes = match read_body(&front, &headers, body).await {
@@ -413,7 +421,15 @@ async fn process(front: &Front, served: &Served, headers: &HeaderMap, bytes: Byt
 impl Outcome {
     /// Refusals decided by the front, before the batcher sees the request.
     fn is_refused_at_the_front(self) -> bool {
-        matches!(self, Outcome::Invalid | Outcome::NotFound | Outcome::TooLarge | Outcome::Draining | Outcome::Conflict)
+        matches!(
+            self,
+            Outcome::Invalid
+                | Outcome::NotFound
+                | Outcome::TooLarge
+                | Outcome::Draining
+                | Outcome::Conflict
+                | Outcome::Unavailable
+        )
     }
 }
 

@@ -22,10 +22,12 @@ pub enum Outcome {
     Draining,
     /// An `idempotency-key` reused for a different request.
     Conflict,
+    /// The engine is not ready yet (a remote server still loading its model).
+    Unavailable,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 12] = [
+    pub const ALL: [Outcome; 13] = [
         Outcome::Ok,
         Outcome::Invalid,
         Outcome::NotFound,
@@ -38,6 +40,7 @@ impl Outcome {
         Outcome::Failed,
         Outcome::Draining,
         Outcome::Conflict,
+        Outcome::Unavailable,
     ];
 
     /// The `outcome` label value; dashboards and the autoscaler match on these strings.
@@ -55,6 +58,7 @@ impl Outcome {
             Outcome::Failed => "failed",
             Outcome::Draining => "draining",
             Outcome::Conflict => "conflict",
+            Outcome::Unavailable => "unavailable",
         }
     }
 
@@ -67,7 +71,9 @@ impl Outcome {
             Outcome::NotFound => StatusCode::NOT_FOUND,
             Outcome::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Outcome::Quota => StatusCode::TOO_MANY_REQUESTS,
-            Outcome::QueueFull | Outcome::Infeasible | Outcome::Draining => StatusCode::SERVICE_UNAVAILABLE,
+            Outcome::QueueFull | Outcome::Infeasible | Outcome::Draining | Outcome::Unavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Outcome::Expired => StatusCode::GATEWAY_TIMEOUT,
             Outcome::Cancelled => StatusCode::from_u16(499).expect("499 is a valid status code"),
             Outcome::Failed => StatusCode::INTERNAL_SERVER_ERROR,

@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use crate::batcher::Batcher;
 use crate::config::{EngineSettings, Settings};
 use crate::deadline::DeadlinePolicy;
+use crate::engine::remote::RemoteEngine;
 use crate::engine::sim::SimEngine;
 use crate::engine::Engine;
 use crate::estimate::Estimator;
@@ -59,6 +60,10 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Front {
         EngineSettings::Sim { batch_time, per_item, faults } => {
             (Arc::new(SimEngine::new(batch_time, per_item).with_faults(faults)), Estimator::new(batch_time, per_item))
         }
+        EngineSettings::Remote { ref upstream, batch_time_estimate } => (
+            RemoteEngine::start(upstream, &settings.model, &settings.version, Duration::from_secs(1)),
+            Estimator::new(batch_time_estimate, Duration::ZERO),
+        ),
     };
     let policy = Policy {
         max_batch_rows: settings.max_batch_size,

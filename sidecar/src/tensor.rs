@@ -124,6 +124,83 @@ impl Tensor {
     pub fn rows(&self) -> u64 {
         self.shape.first().copied().unwrap_or(1)
     }
+
+    /// The dimensions after the first.
+    pub fn inner(&self) -> &[u64] {
+        self.shape.get(1..).unwrap_or(&[])
+    }
+
+    /// Stacks tensors of one name, datatype and inner shape along the first dimension: the rows
+    /// of several requests become one batch. `None` when they do not agree.
+    pub fn concat_rows(parts: &[&Tensor]) -> Option<Tensor> {
+        let first = *parts.first()?;
+        if parts.iter().any(|t| t.datatype != first.datatype || t.inner() != first.inner()) {
+            return None;
+        }
+        let data = match &first.data {
+            TensorData::Bool(_) => TensorData::Bool(parts.iter().flat_map(|t| bools(&t.data)).collect()),
+            TensorData::Int(_) => TensorData::Int(parts.iter().flat_map(|t| ints(&t.data)).collect()),
+            TensorData::Float(_) => TensorData::Float(parts.iter().flat_map(|t| floats(&t.data)).collect()),
+            TensorData::Bytes(_) => TensorData::Bytes(parts.iter().flat_map(|t| strings(&t.data)).collect()),
+        };
+        let mut shape = vec![parts.iter().map(|t| t.rows()).sum()];
+        shape.extend_from_slice(first.inner());
+        Some(Tensor { name: first.name.clone(), datatype: first.datatype, shape, data })
+    }
+
+    /// The inverse of [`Tensor::concat_rows`]: splits along the first dimension into parts of
+    /// `rows` rows each. `None` when the rows do not add up.
+    pub fn split_rows(&self, rows: &[u64]) -> Option<Vec<Tensor>> {
+        if rows.iter().sum::<u64>() != self.rows() || self.rows() == 0 {
+            return None;
+        }
+        let per_row = self.data.len() / self.rows() as usize;
+        let mut start = 0;
+        let mut out = Vec::with_capacity(rows.len());
+        for &r in rows {
+            let range = start..start + r as usize * per_row;
+            start = range.end;
+            let data = match &self.data {
+                TensorData::Bool(v) => TensorData::Bool(v[range].to_vec()),
+                TensorData::Int(v) => TensorData::Int(v[range].to_vec()),
+                TensorData::Float(v) => TensorData::Float(v[range].to_vec()),
+                TensorData::Bytes(v) => TensorData::Bytes(v[range].to_vec()),
+            };
+            let mut shape = vec![r];
+            shape.extend_from_slice(self.inner());
+            out.push(Tensor { name: self.name.clone(), datatype: self.datatype, shape, data });
+        }
+        Some(out)
+    }
+}
+
+fn bools(d: &TensorData) -> Vec<bool> {
+    if let TensorData::Bool(v) = d {
+        v.clone()
+    } else {
+        Vec::new()
+    }
+}
+fn ints(d: &TensorData) -> Vec<i128> {
+    if let TensorData::Int(v) = d {
+        v.clone()
+    } else {
+        Vec::new()
+    }
+}
+fn floats(d: &TensorData) -> Vec<f64> {
+    if let TensorData::Float(v) = d {
+        v.clone()
+    } else {
+        Vec::new()
+    }
+}
+fn strings(d: &TensorData) -> Vec<String> {
+    if let TensorData::Bytes(v) = d {
+        v.clone()
+    } else {
+        Vec::new()
+    }
 }
 
 impl Serialize for Tensor {
@@ -235,7 +312,8 @@ pub fn parse_inputs(raw: Vec<RawTensor>, max_rows: u32) -> Result<(Vec<Tensor>, 
     Ok((tensors, rows as u32))
 }
 
-fn parse_tensor(i: usize, raw: RawTensor) -> Result<Tensor, Refusal> {
+/// Parses and checks one tensor; `i` is its position, for messages.
+pub fn parse_tensor(i: usize, raw: RawTensor) -> Result<Tensor, Refusal> {
     let at = |what: String| Refusal::invalid(format!("inputs[{i}] ('{}'): {what}", raw.name));
     if raw.name.is_empty() {
         return Err(Refusal::invalid(format!("inputs[{i}]: 'name' is empty")));
@@ -422,6 +500,25 @@ mod tests {
         let (t, _) =
             parse_inputs(raw(json!([{"name": "x", "shape": [1], "datatype": "FP32", "data": [0.1]}])), 8).unwrap();
         assert_eq!(serde_json::to_string(&t[0]).unwrap(), r#"{"name":"x","datatype":"FP32","shape":[1],"data":[0.1]}"#);
+    }
+
+    #[test]
+    fn rows_concatenate_and_split_back_in_order() {
+        let (a, _) =
+            parse_inputs(raw(json!([{"name": "x", "shape": [1, 2], "datatype": "INT32", "data": [1, 2]}])), 8).unwrap();
+        let (b, _) =
+            parse_inputs(raw(json!([{"name": "x", "shape": [2, 2], "datatype": "INT32", "data": [3, 4, 5, 6]}])), 8)
+                .unwrap();
+        let batch = Tensor::concat_rows(&[&a[0], &b[0]]).unwrap();
+        assert_eq!(batch.shape, vec![3, 2]);
+        assert_eq!(batch.data, TensorData::Int(vec![1, 2, 3, 4, 5, 6]));
+        let parts = batch.split_rows(&[1, 2]).unwrap();
+        assert_eq!((parts[0].clone(), parts[1].clone()), (a[0].clone(), b[0].clone()));
+        assert!(batch.split_rows(&[1, 1]).is_none(), "rows must add up");
+        let (c, _) =
+            parse_inputs(raw(json!([{"name": "x", "shape": [1, 3], "datatype": "INT32", "data": [1, 2, 3]}])), 8)
+                .unwrap();
+        assert!(Tensor::concat_rows(&[&a[0], &c[0]]).is_none(), "inner shapes differ");
     }
 
     #[test]
