@@ -160,11 +160,11 @@ impl Scheduler {
         self.queue.push(ticket);
     }
 
-    /// Adds a group that must run alone, ahead of the queue, as soon as a worker is idle.
+    /// Adds a group that must run alone, ahead of the queue, as soon as a worker is idle. A group
+    /// that is (or becomes) empty is still taken, as an empty batch with its tag, so that its owner
+    /// learns that the probe proved nothing.
     pub fn add_probe(&mut self, tag: u64, tickets: Vec<Ticket>) {
-        if !tickets.is_empty() {
-            self.probes.push_back((tag, tickets));
-        }
+        self.probes.push_back((tag, tickets));
     }
 
     /// Removes a waiting request (its caller went away). `None` if it is not waiting here.
@@ -174,9 +174,8 @@ impl Scheduler {
         }
         for (_, group) in &mut self.probes {
             if let Some(i) = group.iter().position(|t| t.id == id) {
-                let ticket = group.remove(i);
-                self.probes.retain(|(_, g)| !g.is_empty());
-                return Some(ticket);
+                // An emptied probe stays: taking it tells the owner to release its held group.
+                return Some(group.remove(i));
             }
         }
         None
@@ -188,7 +187,6 @@ impl Scheduler {
         for (_, group) in &mut self.probes {
             expired.extend(group.extract_if(.., |t| t.deadline <= now));
         }
-        self.probes.retain(|(_, g)| !g.is_empty());
         expired
     }
 
