@@ -4,6 +4,7 @@
 //! # Layout
 //!
 //! - [`resource`]: the resource's Rust types; the CRD schema is generated from them.
+//! - [`autoscale`]: the scaling decision (pure) and the capacity planner.
 //! - [`crdgen`]: writes the CRD YAML (`crds/`), checked for drift by a test.
 //! - [`desired`]: the worker Deployment and Service an InferenceService should have (pure).
 //! - [`status`]: the conditions it reports, from its Deployment (pure).
@@ -13,6 +14,7 @@
 //! - [`metrics`]: the operator's own metrics.
 //! - [`run`]: the controller, the leader election and the metrics/health server, together.
 
+pub mod autoscale;
 pub mod crdgen;
 pub mod desired;
 pub mod lease;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use ferry_operator::autoscale::plan::{self, PlanInput};
 use ferry_operator::desired::Images;
 use ferry_operator::lease::LeaseConfig;
 use ferry_operator::run::{self, Options};
@@ -26,6 +27,35 @@ enum Command {
     Crdgen,
     /// Print the RBAC rules the operator needs, as JSON (the Helm chart grants exactly these).
     Rbac,
+    /// Replicas a load needs: the arithmetic lower bound and the simulated answer.
+    Plan(PlanArgs),
+}
+
+#[derive(Debug, Parser)]
+struct PlanArgs {
+    /// Requests per second.
+    #[arg(long)]
+    rate: f64,
+    /// Engine time per batch.
+    #[arg(long, value_parser = ferry_sidecar::duration::parse)]
+    batch_time: Duration,
+    #[arg(long)]
+    max_batch_size: u32,
+    #[arg(long, value_parser = ferry_sidecar::duration::parse)]
+    max_wait: Duration,
+    #[arg(long, value_parser = ferry_sidecar::duration::parse)]
+    latency_budget: Duration,
+    /// Workers (concurrent batches) per replica.
+    #[arg(long, default_value_t = 1)]
+    workers: u32,
+    /// Share of requests that must be answered within their deadline.
+    #[arg(long, default_value_t = 0.99)]
+    goal: f64,
+    /// Virtual seconds simulated per replica count.
+    #[arg(long, default_value_t = 120)]
+    seconds: u64,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Parser)]
@@ -59,6 +89,37 @@ fn main() -> ExitCode {
         }
         Some(Command::Rbac) => {
             println!("{:#}", ferry_operator::rbac::to_json());
+            return ExitCode::SUCCESS;
+        }
+        Some(Command::Plan(p)) => {
+            let checks = [
+                (p.rate > 0.0, format!("--rate is {}; it must be more than 0", p.rate)),
+                (p.max_batch_size > 0, "--max-batch-size is 0; it must be at least 1".to_owned()),
+                (p.workers > 0, "--workers is 0; it must be at least 1".to_owned()),
+                (!p.batch_time.is_zero(), "--batch-time is 0s; it must be more than 0".to_owned()),
+                ((0.0..=1.0).contains(&p.goal), format!("--goal is {}; it must be between 0 and 1", p.goal)),
+            ];
+            if let Some((_, message)) = checks.iter().find(|(ok, _)| !ok) {
+                eprintln!("ferry-operator: {message}");
+                return ExitCode::from(2);
+            }
+            let input = PlanInput {
+                rate: p.rate,
+                batch_time: p.batch_time,
+                max_batch_size: p.max_batch_size,
+                max_wait: p.max_wait,
+                latency_budget: p.latency_budget,
+                workers: p.workers,
+                goal: p.goal,
+                seconds: p.seconds,
+                seed: 1,
+            };
+            let result = plan::plan(&input);
+            if p.json {
+                println!("{}", serde_json::to_string_pretty(&result).expect("serializable"));
+            } else {
+                print!("{}", plan::table(&input, &result));
+            }
             return ExitCode::SUCCESS;
         }
         Some(Command::Run(args)) => args,
