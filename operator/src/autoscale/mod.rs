@@ -4,5 +4,6 @@
 //! Not yet here (the autoscaler issue): the collector that scrapes the sidecars, the loop that
 //! patches replicas (as the `ferry-autoscaler` field manager) and the policy simulation.
 
+pub mod collect;
 pub mod decide;
 pub mod plan;

@@ -1,0 +1,259 @@
+//! The collector's arithmetic: a sidecar's `/metrics` (the Prometheus text format, parsed with
+//! `prometheus-parse`) reduced to the few numbers the decision needs, and counters turned into
+//! rates over a sliding window — handling counter resets (a restarted pod starts from zero, as
+//! Prometheus' `rate()` handles them), pods that come and go, and scrapes that fail.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use prometheus_parse::{Scrape, Value};
+use tokio::time::Instant;
+
+use super::decide::Observed;
+
+/// One scrape of one pod.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct PodSample {
+    /// `ferry_requests_total`, all outcomes: every request offered.
+    pub requests: f64,
+    /// `ferry_requests_total{outcome="ok"}`.
+    pub ok: f64,
+    /// `ferry_requests_total{outcome=~"infeasible|expired"}`: deadline pressure.
+    pub pressure: f64,
+    pub queue_depth: f64,
+    /// Seconds.
+    pub oldest_age: f64,
+    /// `ferry_batch_size` count and sum (rows), `ferry_batch_duration_seconds` sum.
+    pub batches: f64,
+    pub batch_rows: f64,
+    pub batch_seconds: f64,
+}
+
+fn value(v: &Value) -> f64 {
+    match v {
+        Value::Counter(x) | Value::Gauge(x) | Value::Untyped(x) => *x,
+        _ => 0.0,
+    }
+}
+
+/// Reads a sidecar's metrics text.
+pub fn parse(text: &str) -> Result<PodSample, String> {
+    let scrape = Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).map_err(|e| e.to_string())?;
+    let mut s = PodSample::default();
+    let mut seen = false;
+    for sample in &scrape.samples {
+        let x = value(&sample.value);
+        match sample.metric.as_str() {
+            "ferry_requests_total" => {
+                seen = true;
+                s.requests += x;
+                match sample.labels.get("outcome") {
+                    Some("ok") => s.ok += x,
+                    Some("infeasible" | "expired") => s.pressure += x,
+                    _ => {}
+                }
+            }
+            "ferry_queue_depth" => s.queue_depth += x,
+            "ferry_queue_oldest_age_seconds" => s.oldest_age = s.oldest_age.max(x),
+            "ferry_batch_size_count" => s.batches += x,
+            "ferry_batch_size_sum" => s.batch_rows += x,
+            "ferry_batch_duration_seconds_sum" => s.batch_seconds += x,
+            _ => {}
+        }
+    }
+    if !seen {
+        return Err("no ferry_requests_total: not a Ferry sidecar".into());
+    }
+    Ok(s)
+}
+
+/// Scrapes one sidecar's metrics (`url`: `http://POD_IP:9090/metrics`).
+pub async fn scrape(client: &reqwest::Client, url: &str) -> Result<PodSample, String> {
+    let response = client.get(url).send().await.map_err(|e| format!("{url}: {e}"))?;
+    if !response.status().is_success() {
+        return Err(format!("{url} answered {}", response.status()));
+    }
+    parse(&response.text().await.map_err(|e| format!("{url}: {e}"))?)
+}
+
+/// How much a counter grew between samples, where a drop means the process restarted and counts
+/// from zero again.
+fn increase(values: impl Iterator<Item = f64>) -> f64 {
+    let mut total = 0.0;
+    let mut last: Option<f64> = None;
+    for v in values {
+        if let Some(prev) = last {
+            total += if v >= prev { v - prev } else { v };
+        }
+        last = Some(v);
+    }
+    total
+}
+
+/// Recent scrapes of one pod.
+#[derive(Debug, Clone, Default)]
+struct Window {
+    samples: VecDeque<(Instant, PodSample)>,
+}
+
+/// Sliding-window rates for every pod of every service.
+#[derive(Debug, Clone)]
+pub struct Collector {
+    span: Duration,
+    pods: HashMap<String, Window>,
+}
+
+impl Collector {
+    /// Rates are taken over the last `span`.
+    pub fn new(span: Duration) -> Self {
+        Collector { span, pods: HashMap::new() }
+    }
+
+    /// Records a scrape of `pod` (its UID) at `at`.
+    pub fn observe(&mut self, pod: &str, at: Instant, sample: PodSample) {
+        let w = self.pods.entry(pod.to_owned()).or_default();
+        w.samples.push_back((at, sample));
+        // Keep one sample older than the span, so the window covers all of it.
+        while w.samples.len() > 2 && w.samples[1].0 + self.span <= at {
+            w.samples.pop_front();
+        }
+    }
+
+    /// Forgets pods that are gone.
+    pub fn retain(&mut self, alive: &[String]) {
+        self.pods.retain(|pod, _| alive.contains(pod));
+    }
+
+    /// What `pods` add up to now. A pod with one scrape only has no rate yet.
+    pub fn observed(&self, pods: &[String]) -> Observed {
+        let (mut requests, mut ok, mut pressure, mut batches, mut rows, mut seconds) = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+        let (mut rate, mut depth, mut oldest) = (0.0, 0.0, 0.0f64);
+        for w in pods.iter().filter_map(|p| self.pods.get(p)) {
+            let Some(&(last_at, last)) = w.samples.back() else { continue };
+            depth += last.queue_depth;
+            oldest = oldest.max(last.oldest_age);
+            let first_at = w.samples.front().map(|(t, _)| *t).unwrap_or(last_at);
+            let grew = |f: fn(&PodSample) -> f64| increase(w.samples.iter().map(|(_, s)| f(s)));
+            let r = grew(|s| s.requests);
+            requests += r;
+            if last_at > first_at {
+                rate += r / (last_at - first_at).as_secs_f64();
+            }
+            ok += grew(|s| s.ok);
+            pressure += grew(|s| s.pressure);
+            batches += grew(|s| s.batches);
+            rows += grew(|s| s.batch_rows);
+            seconds += grew(|s| s.batch_seconds);
+        }
+        let _ = requests;
+        Observed {
+            arrival_rate: rate,
+            rows_per_request: if ok > 0.0 && batches > 0.0 { (rows / ok).max(1.0) } else { 1.0 },
+            batch_time: (batches > 0.0).then(|| Duration::from_secs_f64(seconds / batches)),
+            queue_depth: depth,
+            oldest_queue_age: Duration::from_secs_f64(oldest),
+            pressure: pressure.round() as u64,
+        }
+    }
+
+    /// Mean rows per batch over the window, for `batchFill`.
+    pub fn rows_per_batch(&self, pods: &[String]) -> Option<f64> {
+        let (mut batches, mut rows) = (0.0, 0.0);
+        for w in pods.iter().filter_map(|p| self.pods.get(p)) {
+            batches += increase(w.samples.iter().map(|(_, s)| s.batches));
+            rows += increase(w.samples.iter().map(|(_, s)| s.batch_rows));
+        }
+        (batches > 0.0).then(|| rows / batches)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn sample(requests: f64, ok: f64, pressure: f64, batches: f64, rows: f64) -> PodSample {
+        PodSample {
+            requests,
+            ok,
+            pressure,
+            batches,
+            batch_rows: rows,
+            batch_seconds: batches * 0.1,
+            ..PodSample::default()
+        }
+    }
+
+    #[test]
+    fn counters_become_rates_over_the_window() {
+        let t0 = Instant::now();
+        let mut c = Collector::new(10 * S);
+        for i in 0..=10 {
+            let n = f64::from(i) * 100.0;
+            c.observe("a", t0 + 2 * i * S, sample(n, n, 0.0, n / 10.0, n));
+        }
+        let o = c.observed(&["a".into()]);
+        // 100 requests every 2 s: 50 req/s over the last 10 s (plus one older sample).
+        assert!((o.arrival_rate - 50.0).abs() < 1e-9, "{o:?}");
+        assert_eq!(o.batch_time, Some(Duration::from_millis(100)));
+        assert_eq!(o.rows_per_request, 1.0);
+        assert_eq!(c.rows_per_batch(&["a".into()]), Some(10.0));
+    }
+
+    #[test]
+    fn a_restarted_pod_counts_from_zero_without_a_negative_rate() {
+        let t0 = Instant::now();
+        let mut c = Collector::new(60 * S);
+        c.observe("a", t0, sample(1000.0, 1000.0, 5.0, 100.0, 1000.0));
+        c.observe("a", t0 + 10 * S, sample(1500.0, 1500.0, 5.0, 150.0, 1500.0));
+        c.observe("a", t0 + 20 * S, sample(200.0, 200.0, 2.0, 20.0, 200.0)); // restarted
+        let o = c.observed(&["a".into()]);
+        assert!((o.arrival_rate - 35.0).abs() < 1e-9, "(500 + 200) / 20 s: {o:?}");
+        assert_eq!(o.pressure, 2, "the restarted pod's 2 count; the old 5 were before the window");
+    }
+
+    #[test]
+    fn pods_add_up_and_gone_pods_are_forgotten() {
+        let t0 = Instant::now();
+        let mut c = Collector::new(60 * S);
+        for pod in ["a", "b"] {
+            c.observe(pod, t0, PodSample { queue_depth: 3.0, oldest_age: 0.5, ..sample(0.0, 0.0, 0.0, 0.0, 0.0) });
+            c.observe(
+                pod,
+                t0 + 10 * S,
+                PodSample {
+                    queue_depth: 4.0,
+                    oldest_age: if pod == "a" { 0.2 } else { 0.7 },
+                    ..sample(100.0, 90.0, 10.0, 9.0, 180.0)
+                },
+            );
+        }
+        let both = c.observed(&["a".into(), "b".into()]);
+        assert!((both.arrival_rate - 20.0).abs() < 1e-9);
+        assert_eq!((both.queue_depth, both.pressure), (8.0, 20));
+        assert_eq!(both.oldest_queue_age, Duration::from_millis(700));
+        assert_eq!(both.rows_per_request, 2.0, "180 rows for 90 answered requests");
+        c.retain(&["a".into()]);
+        assert!((c.observed(&["a".into(), "b".into()]).arrival_rate - 10.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_sidecars_exposition_parses() {
+        let text = "# HELP ferry_requests_total x\n# TYPE ferry_requests_total counter\n\
+            ferry_requests_total{model=\"m\",outcome=\"ok\",version=\"1\"} 40\n\
+            ferry_requests_total{model=\"m\",outcome=\"infeasible\",version=\"1\"} 3\n\
+            ferry_requests_total{model=\"m\",outcome=\"expired\",version=\"1\"} 1\n\
+            # TYPE ferry_queue_depth gauge\nferry_queue_depth{model=\"m\",version=\"1\"} 7\n\
+            # TYPE ferry_queue_oldest_age_seconds gauge\nferry_queue_oldest_age_seconds{model=\"m\",version=\"1\"} 0.25\n\
+            # TYPE ferry_batch_size histogram\nferry_batch_size_bucket{model=\"m\",version=\"1\",le=\"+Inf\"} 5\n\
+            ferry_batch_size_sum{model=\"m\",version=\"1\"} 40\nferry_batch_size_count{model=\"m\",version=\"1\"} 5\n\
+            # TYPE ferry_batch_duration_seconds histogram\nferry_batch_duration_seconds_bucket{model=\"m\",version=\"1\",le=\"+Inf\"} 5\n\
+            ferry_batch_duration_seconds_sum{model=\"m\",version=\"1\"} 0.5\nferry_batch_duration_seconds_count{model=\"m\",version=\"1\"} 5\n";
+        let s = parse(text).unwrap();
+        assert_eq!((s.requests, s.ok, s.pressure), (44.0, 40.0, 4.0));
+        assert_eq!((s.queue_depth, s.oldest_age), (7.0, 0.25));
+        assert_eq!((s.batches, s.batch_rows, s.batch_seconds), (5.0, 40.0, 0.5));
+        assert!(parse("up 1\n").unwrap_err().contains("not a Ferry sidecar"));
+    }
+}
