@@ -78,6 +78,12 @@ struct RunArgs {
     /// This replica's identity in the Lease.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// How often the autoscaler scrapes the sidecars and decides.
+    #[arg(long, env = "FERRY_SCALE_INTERVAL", default_value = "2s", value_parser = ferry_sidecar::duration::parse)]
+    scale_interval: Duration,
+    /// The span over which counters become rates.
+    #[arg(long, env = "FERRY_METRICS_WINDOW", default_value = "10s", value_parser = ferry_sidecar::duration::parse)]
+    metrics_window: Duration,
 }
 
 fn main() -> ExitCode {
@@ -136,6 +142,8 @@ fn main() -> ExitCode {
     let options = Options {
         listen: args.listen,
         images: Images { sidecar: args.sidecar_image },
+        scale_interval: args.scale_interval,
+        metrics_window: args.metrics_window,
         lease: args.leader_elect.then(|| {
             (
                 args.lease_namespace.clone(),

@@ -42,6 +42,12 @@ pub const CLUSTER_RULES: &[Rule] = &[
         why: "worker Services: watched as owned objects, server-side applied (apply creates)",
     },
     Rule {
+        api_group: "",
+        resource: "pods",
+        verbs: &["list"],
+        why: "the autoscaler finds the ready worker pods to scrape",
+    },
+    Rule {
         api_group: "events.k8s.io",
         resource: "events",
         verbs: &["create", "patch"],

@@ -137,7 +137,7 @@ async fn apply(isvc: &InferenceService, ctx: &Context) -> Result<Action, Error> 
     let mut applied =
         deployments.patch(&name, &apply, &Patch::Apply(&deployment)).await.map_err(Error::ApplyDeployment)?;
     let created = existing.is_none();
-    let mut desired_replicas = previous.desired_replicas;
+    let mut desired_replicas = None;
     if created {
         let replicas = desired::initial_replicas(&isvc.spec);
         let patch = desired::replicas_patch(isvc, replicas);
@@ -151,13 +151,16 @@ async fn apply(isvc: &InferenceService, ctx: &Context) -> Result<Action, Error> 
 
     let workers = status::observe(&applied, generation, &now);
     let conditions = status::carry_transitions(workers.conditions, &previous.conditions);
-    let patch = json!({"status": {
+    let mut patch = json!({"status": {
         "observedGeneration": generation,
         "replicas": workers.replicas,
         "readyReplicas": workers.ready,
-        "desiredReplicas": desired_replicas,
         "conditions": conditions,
     }});
+    // After the create, desiredReplicas is the autoscaler's to write.
+    if created {
+        patch["status"]["desiredReplicas"] = json!(desired_replicas);
+    }
     isvcs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(Error::PatchStatus)?;
 
     if created {

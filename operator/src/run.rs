@@ -1,5 +1,5 @@
-//! The operator process: metrics and health server, leader election, and the controller, which
-//! starts only once this replica leads and stops the process if leadership is lost (the pod is
+//! The operator process: metrics and health server, leader election, and the controller and the
+//! autoscaler, which start only once this replica leads and stops the process if leadership is lost (the pod is
 //! restarted and becomes a candidate again, as controller-runtime does).
 
 use std::net::SocketAddr;
@@ -17,6 +17,7 @@ use kube::runtime::{watcher, Controller};
 use kube::{Api, Client};
 use tokio::sync::watch;
 
+use crate::autoscale::scale::Autoscaler;
 use crate::desired::Images;
 use crate::lease::{self, LeaseConfig};
 use crate::metrics::OperatorMetrics;
@@ -29,6 +30,9 @@ pub struct Options {
     pub images: Images,
     /// `None`: no leader election (a single replica).
     pub lease: Option<(String, LeaseConfig)>,
+    /// How often the autoscaler scrapes and decides, and the span its rates are taken over.
+    pub scale_interval: Duration,
+    pub metrics_window: Duration,
 }
 
 /// Runs until SIGTERM/SIGINT, or until leadership is lost (an error: the process should restart).
@@ -58,6 +62,9 @@ pub async fn run(
         controller: "ferry-operator".into(),
         instance: options.lease.as_ref().map(|(_, c)| c.identity.clone()),
     };
+    let autoscaler =
+        Autoscaler::new(client.clone(), Recorder::new(client.clone(), reporter.clone()), options.metrics_window);
+    tokio::spawn(autoscaler.run(options.scale_interval));
     let ctx = Arc::new(Context::new(client.clone(), options.images, metrics, Recorder::new(client.clone(), reporter)));
     let controller = Controller::new(Api::<InferenceService>::all(client.clone()), watcher::Config::default())
         .owns(Api::<Deployment>::all(client.clone()), watcher::Config::default())

@@ -1,9 +1,15 @@
-//! Autoscaling: the pure decision of how many worker pods a service needs, and the capacity
-//! planner that checks arithmetic against the sidecar's own dispatch rule in simulation.
+//! Autoscaling: scale worker pods on queue age and deadline pressure, from the sidecars' own
+//! metrics.
 //!
-//! Not yet here (the autoscaler issue): the collector that scrapes the sidecars, the loop that
-//! patches replicas (as the `ferry-autoscaler` field manager) and the policy simulation.
+//! - [`decide`]: the pure decision of how many worker pods a service needs, with its reason.
+//! - [`collect`]: sidecar metrics parsed and turned into windowed rates.
+//! - [`scale`]: the loop that scrapes, decides and patches replicas and status.
+//! - [`plan`]: the capacity planner (arithmetic, then the dispatch rule in simulation).
+//!
+//! Not yet here: the policy simulation that compares this decision with an HPA-style policy,
+//! fixed replicas and an oracle over arrival traces.
 
 pub mod collect;
 pub mod decide;
 pub mod plan;
+pub mod scale;
