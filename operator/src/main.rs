@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use ferry_operator::autoscale::plan::{self, PlanInput};
+use ferry_operator::autoscale::simulate::{self, Scenario, World};
 use ferry_operator::desired::Images;
 use ferry_operator::lease::LeaseConfig;
 use ferry_operator::run::{self, Options};
@@ -29,6 +30,13 @@ enum Command {
     Rbac,
     /// Replicas a load needs: the arithmetic lower bound and the simulated answer.
     Plan(PlanArgs),
+    /// Compare scaling policies on an arrival trace, in a deterministic simulation.
+    Simulate {
+        #[arg(long, value_enum)]
+        scenario: Scenario,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Parser)]
@@ -125,6 +133,16 @@ fn main() -> ExitCode {
                 println!("{}", serde_json::to_string_pretty(&result).expect("serializable"));
             } else {
                 print!("{}", plan::table(&input, &result));
+            }
+            return ExitCode::SUCCESS;
+        }
+        Some(Command::Simulate { scenario, json }) => {
+            let outcomes = simulate::compare(&World::problem_statement(), scenario);
+            if json {
+                let out = serde_json::json!({ "scenario": scenario.name(), "policies": outcomes });
+                println!("{}", serde_json::to_string_pretty(&out).expect("serializable"));
+            } else {
+                print!("{}", simulate::table(scenario, &outcomes));
             }
             return ExitCode::SUCCESS;
         }

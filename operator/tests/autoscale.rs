@@ -71,7 +71,8 @@ fn load(rate: f64) -> Observed {
         batch_time: Some(Duration::from_millis(100)),
         queue_depth: 3.0,
         oldest_queue_age: Duration::from_millis(4),
-        pressure: 0,
+        pressure: 0.0,
+        starting: 0,
     }
 }
 

@@ -57,7 +57,7 @@ async fn rates_and_batch_time_are_read_from_a_real_sidecar() {
     assert_eq!(o.rows_per_request, 2.0);
     let batch = o.batch_time.unwrap();
     assert!(batch >= Duration::from_millis(50) && batch < Duration::from_millis(150), "{batch:?}");
-    assert_eq!((o.queue_depth, o.pressure), (0.0, 0));
+    assert_eq!((o.queue_depth, o.pressure), (0.0, 0.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -145,14 +145,14 @@ impl Collector {
             rows += grew(|s| s.batch_rows);
             seconds += grew(|s| s.batch_seconds);
         }
-        let _ = requests;
         Observed {
             arrival_rate: rate,
             rows_per_request: if ok > 0.0 && batches > 0.0 { (rows / ok).max(1.0) } else { 1.0 },
             batch_time: (batches > 0.0).then(|| Duration::from_secs_f64(seconds / batches)),
             queue_depth: depth,
             oldest_queue_age: Duration::from_secs_f64(oldest),
-            pressure: pressure.round() as u64,
+            pressure: if requests > 0.0 { pressure / requests } else { 0.0 },
+            starting: 0,
         }
     }
 
@@ -210,7 +210,7 @@ mod tests {
         c.observe("a", t0 + 20 * S, sample(200.0, 200.0, 2.0, 20.0, 200.0)); // restarted
         let o = c.observed(&["a".into()]);
         assert!((o.arrival_rate - 35.0).abs() < 1e-9, "(500 + 200) / 20 s: {o:?}");
-        assert_eq!(o.pressure, 2, "the restarted pod's 2 count; the old 5 were before the window");
+        assert_eq!(o.pressure, 2.0 / 700.0, "the restarted pod's 2 count; the old 5 were before the window");
     }
 
     #[test]
@@ -231,7 +231,7 @@ mod tests {
         }
         let both = c.observed(&["a".into(), "b".into()]);
         assert!((both.arrival_rate - 20.0).abs() < 1e-9);
-        assert_eq!((both.queue_depth, both.pressure), (8.0, 20));
+        assert_eq!((both.queue_depth, both.pressure), (8.0, 0.1));
         assert_eq!(both.oldest_queue_age, Duration::from_millis(700));
         assert_eq!(both.rows_per_request, 2.0, "180 rows for 90 answered requests");
         c.retain(&["a".into()]);

@@ -5,11 +5,12 @@
 //! The rules, in order (DESIGN.md, "Autoscaling principle"):
 //! 1. Capacity of one replica at full batches is `workers × maxBatchSize / batchTime` rows/s.
 //! 2. Replicas for the arrival rate at `targetUtilization`.
-//! 3. Plus what drains a backlog whose oldest request waited longer than `maxWait + batchTime`,
-//!    within one latency budget.
+//! 3. Plus what drains, within one latency budget, the part of a backlog (whose oldest request
+//!    waited longer than `maxWait + batchTime`) that the ready replicas cannot.
 //! 4. Plus `warmReplicas` spares.
-//! 5. Deadline pressure (infeasible or expired requests) scales up at once, by at least one,
-//!    and blocks scale-down while it lasts.
+//! 5. Deadline pressure (more than a tolerated share of requests infeasible or expired) scales up
+//!    at once, by at least one — unless pods are already starting, which are the relief on its
+//!    way — and blocks scale-down while it lasts.
 //! 6. Scale-down waits until lower need has lasted `scaleDownDelay`, and happens only if the
 //!    highest need seen over that time fits on N−1 replicas; then it goes to that need.
 //! 7. Pods still starting count as capacity to come (they are in the current replica count).
@@ -31,8 +32,10 @@ pub struct Observed {
     pub queue_depth: f64,
     /// The longest any queued request has waited, over all pods.
     pub oldest_queue_age: Duration,
-    /// Requests refused as infeasible or expired in the window.
-    pub pressure: u64,
+    /// Share of the window's requests refused as infeasible or expired (0 to 1).
+    pub pressure: f64,
+    /// Pods asked for but not ready yet: capacity to come.
+    pub starting: u32,
 }
 
 /// The spec's numbers the decision uses.
@@ -49,6 +52,8 @@ pub struct Target {
     pub max_replicas: u32,
     pub warm_replicas: u32,
     pub scale_down_delay: Duration,
+    /// Deadline pressure counts once more than this share of requests miss (0.01: the 99 % goal).
+    pub pressure_tolerance: f64,
 }
 
 /// What the decision remembers between ticks.
@@ -77,12 +82,16 @@ pub fn decide(observed: &Observed, target: &Target, current: u32, history: &Hist
     let capacity = capacity_per_replica(target, batch_time, observed.rows_per_request);
     let usable = capacity * target.target_utilization;
     let for_rate = (observed.arrival_rate / usable).ceil() as u32;
-    let backlogged = observed.queue_depth > 0.0 && observed.oldest_queue_age > target.max_wait + batch_time;
-    let for_backlog = if backlogged {
-        (observed.queue_depth / (capacity * target.latency_budget.as_secs_f64())).ceil() as u32
-    } else {
-        0
-    };
+    // A backlog is drained by extra replicas only when none are on their way already: pods that
+    // start now arrive long after this backlog has been served or has expired.
+    let backlogged = observed.queue_depth > 0.0
+        && observed.oldest_queue_age > target.max_wait + batch_time
+        && observed.starting == 0;
+    // What the ready replicas cannot drain within one latency budget needs more of them.
+    let budget = target.latency_budget.as_secs_f64();
+    let drained = f64::from(current.saturating_sub(observed.starting)) * capacity * budget;
+    let for_backlog =
+        if backlogged { ((observed.queue_depth - drained).max(0.0) / (capacity * budget)).ceil() as u32 } else { 0 };
     let need = for_rate + for_backlog;
     let bounded = |n: u32| n.clamp(target.min_replicas, target.max_replicas);
     let mut desired = bounded(need + target.warm_replicas);
@@ -99,10 +108,20 @@ pub fn decide(observed: &Observed, target: &Target, current: u32, history: &Hist
     }
     why += &format!(", plus {} warm", target.warm_replicas);
 
-    if observed.pressure > 0 {
+    let pressured = observed.pressure > target.pressure_tolerance;
+    if pressured {
+        let reason = format!("deadline pressure: {:.1} % of requests infeasible or expired", observed.pressure * 100.0);
+        if observed.starting > 0 && desired <= current {
+            let reason =
+                format!("{reason}; holding {current}: {} pods starting are on their way; {why}", observed.starting);
+            return ScaleDecision { replicas: current, reason, history: History::default() };
+        }
         desired = desired.max(bounded(current + 1));
-        let reason = format!("deadline pressure: {} requests infeasible or expired; {why}", observed.pressure);
-        return ScaleDecision { replicas: desired.max(current), reason, history: History::default() };
+        return ScaleDecision {
+            replicas: desired.max(current),
+            reason: format!("{reason}; {why}"),
+            history: History::default(),
+        };
     }
     if desired > current {
         return ScaleDecision { replicas: desired, reason: format!("scale up: {why}"), history: History::default() };
@@ -159,6 +178,7 @@ mod tests {
             max_replicas: 20,
             warm_replicas: 1,
             scale_down_delay: 300 * S,
+            pressure_tolerance: 0.01,
         }
     }
 
@@ -169,7 +189,8 @@ mod tests {
             batch_time: None,
             queue_depth: 0.0,
             oldest_queue_age: Duration::ZERO,
-            pressure: 0,
+            pressure: 0.0,
+            starting: 0,
         }
     }
 
@@ -194,24 +215,47 @@ mod tests {
     fn a_backlog_older_than_max_wait_plus_batch_time_adds_replicas() {
         let now = Instant::now();
         let o = Observed { queue_depth: 640.0, oldest_queue_age: Duration::from_millis(150), ..load(500.0) };
-        // 500 req/s needs 2; 640 queued at 320 req/s within 0.2 s needs 10 more; 1 warm.
+        // 500 req/s needs 2; of 640 queued, 3 ready replicas drain 192 within 0.2 s; the other
+        // 448 at 64 per replica need 7 more; 1 warm.
         let d = decide(&o, &target(), 3, &History::default(), now);
-        assert_eq!(d.replicas, 13);
-        assert!(d.reason.contains("a backlog of 640 (oldest waited 150 ms) needs 10 more"), "{}", d.reason);
+        assert_eq!(d.replicas, 10);
+        assert!(d.reason.contains("a backlog of 640 (oldest waited 150 ms) needs 7 more"), "{}", d.reason);
         // A young queue is normal batching, not a backlog.
-        let young = Observed { oldest_queue_age: Duration::from_millis(50), ..o };
+        let young = Observed { oldest_queue_age: Duration::from_millis(50), ..o.clone() };
         assert_eq!(decide(&young, &target(), 3, &History::default(), now).replicas, 3);
+        // Pods already starting will arrive after this backlog is gone: no extra for it.
+        let coming = Observed { starting: 1, ..o };
+        assert_eq!(decide(&coming, &target(), 3, &History::default(), now).replicas, 3);
     }
 
     #[test]
     fn deadline_pressure_scales_up_at_once_and_blocks_scale_down() {
         let now = Instant::now();
-        let o = Observed { pressure: 12, ..load(100.0) };
+        let o = Observed { pressure: 0.05, ..load(100.0) };
         let d = decide(&o, &target(), 4, &History::default(), now);
         assert_eq!(d.replicas, 5, "at least one more, though the rate alone needs 2");
-        assert!(d.reason.starts_with("deadline pressure: 12 requests infeasible or expired"), "{}", d.reason);
+        assert!(d.reason.starts_with("deadline pressure: 5.0 % of requests infeasible or expired"), "{}", d.reason);
         let held = decide(&o, &target(), 20, &History { lower_since: Some((now - 600 * S, 2)) }, now);
         assert_eq!(held.replicas, 20, "no scale-down (and max bounds the scale-up) under pressure");
+    }
+
+    #[test]
+    fn pressure_waits_for_pods_already_starting_and_ignores_a_tolerated_trickle() {
+        let now = Instant::now();
+        let starting = Observed { pressure: 0.05, starting: 2, ..load(100.0) };
+        let d = decide(&starting, &target(), 4, &History::default(), now);
+        assert_eq!(d.replicas, 4);
+        assert!(d.reason.contains("holding 4: 2 pods starting are on their way"), "{}", d.reason);
+        // The rate alone still scales up past what is starting.
+        assert_eq!(
+            decide(&Observed { pressure: 0.05, starting: 2, ..load(1000.0) }, &target(), 4, &History::default(), now)
+                .replicas,
+            5
+        );
+        // Half a percent refused is within the 99 % goal: no pressure.
+        let trickle = decide(&Observed { pressure: 0.005, ..load(300.0) }, &target(), 3, &History::default(), now);
+        assert_eq!(trickle.replicas, 3);
+        assert!(trickle.reason.starts_with("steady"), "{}", trickle.reason);
     }
 
     #[test]

@@ -5,11 +5,11 @@
 //! - [`collect`]: sidecar metrics parsed and turned into windowed rates.
 //! - [`scale`]: the loop that scrapes, decides and patches replicas and status.
 //! - [`plan`]: the capacity planner (arithmetic, then the dispatch rule in simulation).
-//!
-//! Not yet here: the policy simulation that compares this decision with an HPA-style policy,
-//! fixed replicas and an oracle over arrival traces.
+//! - [`simulate`]: the decision against an HPA-style policy, fixed replicas and an oracle, on
+//!   arrival traces, in virtual time.
 
 pub mod collect;
 pub mod decide;
 pub mod plan;
 pub mod scale;
+pub mod simulate;

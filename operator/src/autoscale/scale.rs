@@ -51,6 +51,7 @@ pub fn target(isvc: &InferenceService) -> Option<Target> {
         max_replicas: s.scaling.max_replicas,
         warm_replicas: s.scaling.warm_replicas,
         scale_down_delay: checked.scale_down_delay,
+        pressure_tolerance: 0.01,
     })
 }
 
@@ -128,7 +129,9 @@ impl Autoscaler {
         let name = isvc.name_any();
         let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), &namespace);
         let Some(deployment) = deployments.get_opt(&name).await? else { return Ok(None) };
-        let current = deployment.spec.and_then(|s| s.replicas).unwrap_or(1).max(0) as u32;
+        let current = deployment.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1).max(0) as u32;
+        let ready = deployment.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0).max(0) as u32;
+        let observed = &Observed { starting: current.saturating_sub(ready), ..observed.clone() };
         let history = self.histories.get(&key(isvc)).cloned().unwrap_or_default();
         let decision = decide(observed, &target, current, &history, now);
         self.histories.insert(key(isvc), decision.history.clone());
