@@ -3,22 +3,16 @@
 
 use std::time::Duration;
 
-use clap::Parser;
 use ferry_load::record::Summary;
 use ferry_load::run::{self, LoadSpec};
 use ferry_load::schedule::Arrivals;
 use ferry_load::{echo, plot, report};
-use ferry_sidecar::config::{Cli, Settings};
-use ferry_sidecar::server::{self, Listeners};
+use ferry_sidecar::server;
 
 async fn sidecar(args: &[&str]) -> String {
-    let argv = ["ferry-sidecar", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]
-        .into_iter()
-        .chain(args.iter().copied());
-    let settings = Settings::resolve(Cli::parse_from(argv)).unwrap();
-    let listeners = Listeners::bind(&settings).await.unwrap();
-    let (api, _) = listeners.addresses().unwrap();
-    tokio::spawn(server::serve(settings, listeners, std::future::pending()));
+    let mut all = vec!["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    let (api, _) = server::spawn(&all).await.unwrap();
     format!("http://{api}/v2/models/m/infer")
 }
 

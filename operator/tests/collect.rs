@@ -3,21 +3,15 @@
 
 use std::time::Duration;
 
-use clap::Parser;
 use ferry_operator::autoscale::collect::{scrape, Collector};
-use ferry_sidecar::config::{Cli, Settings};
-use ferry_sidecar::server::{self, Listeners};
+use ferry_sidecar::server;
 use tokio::time::Instant;
 
 /// A sidecar; returns its infer URL and its metrics URL.
 async fn sidecar(args: &[&str]) -> (String, String) {
-    let argv = ["ferry-sidecar", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]
-        .into_iter()
-        .chain(args.iter().copied());
-    let settings = Settings::resolve(Cli::parse_from(argv)).unwrap();
-    let listeners = Listeners::bind(&settings).await.unwrap();
-    let (api, admin) = listeners.addresses().unwrap();
-    tokio::spawn(server::serve(settings, listeners, std::future::pending()));
+    let mut all = vec!["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    let (api, admin) = server::spawn(&all).await.unwrap();
     (format!("http://{api}/v2/models/m/infer"), format!("http://{admin}/metrics"))
 }
 

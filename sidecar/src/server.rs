@@ -43,6 +43,19 @@ impl Listeners {
     }
 }
 
+/// Starts a sidecar inside this process from command-line style `args` (as the binary takes
+/// them, without the program name), on the current tokio runtime, until the process ends. Returns
+/// the API and admin addresses (bind to `127.0.0.1:0` for free ports). For embedding and tests.
+pub async fn spawn(args: &[&str]) -> Result<(SocketAddr, SocketAddr), Box<dyn std::error::Error>> {
+    use clap::Parser;
+    let cli = crate::config::Cli::try_parse_from(std::iter::once("ferry-sidecar").chain(args.iter().copied()))?;
+    let settings = Settings::resolve(cli)?;
+    let listeners = Listeners::bind(&settings).await?;
+    let addresses = listeners.addresses()?;
+    tokio::spawn(serve(settings, listeners, std::future::pending()));
+    Ok(addresses)
+}
+
 /// Resolves on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C). Shared by both binaries.
 pub async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
