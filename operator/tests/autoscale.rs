@@ -120,3 +120,74 @@ async fn nothing_is_scaled_before_the_reconciler_made_the_deployment() {
     expect(&mut api, "GET", DEPLOYMENT, "", 404, Some(missing)).await;
     assert!(run.await.unwrap().unwrap().is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_scrapes_the_ready_pods_of_each_service_and_scales_it() {
+    // A real sidecar stands in for the service's one ready pod, at 127.0.0.1.
+    let (api_addr, admin) = ferry_sidecar::server::spawn(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--model",
+        "quick",
+        "--sim-batch-time",
+        "5ms",
+    ])
+    .await
+    .unwrap();
+    let http = reqwest::Client::new();
+    let body = json!({"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]});
+    for _ in 0..5 {
+        let r = http.post(format!("http://{api_addr}/v2/models/quick/infer")).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let (mut scaler, mut api) = setup();
+    scaler.metrics_port = admin.port();
+    let stored = serde_json::to_value(isvc()).unwrap();
+    let list =
+        |items: Vec<Value>, kind: &str| json!({"apiVersion": "v1", "kind": kind, "metadata": {}, "items": items});
+    let pod = |name: &str, uid: &str, ready: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": "ml", "uid": uid, "labels": {"ferry.dev/inference-service": "quick"}},
+               "status": {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": ready}]}})
+    };
+    let t0 = Instant::now();
+    let pods = list(vec![pod("quick-a", "uid-a", "True"), pod("quick-b", "uid-b", "False")], "PodList");
+    let isvcs = list(vec![stored.clone()], "InferenceServiceList");
+    let mut statuses = Vec::new();
+    for round in 0..2u32 {
+        if round == 1 {
+            for _ in 0..5 {
+                let r = http.post(format!("http://{api_addr}/v2/models/quick/infer")).json(&body).send().await.unwrap();
+                assert_eq!(r.status(), 200);
+            }
+        }
+        let run = tokio::spawn(async move {
+            scaler.tick(t0 + Duration::from_secs(2 * u64::from(round))).await.unwrap();
+            scaler
+        });
+        expect(&mut api, "GET", "/apis/ferry.dev/v1alpha1/inferenceservices", "", 200, Some(isvcs.clone())).await;
+        expect(&mut api, "GET", "/api/v1/pods", "labelSelector=ferry.dev%2Finference-service", 200, Some(pods.clone()))
+            .await;
+        expect(&mut api, "GET", DEPLOYMENT, "", 200, Some(deployment(1))).await;
+        if round == 1 {
+            // Traffic now: 1 replica for the rate plus the warm spare.
+            let patch =
+                expect(&mut api, "PATCH", DEPLOYMENT, "fieldManager=ferry-autoscaler", 200, Some(deployment(2))).await;
+            assert_eq!(patch["spec"]["replicas"], 2);
+        }
+        statuses.push(expect(&mut api, "PATCH", STATUS, "", 200, Some(stored.clone())).await);
+        if round == 1 {
+            expect(&mut api, "POST", EVENTS, "", 201, None).await;
+        }
+        scaler = run.await.unwrap();
+    }
+    // One scrape has no rate yet; the second sees the 5 requests of the 2 s between the ticks,
+    // from the one ready pod (the unready one is not scraped).
+    assert_eq!(statuses[0]["status"]["arrivalRate"], 0.0);
+    assert_eq!(statuses[1]["status"]["arrivalRate"], 2.5);
+    assert!(statuses[1]["status"]["batchFill"].as_f64().unwrap() > 0.0);
+    assert_eq!(statuses[0]["status"]["desiredReplicas"], 1, "no load: the minimum (warm spare included)");
+    assert_eq!(statuses[1]["status"]["desiredReplicas"], 2);
+}
