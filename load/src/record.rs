@@ -137,12 +137,15 @@ impl Summary {
             batch_fill: max_batch_size.filter(|_| batches > 0).map(|cap| rows as f64 / batches as f64 / f64::from(cap)),
             per_second: per_second
                 .into_iter()
-                .map(|(second, (sent, ok, h))| Second {
-                    second,
-                    sent,
-                    ok,
-                    p50_ms: percentiles(&h).map_or(0.0, |p| p.p50),
-                    p99_ms: percentiles(&h).map_or(0.0, |p| p.p99),
+                .map(|(second, (sent, ok, h))| {
+                    let p = percentiles(&h);
+                    Second {
+                        second,
+                        sent,
+                        ok,
+                        p50_ms: p.as_ref().map_or(0.0, |p| p.p50),
+                        p99_ms: p.as_ref().map_or(0.0, |p| p.p99),
+                    }
                 })
                 .collect(),
         }

@@ -137,12 +137,16 @@ impl Tensor {
         if parts.iter().any(|t| t.datatype != first.datatype || t.inner() != first.inner()) {
             return None;
         }
-        let data = match &first.data {
-            TensorData::Bool(_) => TensorData::Bool(parts.iter().flat_map(|t| bools(&t.data)).collect()),
-            TensorData::Int(_) => TensorData::Int(parts.iter().flat_map(|t| ints(&t.data)).collect()),
-            TensorData::Float(_) => TensorData::Float(parts.iter().flat_map(|t| floats(&t.data)).collect()),
-            TensorData::Bytes(_) => TensorData::Bytes(parts.iter().flat_map(|t| strings(&t.data)).collect()),
-        };
+        let mut data = first.data.clone();
+        for t in &parts[1..] {
+            match (&mut data, &t.data) {
+                (TensorData::Bool(all), TensorData::Bool(more)) => all.extend_from_slice(more),
+                (TensorData::Int(all), TensorData::Int(more)) => all.extend_from_slice(more),
+                (TensorData::Float(all), TensorData::Float(more)) => all.extend_from_slice(more),
+                (TensorData::Bytes(all), TensorData::Bytes(more)) => all.extend_from_slice(more),
+                _ => return None,
+            }
+        }
         let mut shape = vec![parts.iter().map(|t| t.rows()).sum()];
         shape.extend_from_slice(first.inner());
         Some(Tensor { name: first.name.clone(), datatype: first.datatype, shape, data })
@@ -171,35 +175,6 @@ impl Tensor {
             out.push(Tensor { name: self.name.clone(), datatype: self.datatype, shape, data });
         }
         Some(out)
-    }
-}
-
-fn bools(d: &TensorData) -> Vec<bool> {
-    if let TensorData::Bool(v) = d {
-        v.clone()
-    } else {
-        Vec::new()
-    }
-}
-fn ints(d: &TensorData) -> Vec<i128> {
-    if let TensorData::Int(v) = d {
-        v.clone()
-    } else {
-        Vec::new()
-    }
-}
-fn floats(d: &TensorData) -> Vec<f64> {
-    if let TensorData::Float(v) = d {
-        v.clone()
-    } else {
-        Vec::new()
-    }
-}
-fn strings(d: &TensorData) -> Vec<String> {
-    if let TensorData::Bytes(v) = d {
-        v.clone()
-    } else {
-        Vec::new()
     }
 }
 
