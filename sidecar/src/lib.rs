@@ -28,6 +28,7 @@ pub mod batcher;
 pub mod config;
 pub mod deadline;
 pub mod duration;
+pub mod embed;
 pub mod engine;
 pub mod estimate;
 pub mod front;
