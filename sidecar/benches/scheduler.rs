@@ -9,7 +9,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use ferry_sidecar::estimate::Estimator;
 use ferry_sidecar::scheduler::{Policy, Scheduler};
-use ferry_sidecar::ticket::{Priority, Ticket};
+use ferry_sidecar::ticket::{Priority, Ticket, Tokens};
 use tokio::time::Instant;
 
 const QUEUED: u64 = 10_000;
@@ -23,6 +23,7 @@ fn ticket(id: u64, t0: Instant) -> Ticket {
         rows: 1 + (id % 4) as u32,
         bytes: 256,
         priority: if id.is_multiple_of(10) { Priority::Batch } else { Priority::Interactive },
+        tokens: Tokens::default(),
     }
 }
 

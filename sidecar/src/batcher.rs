@@ -30,13 +30,15 @@ use crate::outcome::{Outcome, Refusal};
 use crate::recovery::{self, Member, Recovery};
 use crate::scheduler::Scheduler;
 use crate::tensor::Tensor;
-use crate::ticket::{Priority, RequestId, Ticket};
+use crate::ticket::{Priority, RequestId, Ticket, Tokens};
 
 /// A request for the batcher: its payload and what admission needs to know.
 #[derive(Debug)]
 pub struct Submission {
     pub inputs: Vec<Tensor>,
     pub rows: u32,
+    /// What the engine said the rows weigh in tokens ([`crate::engine::Engine::check`]).
+    pub tokens: Tokens,
     pub bytes: u64,
     pub priority: Priority,
     pub arrival: Instant,
@@ -342,8 +344,15 @@ impl Task {
 
     fn admit(&mut self, id: RequestId, s: Submission, reply: oneshot::Sender<Delivery>) {
         let now = Instant::now();
-        let ticket =
-            Ticket { id, arrival: s.arrival, deadline: s.deadline, rows: s.rows, bytes: s.bytes, priority: s.priority };
+        let ticket = Ticket {
+            id,
+            arrival: s.arrival,
+            deadline: s.deadline,
+            rows: s.rows,
+            bytes: s.bytes,
+            priority: s.priority,
+            tokens: s.tokens,
+        };
         match self.scheduler.admit(ticket, now) {
             Ok(()) => {
                 let waiter = Waiter {
@@ -450,7 +459,7 @@ impl Task {
                 if let Some(w) = self.waiters.remove(&ticket.id) {
                     let message = format!(
                         "deadline cannot be met any more: a batch leaving now would end in {} ms, the deadline is in {} ms",
-                        self.scheduler.estimate(batch.rows).as_millis(),
+                        self.scheduler.estimate(batch.shape).as_millis(),
                         ticket.deadline.saturating_duration_since(now).as_millis()
                     );
                     self.reply(w.reply, Err(Refusal::new(Outcome::Expired, message)), &ticket, now);
@@ -481,7 +490,7 @@ impl Task {
                 members.push((ticket.id, w.attempts));
             }
             self.metrics.batch_size.observe(f64::from(batch.rows));
-            let expected = self.scheduler.estimate(batch.rows);
+            let expected = self.scheduler.estimate(batch.shape);
             let watchdog = now + expected.mul_f64(self.retry.watchdog_factor) + self.retry.watchdog_grace;
             self.watchdogs.insert((watchdog, seq));
             self.running.insert(

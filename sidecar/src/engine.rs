@@ -15,6 +15,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::tensor::Tensor;
+pub use crate::ticket::Tokens;
 
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -54,8 +55,9 @@ pub trait Engine: Send + Sync + 'static {
     }
 
     /// Engine-specific checks of one request's inputs (names, datatypes, inner dimensions),
-    /// beyond the protocol's own. The message becomes a 400 body.
-    fn check(&self, inputs: &[Tensor]) -> Result<(), String>;
+    /// beyond the protocol's own, and what its rows weigh in tokens when the engine's batch time
+    /// depends on them (admission prices the request with it). The message becomes a 400 body.
+    fn check(&self, inputs: &[Tensor]) -> Result<Tokens, String>;
 
     /// Runs one batch. Its future must not borrow the engine: it may outlive the caller's turn.
     fn infer(&self, batch: Vec<Inputs>) -> BoxFuture<Result<BatchOutputs, EngineError>>;

@@ -466,10 +466,10 @@ async fn admit_and_wait(
         )));
     }
     let (inputs, rows) = parse_inputs(request.inputs, served.max_rows)?;
-    served.engine.check(&inputs).map_err(Refusal::invalid)?;
+    let tokens = served.engine.check(&inputs).map_err(Refusal::invalid)?;
 
     let submission =
-        Submission { inputs, rows, bytes: bytes.len() as u64, priority, arrival, deadline: arrival + timeout };
+        Submission { inputs, rows, tokens, bytes: bytes.len() as u64, priority, arrival, deadline: arrival + timeout };
     let answer = served.batcher.submit(submission).reply().await?;
 
     let mut outputs = answer.outputs;

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::outcome::Outcome;
 use crate::scheduler::{Scheduler, Trigger};
-use crate::ticket::{Priority, RequestId, Ticket};
+use crate::ticket::{Priority, RequestId, Ticket, Tokens};
 
 /// One request of a trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +143,7 @@ pub fn replay(mut scheduler: Scheduler, engine: impl Fn(u32) -> Duration, arriva
                 rows: a.rows,
                 bytes: a.bytes,
                 priority: a.priority,
+                tokens: Tokens::default(),
             };
             if let Err(refusal) = scheduler.admit(ticket, now) {
                 trace.fates[i] = Some(Fate::Refused { at: since(now), outcome: refusal.outcome });

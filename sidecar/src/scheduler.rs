@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::estimate::Estimator;
+use crate::estimate::{Estimator, Shape};
 use crate::outcome::{Outcome, Refusal};
 use crate::queue::Queue;
 use crate::ticket::{Priority, RequestId, Ticket};
@@ -73,6 +73,8 @@ pub struct Batch {
     pub trigger: Trigger,
     pub dispatched_at: Instant,
     pub rows: u32,
+    /// Rows and tokens of the tickets that ride, as the estimator priced them.
+    pub shape: Shape,
     pub tickets: Vec<Ticket>,
     /// Tickets that were due to ride but can no longer finish before their deadline; they are
     /// taken out of the queue and must be answered as expired rather than run.
@@ -84,7 +86,7 @@ pub struct Batch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Worker {
     Idle,
-    Busy { since: Instant, rows: u32, expected_end: Instant },
+    Busy { since: Instant, shape: Shape, expected_end: Instant },
 }
 
 #[derive(Debug, Clone)]
@@ -97,11 +99,11 @@ pub struct Scheduler {
     estimator: Estimator,
 }
 
-/// The batch that would leave now: which tickets, their rows, and whether it is full.
+/// The batch that would leave now: which tickets, its shape, and whether it is full.
 #[derive(Debug, Clone)]
 struct Plan {
     ids: Vec<RequestId>,
-    rows: u32,
+    shape: Shape,
     full: bool,
 }
 
@@ -210,7 +212,7 @@ impl Scheduler {
         if now >= wait_over {
             return Next::Dispatch(Trigger::MaxWait);
         }
-        let must_leave = self.latest_start(plan.rows).unwrap_or(now);
+        let must_leave = self.latest_start(plan.shape).unwrap_or(now);
         if now >= must_leave {
             return Next::Dispatch(Trigger::Deadline);
         }
@@ -240,22 +242,22 @@ impl Scheduler {
             let plan = self.plan();
             (plan.ids.into_iter().filter_map(|id| self.queue.remove(id)).collect(), None)
         };
-        let planned_rows = chosen.iter().map(|t| t.rows).sum();
-        let finish = now + self.estimator.estimate(planned_rows);
+        let planned: Shape = chosen.iter().map(Ticket::shape).sum();
+        let finish = now + self.estimator.estimate(planned);
         let (tickets, doomed): (Vec<Ticket>, Vec<Ticket>) = chosen.into_iter().partition(|t| t.deadline >= finish);
-        let rows = tickets.iter().map(|t| t.rows).sum();
+        let shape: Shape = tickets.iter().map(Ticket::shape).sum();
         if !tickets.is_empty() {
-            let expected_end = now + self.estimator.estimate(rows);
-            self.workers[worker] = Worker::Busy { since: now, rows, expected_end };
+            let expected_end = now + self.estimator.estimate(shape);
+            self.workers[worker] = Worker::Busy { since: now, shape, expected_end };
         }
-        Some(Batch { worker, trigger, dispatched_at: now, rows, tickets, doomed, probe })
+        Some(Batch { worker, trigger, dispatched_at: now, rows: shape.rows, shape, tickets, doomed, probe })
     }
 
     /// A worker finished its batch (successfully or not): it is idle again, and its measured time
     /// teaches the estimator.
     pub fn finish(&mut self, worker: usize, now: Instant) {
-        if let Worker::Busy { since, rows, .. } = self.workers[worker] {
-            self.estimator.observe(rows, now - since);
+        if let Worker::Busy { since, shape, .. } = self.workers[worker] {
+            self.estimator.observe(shape, now - since);
         }
         self.workers[worker] = Worker::Idle;
     }
@@ -267,8 +269,8 @@ impl Scheduler {
         self.workers[worker] = Worker::Idle;
     }
 
-    pub fn estimate(&self, rows: u32) -> Duration {
-        self.estimator.estimate(rows)
+    pub fn estimate(&self, shape: Shape) -> Duration {
+        self.estimator.estimate(shape)
     }
 
     /// Requests waiting for a worker: the queue and the probes.
@@ -300,36 +302,36 @@ impl Scheduler {
     /// seat on a departing batch is capacity that expires.
     fn plan(&self) -> Plan {
         let cap = self.policy.max_batch_rows;
-        let mut plan = Plan { ids: Vec::new(), rows: 0, full: false };
+        let mut plan = Plan { ids: Vec::new(), shape: Shape::default(), full: false };
         for ticket in self.queue.iter_priority(Priority::Interactive) {
-            if plan.rows + ticket.rows > cap {
+            if plan.shape.rows + ticket.rows > cap {
                 plan.full = true;
                 return plan;
             }
-            plan.rows += ticket.rows;
+            plan.shape = plan.shape.join(ticket.shape());
             plan.ids.push(ticket.id);
         }
         let mut skipped = 0;
         for ticket in self.queue.iter_priority(Priority::Batch) {
-            if plan.rows == cap || skipped > FILL_LOOKAHEAD {
+            if plan.shape.rows == cap || skipped > FILL_LOOKAHEAD {
                 break;
             }
-            if plan.rows + ticket.rows > cap {
+            if plan.shape.rows + ticket.rows > cap {
                 skipped += 1;
                 continue;
             }
-            plan.rows += ticket.rows;
+            plan.shape = plan.shape.join(ticket.shape());
             plan.ids.push(ticket.id);
         }
-        plan.full = plan.rows == cap;
+        plan.full = plan.shape.rows == cap;
         plan
     }
 
-    /// The last instant a batch of `rows` rows can start and still meet every queued deadline
+    /// The last instant a batch of this shape can start and still meet every queued deadline
     /// (less the safety margin). `None` when that instant is before the clock's origin.
-    fn latest_start(&self, rows: u32) -> Option<Instant> {
+    fn latest_start(&self, shape: Shape) -> Option<Instant> {
         let earliest = self.queue.earliest_deadline()?;
-        earliest.checked_sub(self.policy.deadline_margin + self.estimator.estimate(rows))
+        earliest.checked_sub(self.policy.deadline_margin + self.estimator.estimate(shape))
     }
 
     /// Roughly how long until the queue ahead has drained, for `Retry-After`.

@@ -2,6 +2,8 @@
 
 use tokio::time::Instant;
 
+use crate::estimate::Shape;
+
 /// Sidecar-internal request number, assigned at arrival in increasing order (so it also breaks
 /// ties in arrival order).
 pub type RequestId = u64;
@@ -40,4 +42,21 @@ pub struct Ticket {
     /// Payload size, counted against `--max-queue-bytes`.
     pub bytes: u64,
     pub priority: Priority,
+    /// Tokens of its rows, for engines whose batch time grows with sequence length (else zero).
+    pub tokens: Tokens,
+}
+
+/// What a request's rows weigh in tokens: an engine that pads a batch to its longest row pays
+/// for `rows × longest`, one that packs pays for `total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tokens {
+    pub total: u32,
+    pub longest: u32,
+}
+
+impl Ticket {
+    /// The ticket's share of a batch's shape.
+    pub fn shape(&self) -> Shape {
+        Shape { rows: self.rows, tokens: self.tokens.total, longest: self.tokens.longest }
+    }
 }

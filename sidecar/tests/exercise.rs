@@ -11,7 +11,7 @@ use ferry_sidecar::metrics::{Metrics, ModelMetrics};
 use ferry_sidecar::outcome::Outcome;
 use ferry_sidecar::scheduler::{Policy, Scheduler};
 use ferry_sidecar::tensor::{DataType, Tensor, TensorData};
-use ferry_sidecar::ticket::Priority;
+use ferry_sidecar::ticket::{Priority, Tokens};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, Instant};
 
@@ -76,6 +76,7 @@ impl Service {
                     data: TensorData::Float(data),
                 }],
                 rows,
+                tokens: Tokens::default(),
                 bytes: 100,
                 priority: Priority::Interactive,
                 arrival: now,

@@ -13,7 +13,7 @@ use ferry_sidecar::metrics::{Metrics, ModelMetrics};
 use ferry_sidecar::outcome::Outcome;
 use ferry_sidecar::scheduler::{Policy, Scheduler};
 use ferry_sidecar::tensor::{DataType, Tensor, TensorData};
-use ferry_sidecar::ticket::Priority;
+use ferry_sidecar::ticket::{Priority, Tokens};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, Instant};
 
@@ -53,8 +53,8 @@ impl Engine for Scripted {
         self.sim.signature()
     }
 
-    fn check(&self, _: &[Tensor]) -> Result<(), String> {
-        Ok(())
+    fn check(&self, _: &[Tensor]) -> Result<Tokens, String> {
+        Ok(Tokens::default())
     }
 
     fn infer(&self, batch: Vec<Inputs>) -> BoxFuture<Result<BatchOutputs, EngineError>> {
@@ -119,6 +119,7 @@ impl Service {
             let submission = Submission {
                 inputs,
                 rows: 1,
+                tokens: Tokens::default(),
                 bytes: 10,
                 priority: Priority::Interactive,
                 arrival: now,

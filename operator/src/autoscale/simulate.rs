@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use ferry_sidecar::estimate::Estimator;
 use ferry_sidecar::scheduler::{Policy, Scheduler};
-use ferry_sidecar::ticket::{Priority, Ticket};
+use ferry_sidecar::ticket::{Priority, Ticket, Tokens};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -293,6 +293,7 @@ pub fn run(world: &World, scenario: Scenario, policy: PolicyKind) -> Outcome {
                     rows: 1,
                     bytes: 1,
                     priority: Priority::Interactive,
+                    tokens: Tokens::default(),
                 };
                 if pod.scheduler.admit(ticket, now).is_err() {
                     c.refused += 1;

@@ -114,7 +114,10 @@ fn run(cli: Cli) -> Result<(), String> {
             let m = load(&model, model.device)?;
             for &b in &batch {
                 let per_second = bench(&m, b, rounds, round_time)?;
-                println!("{}", json!({ "engine": "ferry", "device": m.device().to_string(), "batch": b, "embeddings_per_second": per_second }));
+                println!(
+                    "{}",
+                    json!({ "engine": "ferry", "device": m.device().to_string(), "batch": b, "embeddings_per_second": per_second })
+                );
             }
         }
         Command::Compare { model, batch, min_cosine } => {
@@ -130,9 +133,8 @@ fn run(cli: Cli) -> Result<(), String> {
                     .map(|(x, y)| cosine(x, y))
                     .fold(f64::INFINITY, f64::min);
                 worst = worst.min(least);
-                let time = |m: &Model| -> Result<f64, String> {
-                    Ok(b as f64 / bench(m, b, 3, Duration::from_millis(300))?)
-                };
+                let time =
+                    |m: &Model| -> Result<f64, String> { Ok(b as f64 / bench(m, b, 3, Duration::from_millis(300))?) };
                 let (td, tc) = (time(&device)?, time(&cpu)?);
                 println!(
                     "{}",

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{BatchOutputs, BoxFuture, Engine, EngineError, Inputs, Signature, TensorSpec};
+use super::{BatchOutputs, BoxFuture, Engine, EngineError, Inputs, Signature, TensorSpec, Tokens};
 use crate::tensor::{parse_tensor, RawTensor, Tensor};
 
 #[derive(Debug)]
@@ -76,7 +76,7 @@ impl Engine for RemoteEngine {
     }
 
     /// Every declared input present, with its datatype and the fixed inner dimensions.
-    fn check(&self, inputs: &[Tensor]) -> Result<(), String> {
+    fn check(&self, inputs: &[Tensor]) -> Result<Tokens, String> {
         let sig = self.signature();
         for input in inputs {
             let Some(spec) = sig.inputs.iter().find(|s| s.name == input.name) else {
@@ -110,7 +110,7 @@ impl Engine for RemoteEngine {
         if let Some(missing) = sig.inputs.iter().find(|s| !inputs.iter().any(|i| i.name == s.name)) {
             return Err(format!("input '{}' of model '{}' is missing", missing.name, self.model));
         }
-        Ok(())
+        Ok(Tokens::default())
     }
 
     fn infer(&self, batch: Vec<Inputs>) -> BoxFuture<Result<BatchOutputs, EngineError>> {

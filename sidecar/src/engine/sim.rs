@@ -14,7 +14,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{BatchOutputs, BoxFuture, Engine, EngineError, Inputs, Signature, TensorSpec};
+use super::{BatchOutputs, BoxFuture, Engine, EngineError, Inputs, Signature, TensorSpec, Tokens};
 use crate::tensor::{DataType, Tensor, TensorData};
 
 #[derive(Debug)]
@@ -70,8 +70,8 @@ impl Engine for SimEngine {
     }
 
     /// The sim engine takes any tensor: its signature shows the typical one.
-    fn check(&self, _inputs: &[Tensor]) -> Result<(), String> {
-        Ok(())
+    fn check(&self, _inputs: &[Tensor]) -> Result<Tokens, String> {
+        Ok(Tokens::default())
     }
 
     fn infer(&self, batch: Vec<Inputs>) -> BoxFuture<Result<BatchOutputs, EngineError>> {

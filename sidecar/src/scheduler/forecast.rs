@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use super::{Scheduler, Worker};
 use crate::outcome::{Outcome, Refusal};
+use crate::estimate::Shape;
 use crate::ticket::Ticket;
 
 /// Refuses `new` when it cannot finish before its deadline, or when admitting it would push an
@@ -82,16 +83,16 @@ fn completions(s: &Scheduler, tickets: &[&Ticket], now: Instant) -> Vec<Instant>
     let mut out = Vec::with_capacity(tickets.len());
     let mut i = 0;
     while i < tickets.len() {
-        let (mut j, mut rows) = (i, 0u32);
+        let (mut j, mut shape) = (i, Shape::default());
         let (mut oldest, mut earliest_deadline) = (tickets[i].arrival, tickets[i].deadline);
-        while j < tickets.len() && (j == i || rows + tickets[j].rows <= policy.max_batch_rows) {
-            rows += tickets[j].rows;
+        while j < tickets.len() && (j == i || shape.rows + tickets[j].rows <= policy.max_batch_rows) {
+            shape = shape.join(tickets[j].shape());
             oldest = oldest.min(tickets[j].arrival);
             earliest_deadline = earliest_deadline.min(tickets[j].deadline);
             j += 1;
         }
-        let full = j < tickets.len() || rows >= policy.max_batch_rows;
-        let took = s.estimator.estimate(rows);
+        let full = j < tickets.len() || shape.rows >= policy.max_batch_rows;
+        let took = s.estimator.estimate(shape);
         let leaves = if full {
             now
         } else {

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::replay::{replay, Arrival, Fate};
-use crate::ticket::Priority;
+use crate::ticket::{Priority, Tokens};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -193,6 +193,7 @@ fn admission_never_breaks_an_earlier_promise() {
         rows: 1,
         bytes: 1,
         priority: Priority::Interactive,
+        tokens: Tokens::default(),
     };
     s.admit(ticket(0, 0, 500), t0).unwrap();
     assert!(s.take(t0).is_some()); // running 0..100
@@ -217,6 +218,7 @@ fn the_queue_is_bounded_by_count_and_by_bytes() {
         rows: 1,
         bytes,
         priority: Priority::Interactive,
+        tokens: Tokens::default(),
     };
     s.admit(ticket(0, 60), t0).unwrap();
     let by_bytes = s.admit(ticket(1, 41), t0).unwrap_err();
@@ -255,7 +257,15 @@ fn next_names_the_timer_it_waits_for() {
     let mut s = exercise(1);
     let t0 = Instant::now();
     assert_eq!(s.next(t0), Next::Empty);
-    let t = Ticket { id: 0, arrival: t0, deadline: t0 + ms(200), rows: 1, bytes: 1, priority: Priority::Interactive };
+    let t = Ticket {
+        id: 0,
+        arrival: t0,
+        deadline: t0 + ms(200),
+        rows: 1,
+        bytes: 1,
+        priority: Priority::Interactive,
+        tokens: Tokens::default(),
+    };
     s.admit(t, t0).unwrap();
     assert_eq!(s.next(t0), Next::At(t0 + 10 * MS));
     assert_eq!(s.next_wake(t0), Some(t0 + 10 * MS));
