@@ -10,6 +10,7 @@ use clap::Parser;
 use serde::Deserialize;
 
 use crate::batcher::RetryPolicy;
+use crate::embed::{Device, Overflow};
 use crate::engine::sim::Faults;
 use crate::{duration, idempotency};
 
@@ -111,6 +112,10 @@ pub struct Cli {
     /// `auto`, `cpu` or `cuda[:N]` (cuda engine). [default: auto]
     #[arg(long, env = "FERRY_DEVICE")]
     pub device: Option<String>,
+    /// Inputs longer than the model takes: `truncate` (keep the first tokens) or `refuse` (400)
+    /// (cuda engine). [default: truncate]
+    #[arg(long, env = "FERRY_LONG_INPUTS")]
+    pub long_inputs: Option<String>,
 }
 
 /// The engine to run, with its settings.
@@ -125,6 +130,12 @@ pub enum EngineSettings {
     Remote {
         upstream: String,
         batch_time_estimate: Duration,
+    },
+    /// The local sentence-embedding model in `source`, on `device`.
+    Cuda {
+        source: PathBuf,
+        device: Device,
+        long_inputs: Overflow,
     },
 }
 
@@ -267,16 +278,33 @@ impl Settings {
                 },
                 "remote" => EngineSettings::Remote {
                     upstream: cli.upstream.clone().ok_or_else(|| {
-                        ConfigError("--upstream is required when --engine is remote (the inference server's URL)".into())
+                        ConfigError(
+                            "--upstream is required when --engine is remote (the inference server's URL)".into(),
+                        )
                     })?,
                     batch_time_estimate: cli.batch_time_estimate.unwrap_or(100 * MS),
                 },
-                "cuda" => {
-                    return Err(ConfigError(
-                        "spec.engine.kind (--engine) is 'cuda'; this build of ferry-sidecar has the 'sim' and 'remote' engines"
-                            .into(),
-                    ))
-                }
+                "cuda" => EngineSettings::Cuda {
+                    source: cli.model_source.clone().or(model.source.clone()).ok_or_else(|| {
+                        ConfigError(
+                            "--model-source (spec.model.source) is required when --engine is cuda: the directory \
+                             with config.json, model.safetensors and tokenizer.json"
+                                .into(),
+                        )
+                    })?,
+                    device: match cli.device.as_deref() {
+                        None => Device::Auto,
+                        Some(text) => Device::parse(text).ok_or_else(|| {
+                            ConfigError(format!("--device is '{text}'; it must be auto, cpu, cuda or cuda:N"))
+                        })?,
+                    },
+                    long_inputs: match cli.long_inputs.as_deref() {
+                        None => Overflow::Truncate,
+                        Some(text) => Overflow::parse(text).ok_or_else(|| {
+                            ConfigError(format!("--long-inputs is '{text}'; it must be truncate or refuse"))
+                        })?,
+                    },
+                },
                 other => {
                     return Err(ConfigError(format!(
                         "spec.engine.kind (--engine) is '{other}'; it must be one of sim, cuda, remote"
@@ -284,7 +312,6 @@ impl Settings {
                 }
             },
         };
-        let _ = (model.source, cli.model_source, cli.device);
         s.check()?;
         Ok(s)
     }

@@ -1,10 +1,11 @@
 //! What runs a batch. The batcher hands an engine the inputs of every request in a batch, in
 //! order, and gets back the outputs of each, in the same order.
 //!
-//! Engines: [`sim`] (a batch takes a configured time; outputs prove that rows were not mixed up)
-//! and [`remote`] (an Open Inference Protocol server beside the sidecar). The CUDA engine will
-//! implement the same trait.
+//! Engines: [`sim`] (a batch takes a configured time; outputs prove that rows were not mixed up),
+//! [`remote`] (an Open Inference Protocol server beside the sidecar) and [`embedding`] (the local
+//! model, kind `cuda`: sentence embeddings on a GPU, or on the CPU with the same weights).
 
+pub mod embedding;
 pub mod remote;
 pub mod sim;
 

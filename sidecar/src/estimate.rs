@@ -40,7 +40,11 @@ impl Shape {
 
     /// The shape of `self` and `other` in one batch.
     pub fn join(self, other: Shape) -> Shape {
-        Shape { rows: self.rows + other.rows, tokens: self.tokens + other.tokens, longest: self.longest.max(other.longest) }
+        Shape {
+            rows: self.rows + other.rows,
+            tokens: self.tokens + other.tokens,
+            longest: self.longest.max(other.longest),
+        }
     }
 
     fn features(self) -> [f64; 4] {
@@ -254,7 +258,12 @@ mod tests {
         }
         for s in [Shape { rows: 64, tokens: 4000, longest: 200 }, Shape { rows: 1, tokens: 5, longest: 5 }] {
             let (want, got) = (truth(s).as_secs_f64(), e.estimate(s).as_secs_f64());
-            assert!((got - want).abs() / want < 0.05, "{s:?}: estimated {got:.6} s, truly {want:.6} s; fit {:?}, correction {}", e.fit, e.correction_ns);
+            assert!(
+                (got - want).abs() / want < 0.05,
+                "{s:?}: estimated {got:.6} s, truly {want:.6} s; fit {:?}, correction {}",
+                e.fit,
+                e.correction_ns
+            );
         }
     }
 

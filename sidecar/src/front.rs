@@ -22,11 +22,13 @@ use tokio::time::Instant;
 
 use crate::batcher::{Batcher, Submission};
 use crate::deadline::{DeadlinePolicy, TIMEOUT_HEADER};
+use crate::engine::embedding;
 use crate::engine::Engine;
 use crate::idempotency::{self, Claim, Key, Saved, Store};
 use crate::metrics::Metrics;
+use crate::openai;
 use crate::outcome::{Outcome, Refusal};
-use crate::tensor::{parse_inputs, InferRequest, InferResponse};
+use crate::tensor::{parse_inputs, InferRequest, InferResponse, Tensor};
 use crate::ticket::Priority;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -121,6 +123,7 @@ pub fn api(front: Shared) -> Router {
         .route("/v2/models/{name}/versions/{version}/ready", get(model_version_ready))
         .route("/v2/models/{name}/infer", post(infer))
         .route("/v2/models/{name}/versions/{version}/infer", post(infer_version))
+        .route(openai::PATH, post(embeddings))
         .fallback(no_route)
         .layer(middleware::from_fn_with_state(front.clone(), request_id))
         .with_state(front)
@@ -262,38 +265,103 @@ async fn infer_version(
     run_infer(front, name, Some(version), headers, body).await
 }
 
+/// The protocols a request can arrive in; they share admission, batching and the engine, and
+/// differ in how requests are read and answers written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    /// Open Inference Protocol v2 REST.
+    Oip,
+    /// OpenAI's `POST /v1/embeddings`.
+    OpenAi,
+}
+
 async fn run_infer(front: Shared, name: String, version: Option<String>, headers: HeaderMap, body: Body) -> Response {
     let arrival = Instant::now();
     let served = match front.find(&name, version.as_deref()) {
         Ok(served) => served.clone(),
         Err(refusal) => return refuse(&front.models[0], refusal),
     };
-    if front.is_draining() {
-        let refusal =
-            Refusal::new(Outcome::Draining, "draining: this sidecar is shutting down and admits no new requests");
-        return refuse(&served, refusal);
-    }
-    if !served.engine.ready() {
-        let refusal = Refusal::new(
-            Outcome::Unavailable,
-            format!("model '{}' is not ready: its engine is still loading", served.name),
-        )
-        .retry_after(Duration::from_secs(1));
+    if let Err(refusal) = admits(&front, &served) {
         return refuse(&served, refusal);
     }
     let bytes = match read_body(&front, &headers, body).await {
         Ok(bytes) => bytes,
         Err(refusal) => return refuse(&served, refusal),
     };
+    let path = match &version {
+        Some(v) => format!("/v2/models/{name}/versions/{v}/infer"),
+        None => format!("/v2/models/{name}/infer"),
+    };
+    call(front, served, Api::Oip, headers, bytes, arrival, &path).await
+}
+
+/// `POST /v1/embeddings`: the model is named in the body, so the body is read first. Errors are
+/// rewritten into OpenAI's shape at the end, replays included.
+async fn embeddings(State(front): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    let arrival = Instant::now();
+    let response = async {
+        let bytes = match read_body(&front, &headers, body).await {
+            Ok(bytes) => bytes,
+            Err(refusal) => return refuse(&front.models[0], refusal),
+        };
+        let served = match openai::model_of(&bytes).and_then(|model| front.find(&model, None).cloned()) {
+            Ok(served) => served,
+            Err(refusal) => return refuse(&front.models[0], refusal),
+        };
+        if let Err(refusal) = admits(&front, &served) {
+            return refuse(&served, refusal);
+        }
+        call(front.clone(), served, Api::OpenAi, headers, bytes, arrival, openai::PATH).await
+    }
+    .await;
+    if response.status().is_success() {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
+    let message = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let body = openai::error_body(parts.status, &message).to_string();
+    Response::from_parts(parts, Body::from(body))
+}
+
+/// Whether the model takes requests now: not while draining, nor before its engine is ready.
+fn admits(front: &Front, served: &Served) -> Result<(), Refusal> {
+    if front.is_draining() {
+        return Err(Refusal::new(
+            Outcome::Draining,
+            "draining: this sidecar is shutting down and admits no new requests",
+        ));
+    }
+    if !served.engine.ready() {
+        return Err(Refusal::new(
+            Outcome::Unavailable,
+            format!("model '{}' is not ready: its engine is still loading", served.name),
+        )
+        .retry_after(Duration::from_secs(1)));
+    }
+    Ok(())
+}
+
+/// Runs a request whose body has been read, under its `idempotency-key` when it has one.
+async fn call(
+    front: Shared,
+    served: Arc<Served>,
+    api: Api,
+    headers: HeaderMap,
+    bytes: Bytes,
+    arrival: Instant,
+    path: &str,
+) -> Response {
     match headers.get(idempotency::KEY_HEADER) {
-        None => process(&front, &served, &headers, bytes, arrival).await,
+        None => process(&front, &served, api, &headers, bytes, arrival).await,
         Some(key) => {
-            let path = match &version {
-                Some(v) => format!("/v2/models/{name}/versions/{v}/infer"),
-                None => format!("/v2/models/{name}/infer"),
-            };
             let key = key.clone();
-            idempotent(front, served, headers, bytes, arrival, &key, &path).await
+            idempotent(front, served, api, headers, bytes, arrival, &key, path).await
         }
     }
 }
@@ -323,9 +391,11 @@ async fn read_body(front: &Front, headers: &HeaderMap, body: Body) -> Result<Byt
 /// Runs a request under its `idempotency-key`: the first caller's request runs detached from its
 /// connection (so that a retry after a dropped connection finds its outcome), joiners wait for
 /// that outcome, later callers get it replayed, and another request under the same key is a 409.
+#[allow(clippy::too_many_arguments)]
 async fn idempotent(
     front: Shared,
     served: Arc<Served>,
+    api: Api,
     headers: HeaderMap,
     bytes: Bytes,
     arrival: Instant,
@@ -369,7 +439,7 @@ async fn idempotent(
         Claim::Execute(rx) => {
             let front = front.clone();
             tokio::spawn(async move {
-                let response = process(&front, &served, &headers, bytes, arrival).await;
+                let response = process(&front, &served, api, &headers, bytes, arrival).await;
                 let saved = save(response).await;
                 front.idempotency.lock().unwrap_or_else(|p| p.into_inner()).finish(&record, saved);
             });
@@ -410,8 +480,15 @@ fn replay(saved: &Saved, replayed: bool) -> Response {
 }
 
 /// Parses, checks, admits and waits for one request whose body has been read.
-async fn process(front: &Front, served: &Served, headers: &HeaderMap, bytes: Bytes, arrival: Instant) -> Response {
-    match admit_and_wait(front, served, headers, bytes, arrival).await {
+async fn process(
+    front: &Front,
+    served: &Served,
+    api: Api,
+    headers: &HeaderMap,
+    bytes: Bytes,
+    arrival: Instant,
+) -> Response {
+    match admit_and_wait(front, served, api, headers, bytes, arrival).await {
         Ok(response) => response,
         Err(refusal) if refusal.outcome.is_refused_at_the_front() => refuse(served, refusal),
         Err(refusal) => error(&refusal),
@@ -433,15 +510,73 @@ impl Outcome {
     }
 }
 
+/// A request as the shared path sees it, whatever protocol it came in.
+struct Parsed {
+    inputs: Vec<Tensor>,
+    rows: u32,
+    /// OIP's request id, echoed in the answer.
+    id: Option<String>,
+    /// OIP's request parameters (which may carry a timeout).
+    parameters: Option<serde_json::Map<String, serde_json::Value>>,
+    /// OIP's `outputs`: which outputs the caller wants.
+    wanted: Option<Vec<String>>,
+    /// How the OpenAI API writes embeddings.
+    encoding: openai::Encoding,
+}
+
+fn parse(served: &Served, api: Api, bytes: &[u8]) -> Result<Parsed, Refusal> {
+    match api {
+        Api::Oip => {
+            let request: InferRequest = serde_json::from_slice(bytes)
+                .map_err(|e| Refusal::invalid(format!("the body is not a valid infer request: {e}")))?;
+            let (inputs, rows) = parse_inputs(request.inputs, served.max_rows)?;
+            Ok(Parsed {
+                inputs,
+                rows,
+                id: request.id,
+                parameters: request.parameters,
+                wanted: request.outputs.map(|o| o.into_iter().map(|o| o.name).collect()),
+                encoding: openai::Encoding::Float,
+            })
+        }
+        Api::OpenAi => {
+            let signature = served.engine.signature();
+            let embeds = signature.inputs.iter().any(|i| i.name == embedding::INPUT && i.datatype == "BYTES")
+                && signature.outputs.iter().any(|o| o.name == embedding::OUTPUT);
+            if !embeds {
+                return Err(Refusal::new(
+                    Outcome::NotFound,
+                    format!(
+                        "model '{}' is not an embedding model (engine {}); {} serves the cuda engine's models",
+                        served.name,
+                        signature.platform,
+                        openai::PATH
+                    ),
+                ));
+            }
+            let dim = signature.outputs[0].shape.get(1).copied().unwrap_or(0).max(0) as usize;
+            let call = openai::EmbeddingsRequest::parse(bytes)?.into_call(dim, served.max_rows)?;
+            Ok(Parsed {
+                inputs: call.inputs,
+                rows: call.rows,
+                id: None,
+                parameters: None,
+                wanted: None,
+                encoding: call.encoding,
+            })
+        }
+    }
+}
+
 async fn admit_and_wait(
     front: &Front,
     served: &Served,
+    api: Api,
     headers: &HeaderMap,
     bytes: Bytes,
     arrival: Instant,
 ) -> Result<Response, Refusal> {
-    let request: InferRequest = serde_json::from_slice(&bytes)
-        .map_err(|e| Refusal::invalid(format!("the body is not a valid infer request: {e}")))?;
+    let request = parse(served, api, &bytes)?;
 
     let header_text = |name: &str| -> Result<Option<&str>, Refusal> {
         headers
@@ -455,7 +590,7 @@ async fn admit_and_wait(
         Some(text) => Priority::parse(text)
             .ok_or_else(|| Refusal::invalid(format!("{PRIORITY} is '{text}'; it must be 'interactive' or 'batch'")))?,
     };
-    let wanted: Option<Vec<String>> = request.outputs.map(|o| o.into_iter().map(|o| o.name).collect());
+    let wanted = request.wanted;
     let signature = served.engine.signature();
     if let Some(unknown) = wanted.iter().flatten().find(|w| !signature.outputs.iter().any(|o| &o.name == *w)) {
         let known: Vec<&str> = signature.outputs.iter().map(|o| o.name.as_str()).collect();
@@ -465,7 +600,7 @@ async fn admit_and_wait(
             known.join(", ")
         )));
     }
-    let (inputs, rows) = parse_inputs(request.inputs, served.max_rows)?;
+    let (inputs, rows) = (request.inputs, request.rows);
     let tokens = served.engine.check(&inputs).map_err(Refusal::invalid)?;
 
     let submission =
@@ -476,13 +611,16 @@ async fn admit_and_wait(
     if let Some(wanted) = &wanted {
         outputs.retain(|o| wanted.contains(&o.name));
     }
-    let body = InferResponse {
-        model_name: &served.name,
-        model_version: &served.version,
-        id: request.id.as_deref(),
-        outputs: &outputs,
+    let mut response = match api {
+        Api::Oip => Json(InferResponse {
+            model_name: &served.name,
+            model_version: &served.version,
+            id: request.id.as_deref(),
+            outputs: &outputs,
+        })
+        .into_response(),
+        Api::OpenAi => Json(openai::response(&served.name, &outputs, tokens.total, request.encoding)).into_response(),
     };
-    let mut response = Json(body).into_response();
     let h = response.headers_mut();
     h.insert(BATCH_SIZE, HeaderValue::from(answer.batch_rows));
     let timing = format!(

@@ -34,6 +34,7 @@ pub mod estimate;
 pub mod front;
 pub mod idempotency;
 pub mod metrics;
+pub mod openai;
 pub mod outcome;
 pub mod queue;
 pub mod recovery;

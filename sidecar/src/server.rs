@@ -12,6 +12,8 @@ use tokio::sync::watch;
 use crate::batcher::Batcher;
 use crate::config::{EngineSettings, Settings};
 use crate::deadline::DeadlinePolicy;
+use crate::embed::Model;
+use crate::engine::embedding::EmbeddingEngine;
 use crate::engine::remote::RemoteEngine;
 use crate::engine::sim::SimEngine;
 use crate::engine::Engine;
@@ -67,8 +69,10 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Builds the model version's engine and batcher from the settings.
-pub fn build(settings: &Settings, metrics: &Metrics) -> Front {
+/// Builds the model version's engine and batcher from the settings. Fails when the engine
+/// cannot start (model files missing or malformed, the device asked for absent): the process
+/// should exit and say why rather than serve nothing.
+pub fn build(settings: &Settings, metrics: &Metrics) -> Result<Front, String> {
     let (engine, estimator): (Arc<dyn Engine>, Estimator) = match settings.engine {
         EngineSettings::Sim { batch_time, per_item, faults } => {
             (Arc::new(SimEngine::new(batch_time, per_item).with_faults(faults)), Estimator::new(batch_time, per_item))
@@ -77,6 +81,23 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Front {
             RemoteEngine::start(upstream, &settings.model, &settings.version, Duration::from_secs(1)),
             Estimator::new(batch_time_estimate, Duration::ZERO),
         ),
+        EngineSettings::Cuda { ref source, device, long_inputs } => {
+            let started = std::time::Instant::now();
+            let model = Model::load(source, device, long_inputs).map_err(|e| format!("cannot load the model: {e}"))?;
+            let engine = EmbeddingEngine::new(model);
+            let cost = engine.calibrate().map_err(|e| format!("the model's first batches failed: {e}"))?;
+            tracing::info!(
+                source = %source.display(),
+                device = %engine.model().device(),
+                dim = engine.model().dim(),
+                max_tokens = engine.model().encoder.max_tokens(),
+                load_time = ?started.elapsed(),
+                fixed = ?cost.fixed,
+                per_token = ?cost.per_token,
+                "model loaded"
+            );
+            (Arc::new(engine), Estimator::with_model(cost))
+        }
     };
     let policy = Policy {
         max_batch_rows: settings.max_batch_size,
@@ -95,7 +116,7 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Front {
         max_rows: settings.max_batch_size,
     };
     let deadlines = DeadlinePolicy { budget: settings.latency_budget, max_timeout: settings.max_timeout };
-    Front::new(vec![Arc::new(served)], deadlines, settings.max_request_bytes, metrics.clone(), settings.idempotency)
+    Ok(Front::new(vec![Arc::new(served)], deadlines, settings.max_request_bytes, metrics.clone(), settings.idempotency))
 }
 
 /// Serves until `shutdown` resolves, then drains: readiness turns false and new requests get
@@ -107,7 +128,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let metrics = Metrics::new();
-    let front = Arc::new(build(&settings, &metrics));
+    let front = Arc::new(build(&settings, &metrics).map_err(std::io::Error::other)?);
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;

@@ -5,6 +5,8 @@
 //!   size (median of rounds), as JSON lines.
 //! - `ferry-embed compare --model DIR --device cuda --batch 1,2,4,...,256`: the GPU's embeddings
 //!   against the CPU's (least cosine), and the time of each batch size on both.
+//! - `ferry-embed kernels` (`cuda` builds): compiles the GPU kernels with NVRTC and lists their
+//!   entry points, a check that needs NVRTC but no GPU.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -64,6 +66,8 @@ enum Command {
         #[arg(long, default_value_t = 0.999)]
         min_cosine: f64,
     },
+    /// Compiles the GPU kernels with NVRTC (no GPU needed) and lists their entry points.
+    Kernels,
 }
 
 fn parse_device(text: &str) -> Result<Device, String> {
@@ -147,8 +151,30 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             println!("{}", json!({ "ok": true, "least_cosine": worst, "device": device.device().to_string() }));
         }
+        Command::Kernels => kernels()?,
     }
     Ok(())
+}
+
+#[cfg(feature = "cuda")]
+fn kernels() -> Result<(), String> {
+    use ferry_sidecar::embed::gpu;
+    if !gpu::nvrtc_present() {
+        return Err("NVRTC (libnvrtc.so) cannot be loaded; put its directory on LD_LIBRARY_PATH".into());
+    }
+    let ptx = gpu::compile()?.to_src();
+    let entries: Vec<&str> = ptx
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
+        .map(|l| l.split('(').next().unwrap_or(l))
+        .collect();
+    println!("{}", json!({ "ptx_bytes": ptx.len(), "entries": entries }));
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn kernels() -> Result<(), String> {
+    Err("this build has no CUDA code; build with `--features cuda`".into())
 }
 
 /// Median embeddings per second over `rounds` rounds of at least `round_time` each (one warm-up).

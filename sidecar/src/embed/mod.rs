@@ -82,7 +82,7 @@ enum Backend {
 
 impl Model {
     /// Loads the model in `dir` onto `device`. `Auto` takes GPU 0 when this build has the CUDA
-    /// code and the driver library is present, and says so in one log line when it falls back.
+    /// code and the CUDA libraries load, and says so in one log line when it falls back.
     pub fn load(dir: &Path, device: Device, overflow: Overflow) -> Result<Model, LoadError> {
         let config = Config::load(dir)?;
         let encoder = TextEncoder::load(dir, config.max_tokens, overflow)?;
@@ -127,8 +127,8 @@ impl Model {
 
 #[cfg(feature = "cuda")]
 fn auto(weights: Weights) -> Result<Backend, LoadError> {
-    if !gpu::driver_present() {
-        tracing::info!("device auto: no CUDA driver library (libcuda.so) on this machine; running on the CPU");
+    if let Err(missing) = gpu::libraries_present() {
+        tracing::info!("device auto: {missing} on this machine; running on the CPU");
         return Ok(Backend::Cpu(cpu::CpuModel::new(weights)));
     }
     match gpu::GpuModel::new(&weights, 0) {
@@ -149,9 +149,6 @@ fn auto(weights: Weights) -> Result<Backend, LoadError> {
 #[cfg(feature = "cuda")]
 fn cuda(weights: Weights, ordinal: usize) -> Result<Backend, LoadError> {
     let device = Device::Cuda(ordinal);
-    if !gpu::driver_present() {
-        return Err(LoadError::Device { device, message: "no CUDA driver library (libcuda.so) on this machine".into() });
-    }
     gpu::GpuModel::new(&weights, ordinal).map(Backend::Gpu).map_err(|message| LoadError::Device { device, message })
 }
 

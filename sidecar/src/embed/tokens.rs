@@ -82,7 +82,8 @@ impl TextEncoder {
             .iter()
             .enumerate()
             .map(|(i, text)| {
-                let n = self.whole.encode(*text, true).map_err(|e| format!("text[{i}] cannot be tokenized: {e}"))?.len();
+                let n =
+                    self.whole.encode(*text, true).map_err(|e| format!("text[{i}] cannot be tokenized: {e}"))?.len();
                 self.fit(i, n)
             })
             .collect()

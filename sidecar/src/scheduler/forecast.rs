@@ -13,8 +13,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Scheduler, Worker};
-use crate::outcome::{Outcome, Refusal};
 use crate::estimate::Shape;
+use crate::outcome::{Outcome, Refusal};
 use crate::ticket::Ticket;
 
 /// Refuses `new` when it cannot finish before its deadline, or when admitting it would push an

@@ -1,0 +1,140 @@
+//! The local model engine (`spec.engine.kind: cuda`): a BERT-family sentence-embedding model
+//! ([`crate::embed`]) on a GPU through cudarc, or on the CPU with the same weights.
+//!
+//! Each request carries texts, one per row, as the BYTES input `text` (shape `[rows]` or
+//! `[rows, 1]`, as Triton clients send strings); each gets back the FP32 output `embedding`,
+//! `[rows, dim]`, unit length. Admission prices a request by its tokens, so the batch-time
+//! estimate learns what long inputs cost.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{BatchOutputs, BoxFuture, Engine, EngineError, Inputs, Signature, TensorSpec, Tokens};
+use crate::embed::{Model, TokenBatch};
+use crate::estimate::CostModel;
+use crate::tensor::{DataType, Tensor, TensorData};
+
+pub const INPUT: &str = "text";
+pub const OUTPUT: &str = "embedding";
+
+pub struct EmbeddingEngine {
+    model: Arc<Model>,
+    signature: Signature,
+}
+
+impl EmbeddingEngine {
+    pub fn new(model: Model) -> EmbeddingEngine {
+        let dim = model.dim() as i64;
+        let platform = match model.device() {
+            crate::embed::Device::Cpu => "ferry_bert_cpu",
+            _ => "ferry_bert_cuda",
+        };
+        EmbeddingEngine {
+            signature: Signature {
+                platform: platform.into(),
+                inputs: vec![TensorSpec { name: INPUT.into(), datatype: "BYTES".into(), shape: vec![-1] }],
+                outputs: vec![TensorSpec { name: OUTPUT.into(), datatype: "FP32".into(), shape: vec![-1, dim] }],
+            },
+            model: Arc::new(model),
+        }
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Times a short and a long batch, to start the batch-time estimate from this machine's
+    /// figures rather than a guess: `fixed` from the short one, the cost per token from the
+    /// difference. The estimator refines both from real batches.
+    pub fn calibrate(&self) -> Result<CostModel, String> {
+        let short = ["calibration"];
+        let long_text = "the quick brown fox jumps over the lazy dog and keeps running through the field ".repeat(4);
+        let long: Vec<&str> = (0..8).map(|_| long_text.as_str()).collect();
+        let time = |texts: &[&str]| -> Result<(Duration, usize), String> {
+            let batch = self.model.encoder.encode(texts)?;
+            self.model.embed(&batch)?; // warm-up: first-touch allocations, GPU module loads
+            let start = Instant::now();
+            self.model.embed(&batch)?;
+            Ok((start.elapsed(), batch.tokens()))
+        };
+        let (t_short, n_short) = time(&short)?;
+        let (t_long, n_long) = time(&long)?;
+        let per_token = t_long.saturating_sub(t_short) / (n_long - n_short).max(1) as u32;
+        let fixed = t_short.saturating_sub(per_token * n_short as u32);
+        Ok(CostModel { fixed, per_token, ..CostModel::default() })
+    }
+}
+
+/// The texts of one request's `text` input.
+fn texts(inputs: &[Tensor]) -> Result<&[String], String> {
+    let known = || format!("the model takes one input, '{INPUT}' (BYTES, one text per row)");
+    let [input] = inputs else {
+        return Err(format!("{} inputs given; {}", inputs.len(), known()));
+    };
+    if input.name != INPUT {
+        return Err(format!("input '{}' is not an input of this model; {}", input.name, known()));
+    }
+    if input.datatype != DataType::Bytes {
+        return Err(format!("input '{INPUT}' has datatype {}; it must be BYTES", input.datatype.name()));
+    }
+    if !(input.inner().is_empty() || input.inner() == [1]) {
+        return Err(format!("input '{INPUT}' has shape {:?}; it must be [rows] or [rows, 1]", input.shape));
+    }
+    match &input.data {
+        TensorData::Bytes(texts) => Ok(texts),
+        _ => Err(format!("input '{INPUT}' must hold strings")),
+    }
+}
+
+impl Engine for EmbeddingEngine {
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn check(&self, inputs: &[Tensor]) -> Result<Tokens, String> {
+        let texts: Vec<&str> = texts(inputs)?.iter().map(String::as_str).collect();
+        let counts = self.model.encoder.count(&texts).map_err(|e| format!("input '{INPUT}': {e}"))?;
+        Ok(Tokens {
+            total: counts.iter().sum::<usize>() as u32,
+            longest: counts.iter().copied().max().unwrap_or(0) as u32,
+        })
+    }
+
+    fn infer(&self, batch: Vec<Inputs>) -> BoxFuture<Result<BatchOutputs, EngineError>> {
+        let model = self.model.clone();
+        Box::pin(async move {
+            // The forward pass is CPU-bound (or blocks on the GPU's stream): off the async workers.
+            tokio::task::spawn_blocking(move || run(&model, &batch))
+                .await
+                .map_err(|e| EngineError(format!("the forward pass panicked: {e}")))?
+        })
+    }
+}
+
+fn run(model: &Model, batch: &[Inputs]) -> Result<BatchOutputs, EngineError> {
+    let mut all: Vec<&str> = Vec::new();
+    let mut rows = Vec::with_capacity(batch.len());
+    for inputs in batch {
+        let texts = texts(inputs).map_err(EngineError)?;
+        rows.push(texts.len());
+        all.extend(texts.iter().map(String::as_str));
+    }
+    let tokens: TokenBatch = model.encoder.encode(&all).map_err(EngineError)?;
+    let flat = model.embed(&tokens).map_err(EngineError)?;
+    let dim = model.dim();
+    let mut out = Vec::with_capacity(batch.len());
+    let mut at = 0;
+    for r in rows {
+        let data = flat[at * dim..(at + r) * dim].iter().map(|&x| f64::from(x)).collect();
+        at += r;
+        out.push(vec![Tensor {
+            name: OUTPUT.into(),
+            datatype: DataType::Fp32,
+            shape: vec![r as u64, dim as u64],
+            data: TensorData::Float(data),
+        }]);
+    }
+    Ok(out)
+}

@@ -1,0 +1,214 @@
+//! The OpenAI-compatible embeddings API, `POST /v1/embeddings`, on top of the same admission,
+//! batching and engine as the Open Inference Protocol: a request's `input` becomes the rows of
+//! the BYTES tensor `text`, its embeddings come back as `data[].embedding`.
+//!
+//! As OpenAI's API does: `input` is a string or a list of strings, `encoding_format` is `float`
+//! (the default) or `base64` (little-endian f32, which the official Python client asks for),
+//! `dimensions` may only repeat the model's width (these embeddings are not truncatable), `usage`
+//! counts the tokens the model read. Errors have OpenAI's shape: `{"error": {"message", "type",
+//! "param", "code"}}`.
+
+use axum::http::StatusCode;
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::engine::embedding::{INPUT, OUTPUT};
+use crate::outcome::{Outcome, Refusal};
+use crate::tensor::{DataType, Tensor, TensorData};
+
+pub const PATH: &str = "/v1/embeddings";
+
+/// How embeddings are written in the response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    Float,
+    Base64,
+}
+
+/// `input`: one text or several. Token-id arrays (which OpenAI also takes) are refused with a
+/// clear message: the tokenizer is the model's own, and ids from another would be meaningless.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Input {
+    One(String),
+    Many(Vec<String>),
+    Other(serde::de::IgnoredAny),
+}
+
+#[derive(Deserialize)]
+pub struct EmbeddingsRequest {
+    pub model: String,
+    input: Input,
+    #[serde(default)]
+    encoding_format: Option<String>,
+    #[serde(default)]
+    dimensions: Option<u64>,
+    /// OpenAI's end-user tag; accepted and ignored.
+    #[serde(default)]
+    #[allow(dead_code)]
+    user: Option<String>,
+}
+
+/// A parsed request: its texts as the `text` tensor, its rows and how to write the answer.
+pub struct Call {
+    pub inputs: Vec<Tensor>,
+    pub rows: u32,
+    pub encoding: Encoding,
+}
+
+/// The `model` field, read before anything else so that the request can be routed.
+pub fn model_of(bytes: &[u8]) -> Result<String, Refusal> {
+    #[derive(Deserialize)]
+    struct Model {
+        model: String,
+    }
+    serde_json::from_slice::<Model>(bytes)
+        .map(|m| m.model)
+        .map_err(|e| Refusal::invalid(format!("the body is not a valid embeddings request: {e}")))
+}
+
+impl EmbeddingsRequest {
+    pub fn parse(bytes: &[u8]) -> Result<EmbeddingsRequest, Refusal> {
+        serde_json::from_slice(bytes)
+            .map_err(|e| Refusal::invalid(format!("the body is not a valid embeddings request: {e}")))
+    }
+
+    /// Checks the fields against the model (`dim` wide, at most `max_rows` texts per request).
+    pub fn into_call(self, dim: usize, max_rows: u32) -> Result<Call, Refusal> {
+        let texts = match self.input {
+            Input::One(text) => vec![text],
+            Input::Many(texts) if texts.is_empty() => {
+                return Err(Refusal::invalid("'input' is an empty list; send at least one text"))
+            }
+            Input::Many(texts) => texts,
+            Input::Other(_) => {
+                return Err(Refusal::invalid(
+                    "'input' must be a string or a list of strings; token ids are not accepted (the model tokenizes its own text)",
+                ))
+            }
+        };
+        if texts.len() > max_rows as usize {
+            return Err(Refusal::new(
+                Outcome::TooLarge,
+                format!(
+                    "'input' has {} texts; this service accepts at most {max_rows} per request (maxBatchSize)",
+                    texts.len()
+                ),
+            ));
+        }
+        let encoding = match self.encoding_format.as_deref() {
+            None | Some("float") => Encoding::Float,
+            Some("base64") => Encoding::Base64,
+            Some(other) => {
+                return Err(Refusal::invalid(format!("'encoding_format' is '{other}'; it must be 'float' or 'base64'")))
+            }
+        };
+        if let Some(d) = self.dimensions.filter(|&d| d != dim as u64) {
+            return Err(Refusal::invalid(format!(
+                "'dimensions' is {d}; this model's embeddings have {dim} dimensions and cannot be shortened"
+            )));
+        }
+        let rows = texts.len() as u32;
+        let text = Tensor {
+            name: INPUT.into(),
+            datatype: DataType::Bytes,
+            shape: vec![u64::from(rows)],
+            data: TensorData::Bytes(texts),
+        };
+        Ok(Call { inputs: vec![text], rows, encoding })
+    }
+}
+
+/// The response body: one `data` entry per text, in order.
+pub fn response(model: &str, outputs: &[Tensor], prompt_tokens: u32, encoding: Encoding) -> Value {
+    let mut data = Vec::new();
+    if let Some(Tensor { data: TensorData::Float(values), shape, .. }) = outputs.iter().find(|t| t.name == OUTPUT) {
+        let dim = shape.get(1).copied().unwrap_or(1).max(1) as usize;
+        for (index, row) in values.chunks(dim).enumerate() {
+            let embedding = match encoding {
+                Encoding::Float => json!(row.iter().map(|&x| x as f32).collect::<Vec<f32>>()),
+                Encoding::Base64 => {
+                    let bytes: Vec<u8> = row.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect();
+                    json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+                }
+            };
+            data.push(json!({ "object": "embedding", "index": index, "embedding": embedding }));
+        }
+    }
+    json!({
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": { "prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens },
+    })
+}
+
+/// An error body in OpenAI's shape, from Ferry's status and message.
+pub fn error_body(status: StatusCode, message: &str) -> Value {
+    let kind = match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        429 => "rate_limit_error",
+        400..=499 => "invalid_request_error",
+        _ => "server_error",
+    };
+    json!({ "error": { "message": message, "type": kind, "param": null, "code": status.as_u16().to_string() } })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(body: Value) -> Result<Call, Refusal> {
+        EmbeddingsRequest::parse(body.to_string().as_bytes())?.into_call(384, 4)
+    }
+
+    #[test]
+    fn one_text_or_several() {
+        let one = call(json!({"model": "m", "input": "hello"})).unwrap();
+        assert_eq!((one.rows, one.encoding), (1, Encoding::Float));
+        assert_eq!(one.inputs[0].data, TensorData::Bytes(vec!["hello".into()]));
+        let many = call(json!({"model": "m", "input": ["a", "b"], "encoding_format": "base64"})).unwrap();
+        assert_eq!((many.rows, many.encoding), (2, Encoding::Base64));
+        assert_eq!(many.inputs[0].shape, vec![2]);
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let cases = [
+            (json!({"model": "m", "input": []}), "'input' is an empty list"),
+            (json!({"model": "m", "input": [[101, 102]]}), "token ids are not accepted"),
+            (json!({"model": "m", "input": "x", "encoding_format": "int8"}), "'encoding_format' is 'int8'"),
+            (
+                json!({"model": "m", "input": "x", "dimensions": 128}),
+                "'dimensions' is 128; this model's embeddings have 384",
+            ),
+            (
+                json!({"model": "m", "input": ["a", "b", "c", "d", "e"]}),
+                "'input' has 5 texts; this service accepts at most 4",
+            ),
+        ];
+        for (body, want) in cases {
+            let err = call(body.clone()).err().unwrap_or_else(|| panic!("{body} accepted"));
+            assert!(err.message.contains(want), "{body}: {}", err.message);
+        }
+        assert!(call(json!({"input": "x"})).is_err(), "model is required");
+    }
+
+    #[test]
+    fn base64_is_little_endian_f32() {
+        let out = Tensor {
+            name: OUTPUT.into(),
+            datatype: DataType::Fp32,
+            shape: vec![1, 2],
+            data: TensorData::Float(vec![1.0, -0.5]),
+        };
+        let body = response("m", &[out], 3, Encoding::Base64);
+        let text = body["data"][0]["embedding"].as_str().unwrap();
+        let bytes = base64::engine::general_purpose::STANDARD.decode(text).unwrap();
+        assert_eq!(bytes, [1.0f32.to_le_bytes(), (-0.5f32).to_le_bytes()].concat());
+        assert_eq!(body["usage"]["prompt_tokens"], 3);
+    }
+}
