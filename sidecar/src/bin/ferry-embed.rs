@@ -55,6 +55,10 @@ enum Command {
         /// Least time per round.
         #[arg(long, default_value = "1s", value_parser = ferry_sidecar::duration::parse)]
         round_time: Duration,
+        /// Texts to embed, one per line, cycled to fill each batch [default: eight built-in
+        /// sentences of 4 to 60 tokens].
+        #[arg(long)]
+        texts: Option<PathBuf>,
     },
     /// Compares a device's embeddings and times with the CPU's.
     Compare {
@@ -87,7 +91,11 @@ const SENTENCES: [&str; 8] = [
 ];
 
 fn texts(n: usize) -> Vec<&'static str> {
-    SENTENCES.iter().copied().cycle().take(n).collect()
+    cycle(&SENTENCES, n)
+}
+
+fn cycle<'a>(pool: &[&'a str], n: usize) -> Vec<&'a str> {
+    pool.iter().copied().cycle().take(n).collect()
 }
 
 fn main() -> ExitCode {
@@ -114,10 +122,18 @@ fn run(cli: Cli) -> Result<(), String> {
             let rows: Vec<&[f32]> = flat.chunks(m.dim()).collect();
             println!("{}", json!({ "device": m.device().to_string(), "embeddings": rows }));
         }
-        Command::Bench { model, batch, rounds, round_time } => {
+        Command::Bench { model, batch, rounds, round_time, texts } => {
             let m = load(&model, model.device)?;
+            let owned = match texts {
+                Some(path) => std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?,
+                None => SENTENCES.join("\n"),
+            };
+            let pool: Vec<&str> = owned.lines().filter(|l| !l.is_empty()).collect();
+            if pool.is_empty() {
+                return Err("--texts has no lines".into());
+            }
             for &b in &batch {
-                let per_second = bench(&m, b, rounds, round_time)?;
+                let per_second = bench(&m, &cycle(&pool, b), rounds, round_time)?;
                 println!(
                     "{}",
                     json!({ "engine": "ferry", "device": m.device().to_string(), "batch": b, "embeddings_per_second": per_second })
@@ -138,7 +154,7 @@ fn run(cli: Cli) -> Result<(), String> {
                     .fold(f64::INFINITY, f64::min);
                 worst = worst.min(least);
                 let time =
-                    |m: &Model| -> Result<f64, String> { Ok(b as f64 / bench(m, b, 3, Duration::from_millis(300))?) };
+                    |m: &Model| -> Result<f64, String> { Ok(b as f64 / bench(m, &t, 3, Duration::from_millis(300))?) };
                 let (td, tc) = (time(&device)?, time(&cpu)?);
                 println!(
                     "{}",
@@ -178,15 +194,15 @@ fn kernels() -> Result<(), String> {
 }
 
 /// Median embeddings per second over `rounds` rounds of at least `round_time` each (one warm-up).
-fn bench(m: &Model, batch: usize, rounds: usize, round_time: Duration) -> Result<f64, String> {
-    let t = texts(batch);
-    m.embed_texts(&t)?;
+fn bench(m: &Model, t: &[&str], rounds: usize, round_time: Duration) -> Result<f64, String> {
+    let batch = t.len();
+    m.embed_texts(t)?;
     let mut rates = Vec::with_capacity(rounds);
     for _ in 0..rounds.max(1) {
         let start = Instant::now();
         let mut n = 0;
         while n == 0 || start.elapsed() < round_time {
-            m.embed_texts(&t)?;
+            m.embed_texts(t)?;
             n += batch;
         }
         rates.push(n as f64 / start.elapsed().as_secs_f64());
