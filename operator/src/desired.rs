@@ -181,7 +181,10 @@ pub fn sidecar_args(spec: &InferenceServiceSpec, checked: &Checked) -> Vec<Strin
         }
         EngineKind::Cuda => {
             args.extend(source.map(|s| format!("--model-source={s}")));
-            args.push("--device=auto".to_owned());
+            // A pod given GPUs must use one: a sidecar that fell back to the CPU would serve at a
+            // fraction of the planned capacity, so it fails to start instead, saying why.
+            let device = if spec.engine.gpus.unwrap_or(1) > 0 { "cuda" } else { "cpu" };
+            args.push(format!("--device={device}"));
         }
         EngineKind::Remote => args.push(format!("--upstream=http://127.0.0.1:{}", spec.engine.port)),
     }

@@ -71,11 +71,21 @@ fn the_cuda_engine_gets_gpus_and_its_model_volume() {
     let args = sidecar.args.clone().unwrap();
     assert!(args.contains(&"--engine=cuda".to_owned()));
     assert!(args.contains(&"--model-source=/models/all-minilm-l6-v2".to_owned()));
+    assert!(args.contains(&"--device=cuda".to_owned()), "a pod given a GPU must not fall back to the CPU");
     let volume = &pod.volumes.unwrap()[0];
     assert_eq!(volume.persistent_volume_claim.as_ref().unwrap().claim_name, "models");
     assert_eq!(sidecar.volume_mounts.clone().unwrap()[0].mount_path, "/models");
     // Long enough to drain: the 100 ms budget plus 30 s of slack.
     assert_eq!(pod.termination_grace_period_seconds, Some(30));
+}
+
+#[test]
+fn the_cuda_engine_without_gpus_runs_on_the_cpu() {
+    let mut isvc = example("cuda.yaml");
+    isvc.spec.engine.gpus = Some(0);
+    let d = desired::deployment(&isvc, &images()).unwrap();
+    let args = d.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
+    assert!(args.contains(&"--device=cpu".to_owned()), "{args:?}");
 }
 
 #[test]
