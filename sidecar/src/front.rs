@@ -21,6 +21,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::batcher::{Batcher, Submission};
+use crate::binary;
 use crate::deadline::{DeadlinePolicy, TIMEOUT_HEADER};
 use crate::engine::embedding;
 use crate::engine::Engine;
@@ -456,7 +457,8 @@ async fn idempotent(
 }
 
 /// The headers of a response worth replaying.
-const SAVED_HEADERS: [HeaderName; 4] = [header::CONTENT_TYPE, header::RETRY_AFTER, BATCH_SIZE, SERVER_TIMING];
+const SAVED_HEADERS: [HeaderName; 5] =
+    [header::CONTENT_TYPE, header::RETRY_AFTER, BATCH_SIZE, SERVER_TIMING, binary::HEADER];
 
 async fn save(response: Response) -> Saved {
     let (parts, body) = response.into_parts();
@@ -520,22 +522,40 @@ struct Parsed {
     parameters: Option<serde_json::Map<String, serde_json::Value>>,
     /// OIP's `outputs`: which outputs the caller wants.
     wanted: Option<Vec<String>>,
+    /// Outputs to send as binary data (Triton's extension, [`binary`]).
+    binary: Vec<String>,
     /// How the OpenAI API writes embeddings.
     encoding: openai::Encoding,
 }
 
-fn parse(served: &Served, api: Api, bytes: &[u8]) -> Result<Parsed, Refusal> {
+fn parse(served: &Served, api: Api, headers: &HeaderMap, bytes: &[u8]) -> Result<Parsed, Refusal> {
     match api {
         Api::Oip => {
-            let request: InferRequest = serde_json::from_slice(bytes)
+            let (json, binary_part) = binary::split(headers, bytes)?;
+            let mut request: InferRequest = serde_json::from_slice(json)
                 .map_err(|e| Refusal::invalid(format!("the body is not a valid infer request: {e}")))?;
+            binary::attach(&mut request.inputs, binary_part)?;
             let (inputs, rows) = parse_inputs(request.inputs, served.max_rows)?;
+            let flag = |p: Option<&serde_json::Map<String, serde_json::Value>>, key: &str| {
+                p.and_then(|p| p.get(key)).and_then(serde_json::Value::as_bool).unwrap_or(false)
+            };
+            let all_binary = flag(request.parameters.as_ref(), "binary_data_output");
+            let binary = match &request.outputs {
+                Some(outputs) => outputs
+                    .iter()
+                    .filter(|o| all_binary || flag(o.parameters.as_ref(), "binary_data"))
+                    .map(|o| o.name.clone())
+                    .collect(),
+                None if all_binary => served.engine.signature().outputs.iter().map(|o| o.name.clone()).collect(),
+                None => Vec::new(),
+            };
             Ok(Parsed {
                 inputs,
                 rows,
                 id: request.id,
                 parameters: request.parameters,
                 wanted: request.outputs.map(|o| o.into_iter().map(|o| o.name).collect()),
+                binary,
                 encoding: openai::Encoding::Float,
             })
         }
@@ -562,6 +582,7 @@ fn parse(served: &Served, api: Api, bytes: &[u8]) -> Result<Parsed, Refusal> {
                 id: None,
                 parameters: None,
                 wanted: None,
+                binary: Vec::new(),
                 encoding: call.encoding,
             })
         }
@@ -576,7 +597,7 @@ async fn admit_and_wait(
     bytes: Bytes,
     arrival: Instant,
 ) -> Result<Response, Refusal> {
-    let request = parse(served, api, &bytes)?;
+    let request = parse(served, api, headers, &bytes)?;
 
     let header_text = |name: &str| -> Result<Option<&str>, Refusal> {
         headers
@@ -612,13 +633,14 @@ async fn admit_and_wait(
         outputs.retain(|o| wanted.contains(&o.name));
     }
     let mut response = match api {
-        Api::Oip => Json(InferResponse {
+        Api::Oip if request.binary.is_empty() => Json(InferResponse {
             model_name: &served.name,
             model_version: &served.version,
             id: request.id.as_deref(),
             outputs: &outputs,
         })
         .into_response(),
+        Api::Oip => binary_response(served, request.id.as_deref(), &outputs, &request.binary),
         Api::OpenAi => Json(openai::response(&served.name, &outputs, tokens.total, request.encoding)).into_response(),
     };
     let h = response.headers_mut();
@@ -631,6 +653,36 @@ async fn admit_and_wait(
     );
     h.insert(SERVER_TIMING, HeaderValue::from_str(&timing).expect("ASCII"));
     Ok(response)
+}
+
+/// An infer response whose `binary` outputs follow the JSON as raw bytes (Triton's extension).
+fn binary_response(served: &Served, id: Option<&str>, outputs: &[Tensor], binary: &[String]) -> Response {
+    let mut tail = Vec::new();
+    let described: Vec<serde_json::Value> = outputs
+        .iter()
+        .map(|t| {
+            if !binary.contains(&t.name) {
+                return serde_json::to_value(t).expect("tensors serialize");
+            }
+            let bytes = binary::encode(t);
+            let size = bytes.len();
+            tail.extend(bytes);
+            json!({ "name": t.name, "datatype": t.datatype.name(), "shape": t.shape, "parameters": { "binary_data_size": size } })
+        })
+        .collect();
+    let mut head = json!({ "model_name": served.name, "model_version": served.version, "outputs": described });
+    if let Some(id) = id {
+        head["id"] = json!(id);
+    }
+    let head = serde_json::to_vec(&head).expect("JSON values serialize");
+    let length = head.len();
+    let mut body = head;
+    body.extend(tail);
+    let mut response = Response::new(Body::from(body));
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    h.insert(binary::HEADER, HeaderValue::from(length));
+    response
 }
 
 /// Milliseconds with one decimal, as Server-Timing's `dur` is read.

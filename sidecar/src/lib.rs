@@ -25,6 +25,7 @@
 //! - [`duration`]: the Gateway API duration format.
 
 pub mod batcher;
+pub mod binary;
 pub mod config;
 pub mod deadline;
 pub mod duration;

@@ -229,6 +229,8 @@ pub struct RawTensor {
     pub datatype: String,
     #[serde(default)]
     pub parameters: Option<Map<String, Value>>,
+    /// Absent when the elements come as binary data ([`crate::binary`]).
+    #[serde(default)]
     pub data: Value,
 }
 
@@ -316,6 +318,9 @@ pub fn parse_tensor(i: usize, raw: RawTensor) -> Result<Tensor, Refusal> {
         .filter(|&n| n <= u32::MAX as u64)
         .ok_or_else(|| at(format!("shape {:?} has too many elements", raw.shape)))?;
 
+    if raw.data.is_null() {
+        return Err(at("'data' is missing (and no parameters.binary_data_size says where binary data is)".into()));
+    }
     let mut flat = Vec::with_capacity(expected as usize);
     flatten(&raw.data, &mut flat).map_err(|depth| at(format!("'data' is nested deeper than {depth} levels")))?;
     if flat.len() as u64 != expected {

@@ -99,17 +99,22 @@ def test_openai_client_single_string_and_errors(sidecar, expected):
     assert status == 404 and body["error"]["type"] == "not_found_error" and "unknown model 'nope'" in body["error"]["message"]
 
 
-def test_triton_http_client(sidecar, expected):
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_triton_http_client(sidecar, expected, binary):
+    # binary=True is the client's default: Triton's binary tensor data extension both ways.
     client = triton.InferenceServerClient(url=sidecar.address)
     assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(MODEL_NAME)
     meta = client.get_model_metadata(MODEL_NAME)
     assert meta["inputs"][0]["name"] == "text" and meta["outputs"][0]["shape"] == [-1, 384]
     text = triton.InferInput("text", [len(SENTENCES), 1], "BYTES")
-    text.set_data_from_numpy(np.array(SENTENCES, dtype=object).reshape(-1, 1), binary_data=False)
-    result = client.infer(MODEL_NAME, [text], outputs=[triton.InferRequestedOutput("embedding", binary_data=False)])
+    text.set_data_from_numpy(np.array(SENTENCES, dtype=object).reshape(-1, 1), binary_data=binary)
+    result = client.infer(MODEL_NAME, [text], outputs=[triton.InferRequestedOutput("embedding", binary_data=binary)])
     got = result.as_numpy("embedding")
     assert got.shape == (len(SENTENCES), 384) and got.dtype == np.float32
     assert cosines(got, expected).min() >= 0.9999
+    # No outputs named: the client asks for all of them as binary.
+    everything = client.infer(MODEL_NAME, [text]).as_numpy("embedding")
+    assert np.array_equal(everything, got)
 
 
 def test_long_inputs_are_truncated_or_refused(reference):
