@@ -25,6 +25,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::engine::{BatchOutputs, Engine, EngineError, Inputs};
+use crate::estimate::CostModel;
 use crate::metrics::ModelMetrics;
 use crate::outcome::{Outcome, Refusal};
 use crate::recovery::{self, Member, Recovery};
@@ -107,6 +108,7 @@ enum Command {
     Submit { id: RequestId, submission: Submission, reply: oneshot::Sender<Delivery> },
     Cancel(RequestId),
     Drain(oneshot::Sender<()>),
+    Calibrate(CostModel),
 }
 
 /// A handle to one model version's batcher task. Cheap to clone.
@@ -156,6 +158,12 @@ impl Batcher {
         let (reply, rx) = oneshot::channel();
         let sent = self.commands.send(Command::Submit { id, submission, reply }).is_ok();
         Pending { id, rx, commands: self.commands.clone(), finished: !sent }
+    }
+
+    /// Replaces the batch-time estimator's starting model, e.g. with the figures an engine measured
+    /// while it loaded (before any request was admitted).
+    pub fn calibrate(&self, cost: CostModel) {
+        let _ = self.commands.send(Command::Calibrate(cost));
     }
 
     /// Resolves once every admitted request has been answered.
@@ -330,6 +338,7 @@ impl Task {
                     Some(Command::Submit { id, submission, reply }) => self.admit(id, submission, reply),
                     Some(Command::Cancel(id)) => self.cancel(id),
                     Some(Command::Drain(tx)) => self.drains.push(tx),
+                    Some(Command::Calibrate(cost)) => self.scheduler.calibrate(cost),
                     None => open = false,
                 },
                 () = sleep_until(wake) => {}

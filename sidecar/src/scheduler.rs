@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::estimate::{Estimator, Shape};
+use crate::estimate::{CostModel, Estimator, Shape};
 use crate::outcome::{Outcome, Refusal};
 use crate::queue::Queue;
 use crate::ticket::{Priority, RequestId, Ticket};
@@ -267,6 +267,11 @@ impl Scheduler {
     /// its end.
     pub fn abandon(&mut self, worker: usize) {
         self.workers[worker] = Worker::Idle;
+    }
+
+    /// Starts the estimator over from `cost` (what it learned so far is dropped).
+    pub fn calibrate(&mut self, cost: CostModel) {
+        self.estimator = Estimator::with_model(cost);
     }
 
     pub fn estimate(&self, shape: Shape) -> Duration {

@@ -12,7 +12,6 @@ use tokio::sync::watch;
 use crate::batcher::Batcher;
 use crate::config::{EngineSettings, Settings};
 use crate::deadline::DeadlinePolicy;
-use crate::embed::Model;
 use crate::engine::embedding::EmbeddingEngine;
 use crate::engine::remote::RemoteEngine;
 use crate::engine::sim::SimEngine;
@@ -72,7 +71,8 @@ pub async fn shutdown_signal() {
 /// Builds the model version's engine and batcher from the settings. Fails when the engine
 /// cannot start (model files missing or malformed, the device asked for absent): the process
 /// should exit and say why rather than serve nothing.
-pub fn build(settings: &Settings, metrics: &Metrics) -> Result<Front, String> {
+pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading), String> {
+    let mut loading = None;
     let (engine, estimator): (Arc<dyn Engine>, Estimator) = match settings.engine {
         EngineSettings::Sim { batch_time, per_item, faults } => {
             (Arc::new(SimEngine::new(batch_time, per_item).with_faults(faults)), Estimator::new(batch_time, per_item))
@@ -82,21 +82,12 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<Front, String> {
             Estimator::new(batch_time_estimate, Duration::ZERO),
         ),
         EngineSettings::Cuda { ref source, device, long_inputs } => {
-            let started = tokio::time::Instant::now();
-            let model = Model::load(source, device, long_inputs).map_err(|e| format!("cannot load the model: {e}"))?;
-            let engine = EmbeddingEngine::new(model);
-            let cost = engine.calibrate().map_err(|e| format!("the model's first batches failed: {e}"))?;
-            tracing::info!(
-                source = %source.display(),
-                device = %engine.model().device(),
-                dim = engine.model().dim(),
-                max_tokens = engine.model().encoder.max_tokens(),
-                load_time = ?started.elapsed(),
-                fixed = ?cost.fixed,
-                per_token = ?cost.per_token,
-                "model loaded"
-            );
-            (Arc::new(engine), Estimator::with_model(cost))
+            let (engine, loaded) = EmbeddingEngine::start(source, device, long_inputs)?;
+            let engine = Arc::new(engine);
+            // The first guess until the model has loaded and timed itself; nothing is admitted
+            // before then (the engine is not ready).
+            loading = Some((engine.clone(), loaded));
+            (engine, Estimator::new(Duration::from_millis(100), Duration::ZERO))
         }
     };
     let policy = Policy {
@@ -116,8 +107,49 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<Front, String> {
         max_rows: settings.max_batch_size,
     };
     let deadlines = DeadlinePolicy { budget: settings.latency_budget, max_timeout: settings.max_timeout };
-    Ok(Front::new(vec![Arc::new(served)], deadlines, settings.max_request_bytes, metrics.clone(), settings.idempotency))
+    let batcher = served.batcher.clone();
+    let front = Front::new(
+        vec![Arc::new(served)],
+        deadlines,
+        settings.max_request_bytes,
+        metrics.clone(),
+        settings.idempotency,
+    );
+    let loading: Loading = match loading {
+        None => Box::pin(std::future::pending()),
+        Some((engine, loaded)) => {
+            let source = settings.engine.clone();
+            Box::pin(async move {
+                let started = tokio::time::Instant::now();
+                match loaded.await {
+                    Ok(Ok((model, cost))) => {
+                        tracing::info!(
+                            engine = ?source,
+                            device = %model.device(),
+                            dim = model.dim(),
+                            max_tokens = model.encoder.max_tokens(),
+                            load_time = ?started.elapsed(),
+                            fixed = ?cost.fixed,
+                            per_token = ?cost.per_token,
+                            "model loaded; ready"
+                        );
+                        // Calibrated before ready: the batcher sees the new estimate before any
+                        // request (its commands are in order).
+                        batcher.calibrate(cost);
+                        engine.install(model);
+                        std::future::pending().await
+                    }
+                    Ok(Err(e)) => e,
+                    Err(_) => "the model loader stopped without a word".to_owned(),
+                }
+            })
+        }
+    };
+    Ok((front, loading))
 }
+
+/// Resolves, with the reason, only if the engine fails to load; pends forever otherwise.
+pub type Loading = std::pin::Pin<Box<dyn Future<Output = String> + Send>>;
 
 /// Serves until `shutdown` resolves, then drains: readiness turns false and new requests get
 /// 503 `draining`, everything queued or running is answered (or expires), and only then do the
@@ -128,7 +160,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let metrics = Metrics::new();
-    let front = Arc::new(build(&settings, &metrics).map_err(std::io::Error::other)?);
+    let (front, loading) = build(&settings, &metrics).map_err(std::io::Error::other)?;
+    let front = Arc::new(front);
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
@@ -138,7 +171,14 @@ pub async fn serve(
     let api = tokio::spawn(async move { api.await });
     let admin = tokio::spawn(async move { admin.await });
 
-    shutdown.await;
+    tokio::select! {
+        () = shutdown => {}
+        failure = loading => {
+            // Nothing was admitted (the engine was never ready): stop at once, saying why.
+            let _ = stop_tx.send(true);
+            return Err(std::io::Error::other(failure));
+        }
+    }
     tracing::info!("shutting down: draining the queue");
     front.start_draining();
     for served in &front.models {

@@ -89,3 +89,28 @@ fn asking_for_a_gpu_without_the_cuda_code_says_how_to_get_it() {
     let err = Model::load(&model_dir(), Device::Cuda(0), Overflow::Truncate).err().unwrap().to_string();
     assert!(err.contains("device cuda:0: this build of ferry-sidecar has no CUDA code"), "{err}");
 }
+
+/// The engine is not ready until its model, loaded on a thread of its own, is installed; it
+/// refuses to price requests meanwhile rather than guess.
+#[tokio::test]
+async fn the_engine_is_ready_once_its_model_is_installed() {
+    use ferry_sidecar::engine::embedding::EmbeddingEngine;
+    use ferry_sidecar::engine::Engine;
+    use ferry_sidecar::tensor::{DataType, Tensor, TensorData};
+
+    let (engine, loaded) = EmbeddingEngine::start(&model_dir(), Device::Cpu, Overflow::Truncate).unwrap();
+    let text = Tensor {
+        name: "text".into(),
+        datatype: DataType::Bytes,
+        shape: vec![1],
+        data: TensorData::Bytes(vec!["hello world".into()]),
+    };
+    assert!(!engine.ready(), "90 MB of weights do not load in an instant");
+    assert_eq!(engine.check(std::slice::from_ref(&text)).unwrap_err(), "the model is still loading");
+    let (model, cost) = loaded.await.unwrap().unwrap();
+    assert!(cost.fixed > std::time::Duration::ZERO && cost.per_token > std::time::Duration::ZERO, "{cost:?}");
+    engine.install(model);
+    assert!(engine.ready());
+    let tokens = engine.check(&[text]).unwrap();
+    assert_eq!((tokens.total, tokens.longest), (4, 4));
+}

@@ -5,6 +5,7 @@ ferry-sidecar process serving the model on the CPU over real HTTP on 127.0.0.1."
 import os
 import re
 import subprocess
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -62,11 +63,17 @@ class Sidecar:
             raise RuntimeError(f"ferry-sidecar did not start: {line!r} {self.process.stderr.read()}")
         self.address, self.metrics_address = match.groups()
         self.url = f"http://{self.address}"
-        # The listener is bound before the model loads; connections wait in its backlog until the
-        # sidecar serves, so one request with a long timeout is enough, and no polling.
-        with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=120) as r:
-            if r.status != 200:
-                raise RuntimeError(f"ferry-sidecar is not ready: {r.status}")
+        # The sidecar serves health checks while the model loads (live, not ready) and says so
+        # on stderr once it is ready: wait for that line rather than polling.
+        for line in self.process.stderr:
+            if "model loaded; ready" in line:
+                break
+        else:
+            raise RuntimeError(f"ferry-sidecar exited before it was ready: {self.process.wait()}")
+        # Keep reading its log, so that a full pipe never blocks it.
+        threading.Thread(target=self.process.stderr.read, daemon=True).start()
+        with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=30) as r:
+            assert r.status == 200
 
     def stop(self):
         self.process.terminate()

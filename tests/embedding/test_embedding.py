@@ -163,3 +163,22 @@ def test_admission_prices_a_request_by_its_tokens():
         assert status == 503 and "deadline cannot be met" in body["error"], body
     finally:
         s.stop()
+
+
+def test_a_model_that_cannot_load_stops_the_sidecar(tmp_path):
+    # config.json is read at start-up; the weights load in the background, and when they cannot
+    # the sidecar exits non-zero naming the file, rather than staying up unready forever.
+    from conftest import model_dir, sidecar_binary
+    import shutil
+    import subprocess
+
+    for name in ["config.json", "tokenizer.json"]:
+        shutil.copy(model_dir() / name, tmp_path / name)
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    done = subprocess.run(
+        [str(sidecar_binary()), "--engine=cuda", "--device=cpu", f"--model-source={tmp_path}",
+         "--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 1, done
+    assert "cannot load the model" in done.stderr and "model.safetensors" in done.stderr, done.stderr
