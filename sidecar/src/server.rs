@@ -123,20 +123,22 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading),
                 let started = tokio::time::Instant::now();
                 match loaded.await {
                     Ok(Ok((model, cost))) => {
+                        let (device, dim, max_tokens) = (model.device(), model.dim(), model.encoder.max_tokens());
+                        // Calibrated before ready: the batcher sees the new estimate before any
+                        // request (its commands are in order). Logged once ready, for whoever
+                        // waits for the line.
+                        batcher.calibrate(cost);
+                        engine.install(model);
                         tracing::info!(
                             engine = ?source,
-                            device = %model.device(),
-                            dim = model.dim(),
-                            max_tokens = model.encoder.max_tokens(),
+                            %device,
+                            dim,
+                            max_tokens,
                             load_time = ?started.elapsed(),
                             fixed = ?cost.fixed,
                             per_token = ?cost.per_token,
                             "model loaded; ready"
                         );
-                        // Calibrated before ready: the batcher sees the new estimate before any
-                        // request (its commands are in order).
-                        batcher.calibrate(cost);
-                        engine.install(model);
                         std::future::pending().await
                     }
                     Ok(Err(e)) => e,
