@@ -278,3 +278,43 @@ fn next_names_the_timer_it_waits_for() {
     s.finish(0, t0 + 110 * MS);
     assert_eq!(s.next(t0 + 110 * MS), Next::Dispatch(Trigger::MaxWait));
 }
+
+/// Admission prices a request by its tokens: with 2 ms per batch and 1 ms per token, a 300-token
+/// text cannot finish inside a 200 ms budget and is refused at once (the estimate is named),
+/// while a 20-token text arriving after it is admitted and rides in a batch whose expected end is
+/// exactly 2 + 20 ms away. A third text joining the queue is priced with the batch it would share.
+#[test]
+fn admission_prices_tokens() {
+    let policy = Policy {
+        max_batch_rows: 8,
+        max_wait: ms(10),
+        deadline_margin: Duration::ZERO,
+        max_queue: 1024,
+        max_queue_bytes: 1 << 30,
+    };
+    let cost = CostModel { fixed: ms(2), per_token: ms(1), ..CostModel::default() };
+    let mut s = Scheduler::new(policy, 1, Estimator::with_model(cost));
+    let t0 = Instant::now();
+    let text = |id, tokens: u32| Ticket {
+        id,
+        arrival: t0,
+        deadline: t0 + ms(200),
+        rows: 1,
+        bytes: 1,
+        priority: Priority::Interactive,
+        tokens: Tokens { total: tokens, longest: tokens },
+    };
+    let refused = s.admit(text(0, 300), t0).unwrap_err();
+    assert_eq!(refused.outcome, Outcome::Infeasible);
+    assert!(refused.message.contains("estimated completion in 302 ms, the deadline allows 200 ms"), "{refused}");
+    s.admit(text(1, 20), t0).unwrap();
+    // 20 + 150 tokens together: 172 ms after the 10 ms wait, within 200.
+    s.admit(text(2, 150), t0).unwrap();
+    // 40 more would make the shared batch 212 ms long: too long even if it left at once.
+    let late = s.admit(text(3, 40), t0).unwrap_err();
+    assert!(late.message.contains("estimated completion in 212 ms"), "{late}");
+    assert_eq!(s.next(t0), Next::At(t0 + ms(10)));
+    let batch = s.take(t0 + ms(10)).unwrap();
+    assert_eq!(batch.shape, Shape { rows: 2, tokens: 170, longest: 150 });
+    assert_eq!(s.estimate(batch.shape), ms(172));
+}
