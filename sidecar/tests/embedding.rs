@@ -114,3 +114,28 @@ async fn the_engine_is_ready_once_its_model_is_installed() {
     let tokens = engine.check(&[text]).unwrap();
     assert_eq!((tokens.total, tokens.longest), (4, 4));
 }
+
+/// The GPU path's algorithm (a padded batch, masked attention, strided batched GEMMs in cuBLAS's
+/// column-major terms, the kernels of kernels.cu), run by the host emulation of its operations,
+/// gives the CPU path's embeddings. This is how the GPU path is tested without a GPU; the GPU
+/// itself is compared with the CPU by scripts/gpu-check.sh.
+#[test]
+fn the_gpu_algorithm_on_the_host_matches_the_cpu_path() {
+    use ferry_sidecar::embed::host::HostOps;
+    use ferry_sidecar::embed::{padded, Weights};
+
+    let dir = model_dir();
+    let model = Model::load(&dir, Device::Cpu, Overflow::Truncate).unwrap();
+    let config = Config::load(&dir).unwrap();
+    let weights = padded::Weights::upload(&HostOps, &Weights::load(&dir, &config).unwrap()).unwrap();
+    // Lengths 4, 8 and 9: two rows padded, so the masks matter.
+    let texts = ["hello world", "A man is eating food.", "Kubernetes schedules pods."];
+    let batch = model.encoder.encode(&texts).unwrap();
+    assert_eq!(batch.lengths, vec![4, 8, 9]);
+    let gpu_algorithm = padded::forward(&HostOps, &weights, &config, &batch).unwrap();
+    let cpu = model.embed(&batch).unwrap();
+    for (row, (g, c)) in gpu_algorithm.chunks(384).zip(cpu.chunks(384)).enumerate() {
+        let similarity = cosine(g, c);
+        assert!(similarity > 0.99999, "row {row}: cosine {similarity}");
+    }
+}

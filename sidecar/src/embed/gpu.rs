@@ -1,7 +1,7 @@
-//! The forward pass on a GPU: cuBLAS for the GEMMs (the projections, and attention as strided
-//! batched GEMMs over every sentence and head at once), NVRTC-compiled kernels (`kernels.cu`) for
-//! the rest. Rows are padded to the batch's longest and padding is masked out of attention and
-//! pooling, so one launch covers the whole batch.
+//! The forward pass on a GPU: [`padded`]'s operations with cuBLAS for the GEMMs (the
+//! projections, and attention as strided batched GEMMs over every sentence and head at once) and
+//! NVRTC-compiled kernels (`kernels.cu`) for the rest. Rows are padded to the batch's longest and
+//! padding is masked out of attention and pooling, so one launch covers the whole batch.
 //!
 //! Everything is f32, as on the CPU, so the two agree to rounding. cudarc loads the CUDA
 //! libraries at run time: [`libraries_present`] must be asked first, since a missing library
@@ -14,10 +14,11 @@
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
-use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
+use cudarc::cublas::{CudaBlas, Gemm as _, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
-use super::files::{Config, Pooling, Weights};
+use super::files::{self, Config};
+use super::padded::{self, Gemm, Norm, Ops, Weights};
 use super::TokenBatch;
 
 /// The kernels' source, compiled by NVRTC when a model is loaded.
@@ -53,27 +54,6 @@ pub fn compile() -> Result<cudarc::nvrtc::Ptx, String> {
     cudarc::nvrtc::compile_ptx(KERNELS).map_err(|e| format!("NVRTC could not compile the kernels: {e}"))
 }
 
-struct Norm {
-    gamma: CudaSlice<f32>,
-    beta: CudaSlice<f32>,
-}
-
-struct Dense {
-    weight: CudaSlice<f32>,
-    bias: CudaSlice<f32>,
-    out: usize,
-    inp: usize,
-}
-
-struct Layer {
-    qkv: Dense,
-    attention_out: Dense,
-    attention_norm: Norm,
-    intermediate: Dense,
-    output: Dense,
-    output_norm: Norm,
-}
-
 struct Kernels {
     embed: CudaFunction,
     layer_norm: CudaFunction,
@@ -85,7 +65,8 @@ struct Kernels {
     _module: Arc<CudaModule>,
 }
 
-struct Device {
+/// [`Ops`] on one GPU: a stream, a cuBLAS handle on it, and the compiled kernels.
+pub struct Cuda {
     stream: Arc<CudaStream>,
     blas: CudaBlas,
     k: Kernels,
@@ -94,26 +75,26 @@ struct Device {
 pub struct GpuModel {
     config: Config,
     ordinal: usize,
-    word: CudaSlice<f32>,
-    position: CudaSlice<f32>,
-    token_type: CudaSlice<f32>,
-    embedding_norm: Norm,
-    layers: Vec<Layer>,
+    weights: Weights<CudaSlice<f32>>,
     /// One batch at a time per model: the stream and the cuBLAS handle are shared.
-    device: Mutex<Device>,
-}
-
-/// A host array's elements in row-major order.
-fn host<D: ndarray::Dimension>(a: &ndarray::Array<f32, D>) -> Vec<f32> {
-    a.iter().copied().collect()
+    device: Mutex<Cuda>,
 }
 
 fn err(e: impl std::fmt::Debug) -> String {
     format!("{e:?}")
 }
 
-impl GpuModel {
-    pub fn new(w: &Weights, ordinal: usize) -> Result<GpuModel, String> {
+/// One block of [`BLOCK`] threads per row.
+fn per_row(n: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+}
+
+fn int(n: usize) -> i32 {
+    n as i32
+}
+
+impl Cuda {
+    fn new(ordinal: usize) -> Result<Cuda, String> {
         libraries_present()?;
         let ctx = CudaContext::new(ordinal).map_err(err)?;
         let stream = ctx.default_stream();
@@ -130,39 +111,15 @@ impl GpuModel {
             _module: module.clone(),
         };
         let blas = CudaBlas::new(stream.clone()).map_err(err)?;
-        let up = |a: &[f32]| stream.clone_htod(a).map_err(err);
-        let norm = |n: &super::files::Norm| -> Result<Norm, String> {
-            Ok(Norm { gamma: up(&host(&n.gamma))?, beta: up(&host(&n.beta))? })
-        };
-        let dense = |d: &super::files::Dense| -> Result<Dense, String> {
-            Ok(Dense {
-                weight: up(&host(&d.weight))?,
-                bias: up(&host(&d.bias))?,
-                out: d.weight.nrows(),
-                inp: d.weight.ncols(),
-            })
-        };
-        let mut layers = Vec::with_capacity(w.layers.len());
-        for l in &w.layers {
-            layers.push(Layer {
-                qkv: dense(&l.qkv)?,
-                attention_out: dense(&l.attention_out)?,
-                attention_norm: norm(&l.attention_norm)?,
-                intermediate: dense(&l.intermediate)?,
-                output: dense(&l.output)?,
-                output_norm: norm(&l.output_norm)?,
-            });
-        }
-        Ok(GpuModel {
-            config: w.config.clone(),
-            ordinal,
-            word: up(&host(&w.word))?,
-            position: up(&host(&w.position))?,
-            token_type: up(&host(&w.token_type))?,
-            embedding_norm: norm(&w.embedding_norm)?,
-            layers,
-            device: Mutex::new(Device { stream, blas, k }),
-        })
+        Ok(Cuda { stream, blas, k })
+    }
+}
+
+impl GpuModel {
+    pub fn new(w: &files::Weights, ordinal: usize) -> Result<GpuModel, String> {
+        let cuda = Cuda::new(ordinal)?;
+        let weights = Weights::upload(&cuda, w)?;
+        Ok(GpuModel { config: w.config.clone(), ordinal, weights, device: Mutex::new(cuda) })
     }
 
     pub fn ordinal(&self) -> usize {
@@ -171,217 +128,177 @@ impl GpuModel {
 
     /// Embeddings of the batch, row-major `[rows, hidden]`.
     pub fn embed(&self, batch: &TokenBatch) -> Result<Vec<f32>, String> {
-        let dev = self.device.lock().unwrap_or_else(|p| p.into_inner());
-        self.forward(&dev, batch).map_err(|e| format!("GPU {}: {e}", self.ordinal))
-    }
-
-    fn forward(&self, dev: &Device, batch: &TokenBatch) -> Result<Vec<f32>, String> {
-        let c = &self.config;
-        let (s, k) = (&dev.stream, &dev.k);
-        let (rows, len, h, heads) = (batch.rows, batch.len, c.hidden, c.heads);
-        let (t, d) = (rows * len, h / heads);
-        let (li, hi, hd) = (len as i32, h as i32, heads as i32);
-        let eps = c.layer_norm_eps;
-        let lengths: Vec<i32> = batch.lengths.iter().map(|&l| l as i32).collect();
-        let ids = s.clone_htod(&batch.ids).map_err(err)?;
-        let types = s.clone_htod(&batch.type_ids).map_err(err)?;
-        let lengths = s.clone_htod(&lengths).map_err(err)?;
-
-        let rows_of =
-            |n: usize| LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
-        let mut x = s.alloc_zeros::<f32>(t * h).map_err(err)?;
-        let mut a = s.alloc_zeros::<f32>(t * h).map_err(err)?;
-        let mut qkv = s.alloc_zeros::<f32>(t * 3 * h).map_err(err)?;
-        let mut ff = s.alloc_zeros::<f32>(t * c.intermediate).map_err(err)?;
-        let mut q = s.alloc_zeros::<f32>(t * h).map_err(err)?;
-        let mut kk = s.alloc_zeros::<f32>(t * h).map_err(err)?;
-        let mut v = s.alloc_zeros::<f32>(t * h).map_err(err)?;
-        let mut scores = s.alloc_zeros::<f32>(rows * heads * len * len).map_err(err)?;
-        let mut ctx = s.alloc_zeros::<f32>(t * h).map_err(err)?;
-        let mut out = s.alloc_zeros::<f32>(rows * h).map_err(err)?;
-        // A null device pointer, for the layer norm's absent bias and residual.
-        let null = 0u64;
-
-        // SAFETY (every launch and GEMM below): the buffers were allocated above with the sizes
-        // the kernels index (t·h, t·3h, t·intermediate, rows·heads·len², rows·h), and the
-        // weights have the shapes config.json gave, checked when they were read.
-        unsafe {
-            s.launch_builder(&k.embed)
-                .arg(&ids)
-                .arg(&types)
-                .arg(&self.word)
-                .arg(&self.position)
-                .arg(&self.token_type)
-                .arg(&mut x)
-                .arg(&li)
-                .arg(&hi)
-                .launch(rows_of(t))
-                .map_err(err)?;
-            s.launch_builder(&k.layer_norm)
-                .arg(&mut a)
-                .arg(&x)
-                .arg(&null)
-                .arg(&null)
-                .arg(&self.embedding_norm.gamma)
-                .arg(&self.embedding_norm.beta)
-                .arg(&hi)
-                .arg(&eps)
-                .launch(rows_of(t))
-                .map_err(err)?;
-            std::mem::swap(&mut x, &mut a);
-
-            for layer in &self.layers {
-                linear(&dev.blas, &x, &layer.qkv, &mut qkv, t)?;
-                s.launch_builder(&k.split_heads)
-                    .arg(&qkv)
-                    .arg(&layer.qkv.bias)
-                    .arg(&mut q)
-                    .arg(&mut kk)
-                    .arg(&mut v)
-                    .arg(&li)
-                    .arg(&hi)
-                    .arg(&hd)
-                    .launch(rows_of(t))
-                    .map_err(err)?;
-                // scores[bh] = q[bh] · k[bh]ᵀ / √d, for every sentence and head at once.
-                let (l32, d32) = (len as i32, d as i32);
-                dev.blas
-                    .gemm_strided_batched(
-                        StridedBatchedConfig {
-                            gemm: GemmConfig {
-                                transa: CUBLAS_OP_T,
-                                transb: CUBLAS_OP_N,
-                                m: l32,
-                                n: l32,
-                                k: d32,
-                                alpha: 1.0 / (d as f32).sqrt(),
-                                lda: d32,
-                                ldb: d32,
-                                beta: 0.0,
-                                ldc: l32,
-                            },
-                            batch_size: (rows * heads) as i32,
-                            stride_a: (len * d) as i64,
-                            stride_b: (len * d) as i64,
-                            stride_c: (len * len) as i64,
-                        },
-                        &kk,
-                        &q,
-                        &mut scores,
-                    )
-                    .map_err(err)?;
-                s.launch_builder(&k.masked_softmax)
-                    .arg(&mut scores)
-                    .arg(&lengths)
-                    .arg(&li)
-                    .arg(&hd)
-                    .launch(rows_of(rows * heads * len))
-                    .map_err(err)?;
-                // ctx[bh] = p[bh] · v[bh]
-                dev.blas
-                    .gemm_strided_batched(
-                        StridedBatchedConfig {
-                            gemm: GemmConfig {
-                                transa: CUBLAS_OP_N,
-                                transb: CUBLAS_OP_N,
-                                m: d32,
-                                n: l32,
-                                k: l32,
-                                alpha: 1.0,
-                                lda: d32,
-                                ldb: l32,
-                                beta: 0.0,
-                                ldc: d32,
-                            },
-                            batch_size: (rows * heads) as i32,
-                            stride_a: (len * d) as i64,
-                            stride_b: (len * len) as i64,
-                            stride_c: (len * d) as i64,
-                        },
-                        &v,
-                        &scores,
-                        &mut ctx,
-                    )
-                    .map_err(err)?;
-                s.launch_builder(&k.merge_heads)
-                    .arg(&ctx)
-                    .arg(&mut q)
-                    .arg(&li)
-                    .arg(&hi)
-                    .arg(&hd)
-                    .launch(rows_of(t))
-                    .map_err(err)?;
-                linear(&dev.blas, &q, &layer.attention_out, &mut a, t)?;
-                // a = LayerNorm(a + bias + x)
-                s.launch_builder(&k.layer_norm)
-                    .arg(&mut kk)
-                    .arg(&a)
-                    .arg(&layer.attention_out.bias)
-                    .arg(&x)
-                    .arg(&layer.attention_norm.gamma)
-                    .arg(&layer.attention_norm.beta)
-                    .arg(&hi)
-                    .arg(&eps)
-                    .launch(rows_of(t))
-                    .map_err(err)?;
-                std::mem::swap(&mut a, &mut kk);
-                linear(&dev.blas, &a, &layer.intermediate, &mut ff, t)?;
-                let n = (t * c.intermediate) as i32;
-                let cols = c.intermediate as i32;
-                s.launch_builder(&k.bias_gelu)
-                    .arg(&mut ff)
-                    .arg(&layer.intermediate.bias)
-                    .arg(&n)
-                    .arg(&cols)
-                    .launch(LaunchConfig::for_num_elems(n as u32))
-                    .map_err(err)?;
-                linear(&dev.blas, &ff, &layer.output, &mut q, t)?;
-                // x = LayerNorm(q + bias + a)
-                s.launch_builder(&k.layer_norm)
-                    .arg(&mut x)
-                    .arg(&q)
-                    .arg(&layer.output.bias)
-                    .arg(&a)
-                    .arg(&layer.output_norm.gamma)
-                    .arg(&layer.output_norm.beta)
-                    .arg(&hi)
-                    .arg(&eps)
-                    .launch(rows_of(t))
-                    .map_err(err)?;
-            }
-            let cls = i32::from(c.pooling == Pooling::Cls);
-            let normalize = i32::from(c.normalize);
-            s.launch_builder(&k.pool)
-                .arg(&x)
-                .arg(&lengths)
-                .arg(&mut out)
-                .arg(&li)
-                .arg(&hi)
-                .arg(&cls)
-                .arg(&normalize)
-                .launch(rows_of(rows))
-                .map_err(err)?;
-        }
-        s.clone_dtoh(&out).map_err(err)
+        let cuda = self.device.lock().unwrap_or_else(|p| p.into_inner());
+        padded::forward(&*cuda, &self.weights, &self.config, batch).map_err(|e| format!("GPU {}: {e}", self.ordinal))
     }
 }
 
-/// `y[t, out] = x[t, in] · weightᵀ` (row-major; the bias is added by the next kernel). In
-/// cuBLAS's column-major terms: `yᵀ = weight · xᵀ`, with the stored weight read transposed.
-fn linear(blas: &CudaBlas, x: &CudaSlice<f32>, d: &Dense, y: &mut CudaSlice<f32>, t: usize) -> Result<(), String> {
-    let (out, inp) = (d.out as i32, d.inp as i32);
-    let cfg = GemmConfig {
-        transa: CUBLAS_OP_T,
-        transb: CUBLAS_OP_N,
-        m: out,
-        n: t as i32,
-        k: inp,
-        alpha: 1.0f32,
-        lda: inp,
-        ldb: inp,
-        beta: 0.0,
-        ldc: out,
-    };
-    // SAFETY: x holds t·in floats, y t·out, the weight out·in, as allocated by the caller.
-    unsafe { blas.gemm(cfg, &d.weight, x, y) }.map_err(err)
+// SAFETY (every launch and GEMM below): `padded::forward` allocates each buffer with the size the
+// kernel or GEMM indexes (t·h, t·3h, t·intermediate, rows·heads·len², rows·h), the weights have
+// the shapes config.json gave (checked when they were read), and the grid sizes are those rows.
+impl Ops for Cuda {
+    type F = CudaSlice<f32>;
+    type U = CudaSlice<u32>;
+    type I = CudaSlice<i32>;
+
+    fn f32s(&self, host: &[f32]) -> Result<Self::F, String> {
+        self.stream.clone_htod(host).map_err(err)
+    }
+    fn u32s(&self, host: &[u32]) -> Result<Self::U, String> {
+        self.stream.clone_htod(host).map_err(err)
+    }
+    fn i32s(&self, host: &[i32]) -> Result<Self::I, String> {
+        self.stream.clone_htod(host).map_err(err)
+    }
+    fn zeros(&self, n: usize) -> Result<Self::F, String> {
+        self.stream.alloc_zeros::<f32>(n).map_err(err)
+    }
+    fn download(&self, buf: &Self::F) -> Result<Vec<f32>, String> {
+        self.stream.clone_dtoh(buf).map_err(err)
+    }
+
+    fn gemm(&self, g: &Gemm, a: &Self::F, b: &Self::F, c: &mut Self::F) -> Result<(), String> {
+        let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
+        let gemm = GemmConfig {
+            transa: op(g.trans_a),
+            transb: op(g.trans_b),
+            m: int(g.m),
+            n: int(g.n),
+            k: int(g.k),
+            alpha: g.alpha,
+            lda: int(g.lda),
+            ldb: int(g.ldb),
+            beta: 0.0,
+            ldc: int(g.ldc),
+        };
+        unsafe {
+            if g.batch == 1 {
+                self.blas.gemm(gemm, a, b, c)
+            } else {
+                let cfg = StridedBatchedConfig {
+                    gemm,
+                    batch_size: int(g.batch),
+                    stride_a: g.stride_a as i64,
+                    stride_b: g.stride_b as i64,
+                    stride_c: g.stride_c as i64,
+                };
+                self.blas.gemm_strided_batched(cfg, a, b, c)
+            }
+        }
+        .map_err(err)
+    }
+
+    fn embed(
+        &self,
+        ids: &Self::U,
+        types: &Self::U,
+        w: &Weights<Self::F>,
+        out: &mut Self::F,
+        t: usize,
+        len: usize,
+        h: usize,
+    ) -> Result<(), String> {
+        let (len, h) = (int(len), int(h));
+        let mut l = self.stream.launch_builder(&self.k.embed);
+        l.arg(ids).arg(types).arg(&w.word).arg(&w.position).arg(&w.token_type).arg(out).arg(&len).arg(&h);
+        unsafe { l.launch(per_row(t)) }.map(drop).map_err(err)
+    }
+
+    fn layer_norm(
+        &self,
+        y: &mut Self::F,
+        x: &Self::F,
+        bias: Option<&Self::F>,
+        residual: Option<&Self::F>,
+        norm: &Norm<Self::F>,
+        rows: usize,
+        h: usize,
+        eps: f32,
+    ) -> Result<(), String> {
+        let null = 0u64; // a null device pointer: no bias, no residual
+        let h = int(h);
+        let mut l = self.stream.launch_builder(&self.k.layer_norm);
+        l.arg(y).arg(x);
+        match bias {
+            Some(b) => l.arg(b),
+            None => l.arg(&null),
+        };
+        match residual {
+            Some(r) => l.arg(r),
+            None => l.arg(&null),
+        };
+        l.arg(&norm.gamma).arg(&norm.beta).arg(&h).arg(&eps);
+        unsafe { l.launch(per_row(rows)) }.map(drop).map_err(err)
+    }
+
+    fn bias_gelu(&self, x: &mut Self::F, bias: &Self::F, n: usize, cols: usize) -> Result<(), String> {
+        let (n, cols) = (int(n), int(cols));
+        let mut l = self.stream.launch_builder(&self.k.bias_gelu);
+        l.arg(x).arg(bias).arg(&n).arg(&cols);
+        unsafe { l.launch(LaunchConfig::for_num_elems(n as u32)) }.map(drop).map_err(err)
+    }
+
+    fn split_heads(
+        &self,
+        qkv: &Self::F,
+        bias: &Self::F,
+        q: &mut Self::F,
+        k: &mut Self::F,
+        v: &mut Self::F,
+        t: usize,
+        len: usize,
+        h: usize,
+        heads: usize,
+    ) -> Result<(), String> {
+        let (len, h, heads) = (int(len), int(h), int(heads));
+        let mut l = self.stream.launch_builder(&self.k.split_heads);
+        l.arg(qkv).arg(bias).arg(q).arg(k).arg(v).arg(&len).arg(&h).arg(&heads);
+        unsafe { l.launch(per_row(t)) }.map(drop).map_err(err)
+    }
+
+    fn masked_softmax(
+        &self,
+        s: &mut Self::F,
+        lengths: &Self::I,
+        n: usize,
+        len: usize,
+        heads: usize,
+    ) -> Result<(), String> {
+        let (len, heads) = (int(len), int(heads));
+        let mut l = self.stream.launch_builder(&self.k.masked_softmax);
+        l.arg(s).arg(lengths).arg(&len).arg(&heads);
+        unsafe { l.launch(per_row(n)) }.map(drop).map_err(err)
+    }
+
+    fn merge_heads(
+        &self,
+        ctx: &Self::F,
+        out: &mut Self::F,
+        t: usize,
+        len: usize,
+        h: usize,
+        heads: usize,
+    ) -> Result<(), String> {
+        let (len, h, heads) = (int(len), int(h), int(heads));
+        let mut l = self.stream.launch_builder(&self.k.merge_heads);
+        l.arg(ctx).arg(out).arg(&len).arg(&h).arg(&heads);
+        unsafe { l.launch(per_row(t)) }.map(drop).map_err(err)
+    }
+
+    fn pool(
+        &self,
+        x: &Self::F,
+        lengths: &Self::I,
+        out: &mut Self::F,
+        rows: usize,
+        len: usize,
+        h: usize,
+        cls: bool,
+        normalize: bool,
+    ) -> Result<(), String> {
+        let (len, h, cls, normalize) = (int(len), int(h), i32::from(cls), i32::from(normalize));
+        let mut l = self.stream.launch_builder(&self.k.pool);
+        l.arg(x).arg(lengths).arg(out).arg(&len).arg(&h).arg(&cls).arg(&normalize);
+        unsafe { l.launch(per_row(rows)) }.map(drop).map_err(err)
+    }
 }

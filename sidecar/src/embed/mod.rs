@@ -9,7 +9,10 @@
 //!   over-long-input policy (truncate or refuse).
 //! - [`cpu`]: the forward pass with ndarray (matrixmultiply's GEMM): embeddings, encoder layers,
 //!   mean pooling, L2 normalisation.
-//! - `gpu` (feature `cuda`): the same pass with cuBLAS GEMMs and NVRTC-compiled kernels.
+//! - [`padded`]: the pass over a padded, masked batch as device operations (GEMMs and kernels),
+//!   written once for the GPU; [`host`] runs the same operations on the host, so that the GPU's
+//!   algorithm is tested where there is no GPU.
+//! - `gpu` (feature `cuda`): [`padded`]'s operations with cuBLAS and NVRTC-compiled kernels.
 //! - [`Model`]: picks the device and runs batches of text to embeddings.
 //!
 //! The engine the sidecar serves is [`crate::engine::embedding`], on top of [`Model`].
@@ -18,6 +21,8 @@ pub mod cpu;
 pub mod files;
 #[cfg(feature = "cuda")]
 pub mod gpu;
+pub mod host;
+pub mod padded;
 pub mod tokens;
 
 use std::path::Path;
