@@ -10,7 +10,7 @@
 
 use axum::http::StatusCode;
 use base64::Engine as _;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::engine::embedding::{INPUT, OUTPUT};
@@ -121,27 +121,52 @@ impl EmbeddingsRequest {
 }
 
 /// The response body: one `data` entry per text, in order.
-pub fn response(model: &str, outputs: &[Tensor], prompt_tokens: u32, encoding: Encoding) -> Value {
+#[derive(Debug, Serialize)]
+pub struct Response<'a> {
+    object: &'static str,
+    data: Vec<Item>,
+    model: &'a str,
+    usage: Usage,
+}
+
+#[derive(Debug, Serialize)]
+struct Item {
+    object: &'static str,
+    index: usize,
+    embedding: Embedding,
+}
+
+/// Floats as f32, so that JSON carries the shortest text that reads back the same f32.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum Embedding {
+    Float(Vec<f32>),
+    Base64(String),
+}
+
+#[derive(Debug, Serialize)]
+struct Usage {
+    prompt_tokens: u32,
+    total_tokens: u32,
+}
+
+pub fn response<'a>(model: &'a str, outputs: &[Tensor], prompt_tokens: u32, encoding: Encoding) -> Response<'a> {
     let mut data = Vec::new();
     if let Some(Tensor { data: TensorData::Float(values), shape, .. }) = outputs.iter().find(|t| t.name == OUTPUT) {
         let dim = shape.get(1).copied().unwrap_or(1).max(1) as usize;
         for (index, row) in values.chunks(dim).enumerate() {
+            let floats = row.iter().map(|&x| x as f32);
             let embedding = match encoding {
-                Encoding::Float => json!(row.iter().map(|&x| x as f32).collect::<Vec<f32>>()),
+                Encoding::Float => Embedding::Float(floats.collect()),
                 Encoding::Base64 => {
-                    let bytes: Vec<u8> = row.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect();
-                    json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+                    let bytes: Vec<u8> = floats.flat_map(f32::to_le_bytes).collect();
+                    Embedding::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
                 }
             };
-            data.push(json!({ "object": "embedding", "index": index, "embedding": embedding }));
+            data.push(Item { object: "embedding", index, embedding });
         }
     }
-    json!({
-        "object": "list",
-        "data": data,
-        "model": model,
-        "usage": { "prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens },
-    })
+    Response { object: "list", data, model, usage: Usage { prompt_tokens, total_tokens: prompt_tokens } }
 }
 
 /// An error body in OpenAI's shape, from Ferry's status and message.
@@ -205,10 +230,22 @@ mod tests {
             shape: vec![1, 2],
             data: TensorData::Float(vec![1.0, -0.5]),
         };
-        let body = response("m", &[out], 3, Encoding::Base64);
+        let body = serde_json::to_value(response("m", &[out], 3, Encoding::Base64)).unwrap();
         let text = body["data"][0]["embedding"].as_str().unwrap();
         let bytes = base64::engine::general_purpose::STANDARD.decode(text).unwrap();
         assert_eq!(bytes, [1.0f32.to_le_bytes(), (-0.5f32).to_le_bytes()].concat());
         assert_eq!(body["usage"]["prompt_tokens"], 3);
+    }
+
+    #[test]
+    fn floats_are_written_as_f32() {
+        let out = Tensor {
+            name: OUTPUT.into(),
+            datatype: DataType::Fp32,
+            shape: vec![1, 1],
+            data: TensorData::Float(vec![f64::from(0.1f32)]),
+        };
+        let text = serde_json::to_string(&response("m", &[out], 1, Encoding::Float)).unwrap();
+        assert!(text.contains(r#""embedding":[0.1]"#), "{text}");
     }
 }
