@@ -75,10 +75,13 @@ impl CpuModel {
     }
 }
 
-/// `x · weightᵀ + bias`.
+/// `x · weightᵀ + bias`, computed as `yᵀ = weight · xᵀ` into a transposed view of `y`: the
+/// GEMM splits its first dimension across threads, and that is the weight's (hundreds of
+/// outputs), not the batch's tokens (a handful for one short sentence, which would leave every
+/// thread but one idle).
 fn linear(x: &Array2<f32>, d: &Dense) -> Array2<f32> {
     let mut y = d.bias.broadcast((x.nrows(), d.bias.len())).expect("bias is 1-d").to_owned();
-    general_mat_mul(1.0, x, &d.weight.t(), 1.0, &mut y);
+    general_mat_mul(1.0, &d.weight, &x.t(), 1.0, &mut y.view_mut().reversed_axes());
     y
 }
 
