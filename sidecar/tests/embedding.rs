@@ -49,6 +49,28 @@ fn counts_truncates_and_refuses_tokens() {
     assert!(err.starts_with("text[1] is 602 tokens; this model takes at most 256"), "{err}");
 }
 
+/// A huge text costs what its first 16 KiB cost: it is cut (at whitespace) before it is
+/// tokenized, which keeps the same first 256 tokens; under `refuse` it is refused by its size.
+#[test]
+fn huge_texts_are_cut_before_they_are_tokenized() {
+    let dir = model_dir();
+    let truncate = TextEncoder::load(&dir, 256, Overflow::Truncate).unwrap();
+    assert_eq!(truncate.max_bytes(), 16 * 1024);
+    let huge = "word ".repeat(200_000);
+    assert_eq!(truncate.count(&[&huge]).unwrap(), vec![256]);
+    let short = "word ".repeat(600);
+    assert_eq!(truncate.encode(&[&huge]).unwrap(), truncate.encode(&[&short]).unwrap());
+    // Multi-byte characters: cut on a character boundary; one giant word is one [UNK] either way.
+    let giant = "é".repeat(20_000);
+    assert_eq!(truncate.count(&[&giant]).unwrap(), vec![3]);
+    let refuse = TextEncoder::load(&dir, 256, Overflow::Refuse).unwrap();
+    let err = refuse.count(&[&huge]).unwrap_err();
+    assert_eq!(
+        err,
+        "text[0] is 1000000 bytes; with --long-inputs refuse this model takes at most 16384 bytes (256 tokens)"
+    );
+}
+
 #[test]
 fn an_embedding_does_not_depend_on_its_batch() {
     let model = Model::load(&model_dir(), Device::Cpu, Overflow::Truncate).unwrap();

@@ -8,6 +8,11 @@ use tokenizers::{Tokenizer, TruncationParams};
 
 use super::LoadError;
 
+/// Texts are cut to this many bytes per token of the model's limit before they are tokenized
+/// (16 KiB for 256 tokens; prose takes 4 to 6): tokenizing costs time in proportion to the text,
+/// and a 16 MiB text would otherwise hold a thread for seconds to keep its first 256 tokens.
+pub const BYTES_PER_TOKEN: usize = 64;
+
 /// What happens to an input longer than the model takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Overflow {
@@ -75,6 +80,35 @@ impl TextEncoder {
         self.max_tokens
     }
 
+    /// The most bytes of one text that are tokenized.
+    pub fn max_bytes(&self) -> usize {
+        self.max_tokens * BYTES_PER_TOKEN
+    }
+
+    /// `text`, or, when it is longer than [`TextEncoder::max_bytes`], its beginning cut at the last
+    /// whitespace of the final 256 bytes (else at a character boundary), so that no word is split
+    /// unless it is too long to be one word piece anyway. Refused under `Refuse`.
+    fn bounded<'t>(&self, i: usize, text: &'t str) -> Result<&'t str, String> {
+        let limit = self.max_bytes();
+        if text.len() <= limit {
+            return Ok(text);
+        }
+        if self.overflow == Overflow::Refuse {
+            return Err(format!(
+                "text[{i}] is {} bytes; with --long-inputs refuse this model takes at most {limit} bytes ({} tokens)",
+                text.len(),
+                self.max_tokens
+            ));
+        }
+        let mut end = limit;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        let floor = end.saturating_sub(256);
+        let cut = text[floor..end].rfind(char::is_whitespace).map_or(end, |at| floor + at);
+        Ok(&text[..cut])
+    }
+
     /// Tokens each text becomes (after truncation, when that is the policy), or why one is
     /// refused. Admission uses this to price a request before it is queued.
     pub fn count(&self, texts: &[&str]) -> Result<Vec<usize>, String> {
@@ -82,8 +116,8 @@ impl TextEncoder {
             .iter()
             .enumerate()
             .map(|(i, text)| {
-                let n =
-                    self.whole.encode(*text, true).map_err(|e| format!("text[{i}] cannot be tokenized: {e}"))?.len();
+                let text = self.bounded(i, text)?;
+                let n = self.whole.encode(text, true).map_err(|e| format!("text[{i}] cannot be tokenized: {e}"))?.len();
                 self.fit(i, n)
             })
             .collect()
@@ -106,7 +140,9 @@ impl TextEncoder {
             Overflow::Truncate => &self.truncating,
             Overflow::Refuse => &self.whole,
         };
-        let encodings = tokenizer.encode_batch(texts.to_vec(), true).map_err(|e| format!("tokenizing failed: {e}"))?;
+        let bounded: Vec<&str> =
+            texts.iter().enumerate().map(|(i, text)| self.bounded(i, text)).collect::<Result<_, _>>()?;
+        let encodings = tokenizer.encode_batch(bounded, true).map_err(|e| format!("tokenizing failed: {e}"))?;
         let lengths: Vec<usize> =
             encodings.iter().enumerate().map(|(i, e)| self.fit(i, e.len())).collect::<Result<_, _>>()?;
         let rows = texts.len();
