@@ -32,6 +32,9 @@ use crate::outcome::{Outcome, Refusal};
 use crate::tensor::{parse_inputs, InferRequest, InferResponse, Tensor};
 use crate::ticket::Priority;
 
+/// Requests larger than this are checked by their engine on the blocking pool.
+const OFFLOAD_CHECK_BYTES: usize = 64 * 1024;
+
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub const PRIORITY: HeaderName = HeaderName::from_static("x-ferry-priority");
 pub const BATCH_SIZE: HeaderName = HeaderName::from_static("x-ferry-batch-size");
@@ -622,7 +625,21 @@ async fn admit_and_wait(
         )));
     }
     let (inputs, rows) = (request.inputs, request.rows);
-    let tokens = served.engine.check(&inputs).map_err(Refusal::invalid)?;
+    // An engine's checks may tokenize: a large request's run on the blocking pool, so that it
+    // does not hold up the runtime's threads (and every other request) meanwhile.
+    let (inputs, tokens) = if bytes.len() > OFFLOAD_CHECK_BYTES {
+        let engine = served.engine.clone();
+        tokio::task::spawn_blocking(move || {
+            let tokens = engine.check(&inputs);
+            (inputs, tokens)
+        })
+        .await
+        .map_err(|e| Refusal::new(Outcome::Failed, format!("checking the request failed: {e}")))?
+    } else {
+        let tokens = served.engine.check(&inputs);
+        (inputs, tokens)
+    };
+    let tokens = tokens.map_err(Refusal::invalid)?;
 
     let submission =
         Submission { inputs, rows, tokens, bytes: bytes.len() as u64, priority, arrival, deadline: arrival + timeout };

@@ -182,3 +182,10 @@ def test_a_model_that_cannot_load_stops_the_sidecar(tmp_path):
     )
     assert done.returncode == 1, done
     assert "cannot load the model" in done.stderr and "model.safetensors" in done.stderr, done.stderr
+
+
+def test_a_large_request_is_checked_off_the_runtime_and_answered(sidecar, reference):
+    # 8 texts of 10 kB (80 kB: checked on the blocking pool), each truncated to 256 tokens.
+    texts = ["word " * 2000] * 8
+    got = oip(sidecar, texts)
+    assert cosines(got, np.tile(reference.embed_one("word " * 600), (8, 1))).min() >= 0.9999
