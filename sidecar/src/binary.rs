@@ -67,14 +67,19 @@ pub fn attach(inputs: &mut [RawTensor], binary: &[u8]) -> Result<(), Refusal> {
     Ok(())
 }
 
-fn decode(datatype: DataType, bytes: &[u8]) -> Result<Vec<Value>, String> {
-    let width = match datatype {
-        DataType::Bytes => return decode_bytes(bytes),
+/// Bytes per element; `None` for BYTES, whose elements carry their own lengths.
+fn width(datatype: DataType) -> Option<usize> {
+    Some(match datatype {
+        DataType::Bytes => return None,
         DataType::Bool | DataType::Uint8 | DataType::Int8 => 1,
         DataType::Uint16 | DataType::Int16 | DataType::Fp16 => 2,
         DataType::Uint32 | DataType::Int32 | DataType::Fp32 => 4,
         DataType::Uint64 | DataType::Int64 | DataType::Fp64 => 8,
-    };
+    })
+}
+
+fn decode(datatype: DataType, bytes: &[u8]) -> Result<Vec<Value>, String> {
+    let Some(width) = width(datatype) else { return decode_bytes(bytes) };
     if !bytes.len().is_multiple_of(width) {
         return Err(format!("{} bytes of {} data are not a whole number of elements", bytes.len(), datatype.name()));
     }
@@ -129,15 +134,9 @@ pub fn encode(t: &Tensor) -> Vec<u8> {
             }
         }
         TensorData::Int(v) => {
+            let width = width(t.datatype).unwrap_or(8);
             for &x in v {
-                let le = (x as i64).to_le_bytes();
-                let width = match t.datatype {
-                    DataType::Uint8 | DataType::Int8 => 1,
-                    DataType::Uint16 | DataType::Int16 => 2,
-                    DataType::Uint32 | DataType::Int32 => 4,
-                    _ => 8,
-                };
-                out.extend_from_slice(&le[..width]);
+                out.extend_from_slice(&(x as i64).to_le_bytes()[..width]);
             }
         }
         TensorData::Float(v) => {

@@ -2,6 +2,8 @@
 OIP JSON, the OpenAI Python client and the Triton HTTP client, all over real HTTP."""
 
 import json
+import shutil
+import subprocess
 import urllib.error
 import urllib.request
 
@@ -10,7 +12,7 @@ import pytest
 import tritonclient.http as triton
 from openai import OpenAI, BadRequestError
 
-from conftest import MODEL_NAME, Sidecar
+from conftest import MODEL_NAME, Sidecar, model_dir, sidecar_binary
 from reference import cosines
 
 SENTENCES = [
@@ -168,10 +170,6 @@ def test_admission_prices_a_request_by_its_tokens():
 def test_a_model_that_cannot_load_stops_the_sidecar(tmp_path):
     # config.json is read at start-up; the weights load in the background, and when they cannot
     # the sidecar exits non-zero naming the file, rather than staying up unready forever.
-    from conftest import model_dir, sidecar_binary
-    import shutil
-    import subprocess
-
     for name in ["config.json", "tokenizer.json"]:
         shutil.copy(model_dir() / name, tmp_path / name)
     (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
