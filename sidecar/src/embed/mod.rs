@@ -89,7 +89,12 @@ impl Model {
     /// Loads the model in `dir` onto `device`. `Auto` takes GPU 0 when this build has the CUDA
     /// code and the CUDA libraries load, and says so in one log line when it falls back.
     pub fn load(dir: &Path, device: Device, overflow: Overflow) -> Result<Model, LoadError> {
-        let config = Config::load(dir)?;
+        Model::load_with(dir, Config::load(dir)?, device, overflow)
+    }
+
+    /// [`Model::load`] with the configuration already read from `dir` (the engine reads it first,
+    /// to fail fast and to publish the model's signature while the weights load).
+    pub fn load_with(dir: &Path, config: Config, device: Device, overflow: Overflow) -> Result<Model, LoadError> {
         let encoder = TextEncoder::load(dir, config.max_tokens, overflow)?;
         let weights = Weights::load(dir, &config)?;
         let backend = match device {

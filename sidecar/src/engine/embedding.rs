@@ -57,7 +57,7 @@ impl EmbeddingEngine {
         std::thread::Builder::new()
             .name("model-loader".into())
             .spawn(move || {
-                let loaded = Model::load(&source, device, overflow)
+                let loaded = Model::load_with(&source, config, device, overflow)
                     .map_err(|e| format!("cannot load the model: {e}"))
                     .and_then(|model| {
                         let cost = calibrate(&model).map_err(|e| format!("the model's first batches failed: {e}"))?;
