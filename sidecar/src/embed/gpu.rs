@@ -18,7 +18,7 @@ use cudarc::cublas::{CudaBlas, Gemm as _, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
 use super::files::{self, Config};
-use super::padded::{self, Gemm, Norm, Ops, Weights};
+use super::padded::{self, Dims, Gemm, Norm, Ops, Weights};
 use super::TokenBatch;
 
 /// The kernels' source, compiled by NVRTC when a model is loaded.
@@ -194,14 +194,12 @@ impl Ops for Cuda {
         types: &Self::U,
         w: &Weights<Self::F>,
         out: &mut Self::F,
-        t: usize,
-        len: usize,
-        h: usize,
+        dims: Dims,
     ) -> Result<(), String> {
-        let (len, h) = (int(len), int(h));
+        let (len, h) = (int(dims.len), int(dims.h));
         let mut l = self.stream.launch_builder(&self.k.embed);
         l.arg(ids).arg(types).arg(&w.word).arg(&w.position).arg(&w.token_type).arg(out).arg(&len).arg(&h);
-        unsafe { l.launch(per_row(t)) }.map(drop).map_err(err)
+        unsafe { l.launch(per_row(dims.t())) }.map(drop).map_err(err)
     }
 
     fn layer_norm(
@@ -211,12 +209,11 @@ impl Ops for Cuda {
         bias: Option<&Self::F>,
         residual: Option<&Self::F>,
         norm: &Norm<Self::F>,
-        rows: usize,
-        h: usize,
+        dims: Dims,
         eps: f32,
     ) -> Result<(), String> {
         let null = 0u64; // a null device pointer: no bias, no residual
-        let h = int(h);
+        let h = int(dims.h);
         let mut l = self.stream.launch_builder(&self.k.layer_norm);
         l.arg(y).arg(x);
         match bias {
@@ -228,7 +225,7 @@ impl Ops for Cuda {
             None => l.arg(&null),
         };
         l.arg(&norm.gamma).arg(&norm.beta).arg(&h).arg(&eps);
-        unsafe { l.launch(per_row(rows)) }.map(drop).map_err(err)
+        unsafe { l.launch(per_row(dims.t())) }.map(drop).map_err(err)
     }
 
     fn bias_gelu(&self, x: &mut Self::F, bias: &Self::F, n: usize, cols: usize) -> Result<(), String> {
@@ -245,44 +242,26 @@ impl Ops for Cuda {
         q: &mut Self::F,
         k: &mut Self::F,
         v: &mut Self::F,
-        t: usize,
-        len: usize,
-        h: usize,
-        heads: usize,
+        dims: Dims,
     ) -> Result<(), String> {
-        let (len, h, heads) = (int(len), int(h), int(heads));
+        let (len, h, heads) = (int(dims.len), int(dims.h), int(dims.heads));
         let mut l = self.stream.launch_builder(&self.k.split_heads);
         l.arg(qkv).arg(bias).arg(q).arg(k).arg(v).arg(&len).arg(&h).arg(&heads);
-        unsafe { l.launch(per_row(t)) }.map(drop).map_err(err)
+        unsafe { l.launch(per_row(dims.t())) }.map(drop).map_err(err)
     }
 
-    fn masked_softmax(
-        &self,
-        s: &mut Self::F,
-        lengths: &Self::I,
-        n: usize,
-        len: usize,
-        heads: usize,
-    ) -> Result<(), String> {
-        let (len, heads) = (int(len), int(heads));
+    fn masked_softmax(&self, s: &mut Self::F, lengths: &Self::I, dims: Dims) -> Result<(), String> {
+        let (len, heads) = (int(dims.len), int(dims.heads));
         let mut l = self.stream.launch_builder(&self.k.masked_softmax);
         l.arg(s).arg(lengths).arg(&len).arg(&heads);
-        unsafe { l.launch(per_row(n)) }.map(drop).map_err(err)
+        unsafe { l.launch(per_row(dims.rows * dims.heads * dims.len)) }.map(drop).map_err(err)
     }
 
-    fn merge_heads(
-        &self,
-        ctx: &Self::F,
-        out: &mut Self::F,
-        t: usize,
-        len: usize,
-        h: usize,
-        heads: usize,
-    ) -> Result<(), String> {
-        let (len, h, heads) = (int(len), int(h), int(heads));
+    fn merge_heads(&self, ctx: &Self::F, out: &mut Self::F, dims: Dims) -> Result<(), String> {
+        let (len, h, heads) = (int(dims.len), int(dims.h), int(dims.heads));
         let mut l = self.stream.launch_builder(&self.k.merge_heads);
         l.arg(ctx).arg(out).arg(&len).arg(&h).arg(&heads);
-        unsafe { l.launch(per_row(t)) }.map(drop).map_err(err)
+        unsafe { l.launch(per_row(dims.t())) }.map(drop).map_err(err)
     }
 
     fn pool(
@@ -290,15 +269,13 @@ impl Ops for Cuda {
         x: &Self::F,
         lengths: &Self::I,
         out: &mut Self::F,
-        rows: usize,
-        len: usize,
-        h: usize,
+        dims: Dims,
         cls: bool,
         normalize: bool,
     ) -> Result<(), String> {
-        let (len, h, cls, normalize) = (int(len), int(h), i32::from(cls), i32::from(normalize));
+        let (len, h, cls, normalize) = (int(dims.len), int(dims.h), i32::from(cls), i32::from(normalize));
         let mut l = self.stream.launch_builder(&self.k.pool);
         l.arg(x).arg(lengths).arg(out).arg(&len).arg(&h).arg(&cls).arg(&normalize);
-        unsafe { l.launch(per_row(rows)) }.map(drop).map_err(err)
+        unsafe { l.launch(per_row(dims.rows)) }.map(drop).map_err(err)
     }
 }

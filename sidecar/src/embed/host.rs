@@ -3,7 +3,7 @@
 //! Slow, and meant to be: it exists so that the GPU path's algorithm — padding, masking, the
 //! GEMMs' transposes and strides — is tested against the CPU path on machines without a GPU.
 
-use super::padded::{Gemm, Norm, Ops, Weights};
+use super::padded::{Dims, Gemm, Norm, Ops, Weights};
 
 #[derive(Debug, Default)]
 pub struct HostOps;
@@ -54,11 +54,10 @@ impl Ops for HostOps {
         types: &Vec<u32>,
         w: &Weights<Vec<f32>>,
         out: &mut Vec<f32>,
-        t: usize,
-        len: usize,
-        h: usize,
+        dims: Dims,
     ) -> Result<(), String> {
-        for tok in 0..t {
+        let Dims { len, h, .. } = dims;
+        for tok in 0..dims.t() {
             let (id, ty, pos) = (ids[tok] as usize, types[tok] as usize, tok % len);
             for e in 0..h {
                 out[tok * h + e] = w.word[id * h + e] + w.position[pos * h + e] + w.token_type[ty * h + e];
@@ -74,11 +73,11 @@ impl Ops for HostOps {
         bias: Option<&Vec<f32>>,
         residual: Option<&Vec<f32>>,
         norm: &Norm<Vec<f32>>,
-        rows: usize,
-        h: usize,
+        dims: Dims,
         eps: f32,
     ) -> Result<(), String> {
-        for r in 0..rows {
+        let h = dims.h;
+        for r in 0..dims.t() {
             let v: Vec<f32> = (0..h)
                 .map(|e| x[r * h + e] + bias.map_or(0.0, |b| b[e]) + residual.map_or(0.0, |res| res[r * h + e]))
                 .collect();
@@ -107,13 +106,10 @@ impl Ops for HostOps {
         q: &mut Vec<f32>,
         k: &mut Vec<f32>,
         v: &mut Vec<f32>,
-        t: usize,
-        len: usize,
-        h: usize,
-        heads: usize,
+        dims: Dims,
     ) -> Result<(), String> {
-        let d = h / heads;
-        for tok in 0..t {
+        let (Dims { len, h, heads, .. }, d) = (dims, dims.d());
+        for tok in 0..dims.t() {
             let (b, l) = (tok / len, tok % len);
             for j in 0..3 * h {
                 let (which, head, e) = (j / h, (j % h) / d, j % d);
@@ -128,15 +124,9 @@ impl Ops for HostOps {
         Ok(())
     }
 
-    fn masked_softmax(
-        &self,
-        s: &mut Vec<f32>,
-        lengths: &Vec<i32>,
-        n: usize,
-        len: usize,
-        heads: usize,
-    ) -> Result<(), String> {
-        for r in 0..n {
+    fn masked_softmax(&self, s: &mut Vec<f32>, lengths: &Vec<i32>, dims: Dims) -> Result<(), String> {
+        let Dims { rows, len, heads, .. } = dims;
+        for r in 0..rows * heads * len {
             let valid = lengths[r / len / heads] as usize;
             let row = &mut s[r * len..(r + 1) * len];
             let max = row[..valid].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
@@ -149,17 +139,9 @@ impl Ops for HostOps {
         Ok(())
     }
 
-    fn merge_heads(
-        &self,
-        ctx: &Vec<f32>,
-        out: &mut Vec<f32>,
-        t: usize,
-        len: usize,
-        h: usize,
-        heads: usize,
-    ) -> Result<(), String> {
-        let d = h / heads;
-        for tok in 0..t {
+    fn merge_heads(&self, ctx: &Vec<f32>, out: &mut Vec<f32>, dims: Dims) -> Result<(), String> {
+        let (Dims { len, h, heads, .. }, d) = (dims, dims.d());
+        for tok in 0..dims.t() {
             let (b, l) = (tok / len, tok % len);
             for j in 0..h {
                 let (head, e) = (j / d, j % d);
@@ -174,12 +156,11 @@ impl Ops for HostOps {
         x: &Vec<f32>,
         lengths: &Vec<i32>,
         out: &mut Vec<f32>,
-        rows: usize,
-        len: usize,
-        h: usize,
+        dims: Dims,
         cls: bool,
         normalize: bool,
     ) -> Result<(), String> {
+        let Dims { rows, len, h, .. } = dims;
         for b in 0..rows {
             let n = if cls { 1 } else { lengths[b] as usize };
             for e in 0..h {

@@ -30,6 +30,28 @@ pub struct Gemm {
     pub stride_c: usize,
 }
 
+/// The sizes the operations index by: `rows` sentences, each padded to `len` tokens, `h` hidden
+/// split into `heads` heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    pub rows: usize,
+    pub len: usize,
+    pub h: usize,
+    pub heads: usize,
+}
+
+impl Dims {
+    /// Tokens in the batch, padding included.
+    pub fn t(&self) -> usize {
+        self.rows * self.len
+    }
+
+    /// Width of one head.
+    pub fn d(&self) -> usize {
+        self.h / self.heads
+    }
+}
+
 /// The operations of the forward pass. Buffers are device memory (or host vectors).
 pub trait Ops {
     type F;
@@ -42,18 +64,15 @@ pub trait Ops {
     fn download(&self, buf: &Self::F) -> Result<Vec<f32>, String>;
     fn gemm(&self, g: &Gemm, a: &Self::F, b: &Self::F, c: &mut Self::F) -> Result<(), String>;
     /// `out[t] = word[ids[t]] + position[t % len] + token_type[types[t]]`.
-    #[allow(clippy::too_many_arguments)]
     fn embed(
         &self,
         ids: &Self::U,
         types: &Self::U,
         w: &Weights<Self::F>,
         out: &mut Self::F,
-        t: usize,
-        len: usize,
-        h: usize,
+        dims: Dims,
     ) -> Result<(), String>;
-    /// `y = LayerNorm(x + bias + residual)` per row of `h`.
+    /// `y = LayerNorm(x + bias + residual)` per token (a row of `h`).
     #[allow(clippy::too_many_arguments)]
     fn layer_norm(
         &self,
@@ -62,14 +81,12 @@ pub trait Ops {
         bias: Option<&Self::F>,
         residual: Option<&Self::F>,
         norm: &Norm<Self::F>,
-        rows: usize,
-        h: usize,
+        dims: Dims,
         eps: f32,
     ) -> Result<(), String>;
     /// `x = gelu(x + bias)` (erf), `n` elements in rows of `cols`.
     fn bias_gelu(&self, x: &mut Self::F, bias: &Self::F, n: usize, cols: usize) -> Result<(), String>;
     /// `qkv [t, 3h]` + bias to q, k, v `[rows · heads, len, d]`.
-    #[allow(clippy::too_many_arguments)]
     fn split_heads(
         &self,
         qkv: &Self::F,
@@ -77,40 +94,20 @@ pub trait Ops {
         q: &mut Self::F,
         k: &mut Self::F,
         v: &mut Self::F,
-        t: usize,
-        len: usize,
-        h: usize,
-        heads: usize,
+        dims: Dims,
     ) -> Result<(), String>;
-    /// Softmax of each of `n` score rows of `len`, keys at or past the sentence's length masked.
-    fn masked_softmax(
-        &self,
-        s: &mut Self::F,
-        lengths: &Self::I,
-        n: usize,
-        len: usize,
-        heads: usize,
-    ) -> Result<(), String>;
+    /// Softmax of each score row (`rows · heads · len` rows of `len`), keys at or past the
+    /// sentence's length masked.
+    fn masked_softmax(&self, s: &mut Self::F, lengths: &Self::I, dims: Dims) -> Result<(), String>;
     /// `[rows · heads, len, d]` back to `[t, h]`.
-    fn merge_heads(
-        &self,
-        ctx: &Self::F,
-        out: &mut Self::F,
-        t: usize,
-        len: usize,
-        h: usize,
-        heads: usize,
-    ) -> Result<(), String>;
+    fn merge_heads(&self, ctx: &Self::F, out: &mut Self::F, dims: Dims) -> Result<(), String>;
     /// Mean (or `[CLS]`) pooling per row, then unit length if asked.
-    #[allow(clippy::too_many_arguments)]
     fn pool(
         &self,
         x: &Self::F,
         lengths: &Self::I,
         out: &mut Self::F,
-        rows: usize,
-        len: usize,
-        h: usize,
+        dims: Dims,
         cls: bool,
         normalize: bool,
     ) -> Result<(), String>;
@@ -211,8 +208,9 @@ fn linear<O: Ops>(ops: &O, x: &O::F, d: &Dense<O::F>, y: &mut O::F, t: usize) ->
 
 /// Embeddings of the batch, row-major `[rows, hidden]`.
 pub fn forward<O: Ops>(ops: &O, w: &Weights<O::F>, c: &Config, batch: &TokenBatch) -> Result<Vec<f32>, String> {
-    let (rows, len, h, heads) = (batch.rows, batch.len, c.hidden, c.heads);
-    let (t, d) = (rows * len, h / heads);
+    let dims = Dims { rows: batch.rows, len: batch.len, h: c.hidden, heads: c.heads };
+    let Dims { rows, len, h, heads } = dims;
+    let (t, d) = (dims.t(), dims.d());
     let eps = c.layer_norm_eps;
     let lengths: Vec<i32> = batch.lengths.iter().map(|&l| l as i32).collect();
     let ids = ops.u32s(&batch.ids)?;
@@ -231,8 +229,8 @@ pub fn forward<O: Ops>(ops: &O, w: &Weights<O::F>, c: &Config, batch: &TokenBatc
     let mut ctx = ops.zeros(t * h)?;
     let mut out = ops.zeros(rows * h)?;
 
-    ops.embed(&ids, &types, w, &mut a, t, len, h)?;
-    ops.layer_norm(&mut x, &a, None, None, &w.embedding_norm, t, h, eps)?;
+    ops.embed(&ids, &types, w, &mut a, dims)?;
+    ops.layer_norm(&mut x, &a, None, None, &w.embedding_norm, dims, eps)?;
     // scores[bh] = q[bh] · k[bh]ᵀ / √d; column-major: scoresᵀ = k · qᵀ, k read transposed.
     let scores_gemm = Gemm {
         trans_a: true,
@@ -267,20 +265,20 @@ pub fn forward<O: Ops>(ops: &O, w: &Weights<O::F>, c: &Config, batch: &TokenBatc
     };
     for layer in &w.layers {
         linear(ops, &x, &layer.qkv, &mut qkv, t)?;
-        ops.split_heads(&qkv, &layer.qkv.bias, &mut q, &mut k, &mut v, t, len, h, heads)?;
+        ops.split_heads(&qkv, &layer.qkv.bias, &mut q, &mut k, &mut v, dims)?;
         ops.gemm(&scores_gemm, &k, &q, &mut scores)?;
-        ops.masked_softmax(&mut scores, &lengths, rows * heads * len, len, heads)?;
+        ops.masked_softmax(&mut scores, &lengths, dims)?;
         ops.gemm(&context_gemm, &v, &scores, &mut ctx)?;
-        ops.merge_heads(&ctx, &mut scratch, t, len, h, heads)?;
+        ops.merge_heads(&ctx, &mut scratch, dims)?;
         linear(ops, &scratch, &layer.attention_out, &mut q, t)?;
         // a = LayerNorm(attention + bias + x)
-        ops.layer_norm(&mut a, &q, Some(&layer.attention_out.bias), Some(&x), &layer.attention_norm, t, h, eps)?;
+        ops.layer_norm(&mut a, &q, Some(&layer.attention_out.bias), Some(&x), &layer.attention_norm, dims, eps)?;
         linear(ops, &a, &layer.intermediate, &mut ff, t)?;
         ops.bias_gelu(&mut ff, &layer.intermediate.bias, t * c.intermediate, c.intermediate)?;
         linear(ops, &ff, &layer.output, &mut q, t)?;
         // x = LayerNorm(output + bias + a)
-        ops.layer_norm(&mut x, &q, Some(&layer.output.bias), Some(&a), &layer.output_norm, t, h, eps)?;
+        ops.layer_norm(&mut x, &q, Some(&layer.output.bias), Some(&a), &layer.output_norm, dims, eps)?;
     }
-    ops.pool(&x, &lengths, &mut out, rows, len, h, c.pooling == Pooling::Cls, c.normalize)?;
+    ops.pool(&x, &lengths, &mut out, dims, c.pooling == Pooling::Cls, c.normalize)?;
     ops.download(&out)
 }
