@@ -9,7 +9,8 @@
 #
 #   FERRY_TEST_MODEL  the model directory (default: .cache/minilm/..., which scripts/test.sh fills)
 #   FERRY_EMBED_BIN   a ferry-embed built elsewhere with --features cuda (skips the build: for GPU
-#                     machines that cannot reach crates.io)
+#                     machines that cannot reach crates.io; scripts/gpu-pack.sh packs one, and the
+#                     model in F16, into .gpu/ to carry there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,9 +32,32 @@ else
   BIN=target/release/ferry-embed
 fi
 
+# cudarc is built against CUDA 12.8's API and opens the libraries at run time under the names
+# libcublas.so, libcublas.so.12, ... but never .so.13: a machine with CUDA 13 alone (as the lent
+# H200 machines have) gets links under the unversioned names to what it has, and their folders on
+# the library path (cuBLAS loads cuBLASLt beside it). The entry points Ferry calls
+# (cublasSgemm_v2, cublasSgemmStridedBatched, nvrtcCompileProgram, ...) are in both versions.
+link_cuda_libraries() {
+  local dir=$OUT/lib lib found
+  mkdir -p "$dir"
+  for lib in cublas nvrtc; do
+    found=$(find /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu /usr/local/lib /opt "$PWD/.cache" \
+      -name "lib$lib.so.1[0-9]*" 2>/dev/null | sort -V | awk '/\.so\.12/ { twelve = $0 } { last = $0 } END { print twelve ? twelve : last }')
+    if [ -z "$found" ]; then
+      echo "gpu-check: no lib$lib.so.* found on this machine" >&2
+      continue
+    fi
+    echo "gpu-check: lib$lib.so -> $found"
+    ln -sf "$found" "$dir/lib$lib.so"
+    LD_LIBRARY_PATH="$(dirname "$found")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  done
+  export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
 BATCHES=1,2,4,8,16,32,64,128,256
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   nvidia-smi -L | tee "$OUT/gpu.txt"
+  link_cuda_libraries
   "$BIN" kernels | tee "$OUT/kernels.json"
   # Fails (exit 1) when the least cosine is below 0.999.
   "$BIN" compare --model "$MODEL" --device cuda --batch "$BATCHES" --min-cosine 0.999 | tee "$OUT/compare.jsonl"

@@ -4,8 +4,10 @@ OIP JSON, the OpenAI Python client and the Triton HTTP client, all over real HTT
 import json
 import shutil
 import subprocess
+import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -187,3 +189,25 @@ def test_a_large_request_is_checked_off_the_runtime_and_answered(sidecar, refere
     texts = ["word " * 2000] * 8
     got = oip(sidecar, texts)
     assert cosines(got, np.tile(reference.embed_one("word " * 600), (8, 1))).min() >= 0.9999
+
+
+def test_weights_stored_as_f16_serve_like_the_original(tmp_path, expected):
+    # scripts/f16-weights.py halves the model for carrying (scripts/gpu-pack.sh); the loader
+    # reads F16 and computes in F32.
+    for name in ["config.json", "tokenizer.json", "modules.json", "sentence_bert_config.json", "1_Pooling/config.json"]:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        shutil.copy(model_dir() / name, tmp_path / name)
+    original = model_dir() / "model.safetensors"
+    half = tmp_path / "model.safetensors"
+    script = Path(__file__).resolve().parents[2] / "scripts/f16-weights.py"
+    subprocess.run([sys.executable, str(script), str(original), str(half)], check=True, timeout=120)
+    with open(half, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    dtypes = {t["dtype"] for name, t in header.items() if name != "__metadata__"}
+    assert "F16" in dtypes and "F32" not in dtypes, dtypes  # integer buffers (position_ids) stay
+    assert half.stat().st_size < 0.51 * original.stat().st_size
+    s = Sidecar(model_source=tmp_path)
+    try:
+        assert cosines(oip(s, SENTENCES), expected).min() >= 0.9999
+    finally:
+        s.stop()
