@@ -296,7 +296,7 @@ async fn run_infer(front: Shared, name: String, version: Option<String>, headers
         Some(v) => format!("/v2/models/{name}/versions/{v}/infer"),
         None => format!("/v2/models/{name}/infer"),
     };
-    call(front, served, Api::Oip, headers, bytes, arrival, &path).await
+    call(front, Incoming { served, api: Api::Oip, headers, bytes, arrival }, &path).await
 }
 
 /// `POST /v1/embeddings`: the model is named in the body, so the body is read first. Errors are
@@ -315,7 +315,7 @@ async fn embeddings(State(front): State<Shared>, headers: HeaderMap, body: Body)
         if let Err(refusal) = admits(&front, &served) {
             return refuse(&served, refusal);
         }
-        call(front.clone(), served, Api::OpenAi, headers, bytes, arrival, openai::PATH).await
+        call(front.clone(), Incoming { served, api: Api::OpenAi, headers, bytes, arrival }, openai::PATH).await
     }
     .await;
     if response.status().is_success() {
@@ -351,22 +351,21 @@ fn admits(front: &Front, served: &Served) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Runs a request whose body has been read, under its `idempotency-key` when it has one.
-async fn call(
-    front: Shared,
+/// A request whose body has been read, for the model it names.
+struct Incoming {
     served: Arc<Served>,
     api: Api,
     headers: HeaderMap,
     bytes: Bytes,
     arrival: Instant,
-    path: &str,
-) -> Response {
-    match headers.get(idempotency::KEY_HEADER) {
-        None => process(&front, &served, api, &headers, bytes, arrival).await,
-        Some(key) => {
-            let key = key.clone();
-            idempotent(front, served, api, headers, bytes, arrival, &key, path).await
-        }
+}
+
+/// Runs a request under its `idempotency-key` when it has one; `path` is part of what the key
+/// promises (with the method and body).
+async fn call(front: Shared, request: Incoming, path: &str) -> Response {
+    match request.headers.get(idempotency::KEY_HEADER).cloned() {
+        None => process(&front, &request).await,
+        Some(key) => idempotent(front, request, &key, path).await,
     }
 }
 
@@ -395,22 +394,13 @@ async fn read_body(front: &Front, headers: &HeaderMap, body: Body) -> Result<Byt
 /// Runs a request under its `idempotency-key`: the first caller's request runs detached from its
 /// connection (so that a retry after a dropped connection finds its outcome), joiners wait for
 /// that outcome, later callers get it replayed, and another request under the same key is a 409.
-#[allow(clippy::too_many_arguments)]
-async fn idempotent(
-    front: Shared,
-    served: Arc<Served>,
-    api: Api,
-    headers: HeaderMap,
-    bytes: Bytes,
-    arrival: Instant,
-    key: &HeaderValue,
-    path: &str,
-) -> Response {
+async fn idempotent(front: Shared, request: Incoming, key: &HeaderValue, path: &str) -> Response {
+    let Incoming { served, headers, bytes, arrival, .. } = &request;
     let key = match key.to_str() {
         Ok(k) if !k.is_empty() && k.len() <= 255 && k.bytes().all(|b| b.is_ascii_graphic()) => k.to_owned(),
         _ => {
             return refuse(
-                &served,
+                served,
                 Refusal::invalid(format!(
                     "{} must be 1 to 255 visible ASCII characters; got {} bytes",
                     idempotency::KEY_HEADER,
@@ -428,22 +418,23 @@ async fn idempotent(
         })
         .unwrap_or_default();
     let record = Key { scope, key: key.clone() };
-    let fingerprint = idempotency::fingerprint("POST", path, &bytes);
-    let claim = front.idempotency.lock().unwrap_or_else(|p| p.into_inner()).claim(record.clone(), fingerprint, arrival);
+    let fingerprint = idempotency::fingerprint("POST", path, bytes);
+    let claim =
+        front.idempotency.lock().unwrap_or_else(|p| p.into_inner()).claim(record.clone(), fingerprint, *arrival);
     let (mut outcome, replayed) = match claim {
         Claim::Conflict => {
             let message = format!(
                 "{} '{key}' was already used for a different request (method, path or body differ); use a new key",
                 idempotency::KEY_HEADER
             );
-            return refuse(&served, Refusal::new(Outcome::Conflict, message));
+            return refuse(served, Refusal::new(Outcome::Conflict, message));
         }
         Claim::Replay(saved) => return replay(&saved, true),
         Claim::Join(rx) => (rx, true),
         Claim::Execute(rx) => {
             let front = front.clone();
             tokio::spawn(async move {
-                let response = process(&front, &served, api, &headers, bytes, arrival).await;
+                let response = process(&front, &request).await;
                 let saved = save(response).await;
                 front.idempotency.lock().unwrap_or_else(|p| p.into_inner()).finish(&record, saved);
             });
@@ -485,17 +476,10 @@ fn replay(saved: &Saved, replayed: bool) -> Response {
 }
 
 /// Parses, checks, admits and waits for one request whose body has been read.
-async fn process(
-    front: &Front,
-    served: &Served,
-    api: Api,
-    headers: &HeaderMap,
-    bytes: Bytes,
-    arrival: Instant,
-) -> Response {
-    match admit_and_wait(front, served, api, headers, bytes, arrival).await {
+async fn process(front: &Front, request: &Incoming) -> Response {
+    match admit_and_wait(front, request).await {
         Ok(response) => response,
-        Err(refusal) if refusal.outcome.is_refused_at_the_front() => refuse(served, refusal),
+        Err(refusal) if refusal.outcome.is_refused_at_the_front() => refuse(&request.served, refusal),
         Err(refusal) => error(&refusal),
     }
 }
@@ -592,15 +576,10 @@ fn parse(served: &Served, api: Api, headers: &HeaderMap, bytes: &[u8]) -> Result
     }
 }
 
-async fn admit_and_wait(
-    front: &Front,
-    served: &Served,
-    api: Api,
-    headers: &HeaderMap,
-    bytes: Bytes,
-    arrival: Instant,
-) -> Result<Response, Refusal> {
-    let request = parse(served, api, headers, &bytes)?;
+async fn admit_and_wait(front: &Front, incoming: &Incoming) -> Result<Response, Refusal> {
+    let Incoming { served, api, headers, bytes, arrival } = incoming;
+    let (api, arrival) = (*api, *arrival);
+    let request = parse(served, api, headers, bytes)?;
 
     let header_text = |name: &str| -> Result<Option<&str>, Refusal> {
         headers
