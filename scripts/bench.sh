@@ -2,5 +2,6 @@
 # Regenerates BENCHMARKS.md (and benchmarks/*.svg): real sidecar processes on 127.0.0.1, side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TARGET=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 cargo build --release --locked -p ferry-sidecar -p ferry-load
-exec target/release/ferry-load bench --out BENCHMARKS.md "$@"
+exec "$TARGET/release/ferry-load" bench --out BENCHMARKS.md "$@"

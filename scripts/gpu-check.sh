@@ -29,7 +29,7 @@ if [ -n "${FERRY_EMBED_BIN:-}" ]; then
   BIN=$FERRY_EMBED_BIN
 else
   cargo build --release -p ferry-sidecar --features cuda --bin ferry-embed
-  BIN=target/release/ferry-embed
+  BIN=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release/ferry-embed
 fi
 
 # cudarc is built against CUDA 12.8's API and opens the libraries at run time under the names

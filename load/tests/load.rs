@@ -1,12 +1,13 @@
-//! The load generator against a real sidecar (in this process, over real HTTP on 127.0.0.1) and
-//! the echo server.
+//! The load generator against a real sidecar (in this process, over real HTTP on 127.0.0.1).
+//! Timing-sensitive: the echo server's throughput probe, which saturates both cores, lives in its
+//! own test binary (`echo.rs`), which cargo never runs beside this one.
 
 use std::time::Duration;
 
 use ferry_load::record::Summary;
 use ferry_load::run::{self, LoadSpec};
 use ferry_load::schedule::Arrivals;
-use ferry_load::{echo, plot, report};
+use ferry_load::{plot, report};
 use ferry_sidecar::server;
 
 async fn sidecar(args: &[&str]) -> String {
@@ -29,9 +30,11 @@ async fn an_open_loop_run_is_summarised() {
     let samples = run::run(&spec, false).await.unwrap();
     assert_eq!(samples.len(), 399, "one sample per scheduled request");
     let summary = Summary::of(&samples, spec.duration, Some(16));
+    // A 2 s deadline against 20 ms batches at a tenth of capacity: every answer is a 200 in time,
+    // however busy the machine; goodput is what was answered in time over the run's length.
     assert_eq!(summary.count("200"), 399, "{:?}", summary.statuses);
     assert_eq!(summary.within_deadline, 1.0);
-    assert!((summary.goodput_rps - 199.5).abs() < 0.01);
+    assert!((summary.goodput_rps - 399.0 / 2.0).abs() < 1e-9, "{}", summary.goodput_rps);
     let fill = summary.batch_fill.unwrap();
     assert!(fill > 0.1 && fill <= 1.0, "requests shared batches: {fill}");
     let p = summary.latency_ms.clone().unwrap();
@@ -44,7 +47,7 @@ async fn an_open_loop_run_is_summarised() {
     {
         assert!(json.get(key).is_some(), "{key} in --json");
     }
-    assert!(report::table(&summary).contains("goodput         199.5 req/s"));
+    assert!(report::table(&summary).contains(&format!("goodput         {:.1} req/s", summary.goodput_rps)));
     let dir = std::env::temp_dir().join(format!("ferry-load-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let svg = dir.join("run.svg");
@@ -64,16 +67,4 @@ async fn overload_is_refused_early_and_never_answered_late() {
     assert!(summary.rejected > 0.3, "most of the excess is refused at admission: {:?}", summary.statuses);
     assert_eq!(summary.late_server, 0, "no 200 after its deadline by the sidecar's clock");
     assert!(summary.count("200") > 80, "{:?}", summary.statuses);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_echo_server_answers_with_the_body_and_sustains_a_closed_loop() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/echo", listener.local_addr().unwrap());
-    tokio::spawn(echo::serve(listener));
-    let client = run::clients(1).unwrap().remove(0);
-    let answer = client.post(&url).body("{\"x\":1}").send().await.unwrap();
-    assert_eq!(answer.text().await.unwrap(), "{\"x\":1}");
-    let rps = run::max_throughput(&url, 8, Duration::from_millis(500)).await.unwrap();
-    assert!(rps > 100.0, "{rps}");
 }

@@ -1,9 +1,9 @@
-//! The CRD YAML, generated from [`crate::resource`]. `ferry-operator crdgen` prints it; the
+//! The CRD YAML, generated from [`ferry_core::spec`]. `ferry-operator crdgen` prints it; the
 //! checked-in copies under `crds/` (and the Helm chart's) must equal it, which a test checks.
 
 use kube::CustomResourceExt;
 
-use crate::resource::InferenceService;
+use ferry_core::spec::InferenceService;
 
 /// Path of the checked-in CRD, relative to the repository root.
 pub const CRD_PATH: &str = "crds/inferenceservice.yaml";

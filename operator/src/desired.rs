@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
-use crate::resource::{EngineKind, InferenceService, InferenceServiceSpec};
+use ferry_core::spec::{EngineKind, InferenceService, InferenceServiceSpec};
 
 /// The field manager of everything the reconciler applies.
 pub const FIELD_MANAGER: &str = "ferry-operator";
@@ -69,7 +69,7 @@ pub struct ModelVolume {
 
 /// The checks an API server without CEL support (or an old CRD) would let through.
 pub fn check(spec: &InferenceServiceSpec) -> Result<Checked, SpecError> {
-    let duration = |field: &str, d: &crate::resource::GatewayDuration| {
+    let duration = |field: &str, d: &ferry_core::spec::GatewayDuration| {
         d.parse().map_err(|e| invalid(format!("spec.{field}: {e}")))
     };
     let s = &spec.scaling;
@@ -168,6 +168,8 @@ pub fn sidecar_args(spec: &InferenceServiceSpec, checked: &Checked) -> Vec<Strin
         format!("--max-queue={}", b.max_queue),
         format!("--engine={}", spec.engine.kind.as_str()),
     ];
+    args.extend(b.max_queue_bytes.map(|n| format!("--max-queue-bytes={n}")));
+    args.extend(b.max_request_bytes.map(|n| format!("--max-request-bytes={n}")));
     let source = match (&checked.volume, spec.model.source.as_deref()) {
         (Some(v), _) if v.path.is_empty() => Some(MODEL_MOUNT.to_owned()),
         (Some(v), _) => Some(format!("{MODEL_MOUNT}/{}", v.path)),

@@ -3,7 +3,9 @@
 //!
 //! # Layout
 //!
-//! - [`resource`]: the resource's Rust types; the CRD schema is generated from them.
+//! The resource's Rust types are `ferry_core::spec` (feature `kube`), shared with the sidecar's
+//! `--config`; the CRD schema is generated from them.
+//!
 //! - [`autoscale`]: the scaling decision (pure) and the capacity planner.
 //! - [`crdgen`]: writes the CRD YAML (`crds/`), checked for drift by a test.
 //! - [`desired`]: the worker Deployment and Service an InferenceService should have (pure).
@@ -21,6 +23,5 @@ pub mod lease;
 pub mod metrics;
 pub mod rbac;
 pub mod reconcile;
-pub mod resource;
 pub mod run;
 pub mod status;

@@ -45,13 +45,13 @@ struct PlanArgs {
     #[arg(long)]
     rate: f64,
     /// Engine time per batch.
-    #[arg(long, value_parser = ferry_sidecar::duration::parse)]
+    #[arg(long, value_parser = ferry_core::duration::parse)]
     batch_time: Duration,
     #[arg(long)]
     max_batch_size: u32,
-    #[arg(long, value_parser = ferry_sidecar::duration::parse)]
+    #[arg(long, value_parser = ferry_core::duration::parse)]
     max_wait: Duration,
-    #[arg(long, value_parser = ferry_sidecar::duration::parse)]
+    #[arg(long, value_parser = ferry_core::duration::parse)]
     latency_budget: Duration,
     /// Workers (concurrent batches) per replica.
     #[arg(long, default_value_t = 1)]
@@ -87,10 +87,10 @@ struct RunArgs {
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
     /// How often the autoscaler scrapes the sidecars and decides.
-    #[arg(long, env = "FERRY_SCALE_INTERVAL", default_value = "2s", value_parser = ferry_sidecar::duration::parse)]
+    #[arg(long, env = "FERRY_SCALE_INTERVAL", default_value = "2s", value_parser = ferry_core::duration::parse)]
     scale_interval: Duration,
     /// The span over which counters become rates.
-    #[arg(long, env = "FERRY_METRICS_WINDOW", default_value = "10s", value_parser = ferry_sidecar::duration::parse)]
+    #[arg(long, env = "FERRY_METRICS_WINDOW", default_value = "10s", value_parser = ferry_core::duration::parse)]
     metrics_window: Duration,
 }
 
@@ -175,7 +175,7 @@ fn main() -> ExitCode {
         }),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    match runtime.block_on(run::run(options, ferry_sidecar::server::shutdown_signal())) {
+    match runtime.block_on(run::run(options, run::shutdown_signal())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");

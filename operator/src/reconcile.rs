@@ -19,8 +19,8 @@ use tokio::time::Instant;
 
 use crate::desired::{self, Images, FIELD_MANAGER, REPLICAS_MANAGER};
 use crate::metrics::OperatorMetrics;
-use crate::resource::InferenceService;
 use crate::status;
+use ferry_core::spec::InferenceService;
 
 /// What every reconcile shares.
 pub struct Context {

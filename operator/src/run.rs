@@ -22,7 +22,7 @@ use crate::desired::Images;
 use crate::lease::{self, LeaseConfig};
 use crate::metrics::OperatorMetrics;
 use crate::reconcile::{error_policy, reconcile, Context};
-use crate::resource::InferenceService;
+use ferry_core::spec::InferenceService;
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -33,6 +33,15 @@ pub struct Options {
     /// How often the autoscaler scrapes and decides, and the span its rates are taken over.
     pub scale_interval: Duration,
     pub metrics_window: Duration,
+}
+
+/// Resolves on SIGTERM (the kubelet stopping the pod) or Ctrl-C.
+pub async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
 }
 
 /// Runs until SIGTERM/SIGINT, or until leadership is lost (an error: the process should restart).

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
+use ferry_core::spec::InferenceService;
 use ferry_operator::autoscale::decide::Observed;
 use ferry_operator::autoscale::scale::Autoscaler;
 use ferry_operator::rbac;
-use ferry_operator::resource::InferenceService;
 use http::{Request, Response};
 use kube::client::Body;
 use kube::runtime::events::{Recorder, Reporter};

@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use ferry_core::spec::InferenceService;
 use ferry_operator::crdgen::{crd_yaml, CRD_PATH};
-use ferry_operator::resource::InferenceService;
 use serde_json::Value;
 
 fn repo() -> PathBuf {

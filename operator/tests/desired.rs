@@ -3,8 +3,10 @@
 
 use std::path::Path;
 
+use clap::Parser;
+use ferry_core::spec::{EngineKind, InferenceService};
 use ferry_operator::desired::{self, Images};
-use ferry_operator::resource::InferenceService;
+use ferry_sidecar::config::{Cli, EngineSettings, Settings};
 use k8s_openapi::api::core::v1::Container;
 
 fn example(name: &str) -> InferenceService {
@@ -59,6 +61,42 @@ fn the_quickstart_runs_the_sim_engine_with_its_numbers() {
     let live = sidecar.liveness_probe.clone().unwrap().http_get.unwrap();
     assert_eq!(live.path.as_deref(), Some("/v2/health/live"));
     assert_eq!(gpus(sidecar), None, "the sim engine needs no GPU");
+}
+
+/// The operator's arguments mean to the sidecar what the spec says: each example's container
+/// arguments, parsed by the sidecar's own command-line parser and resolved as it resolves them.
+#[test]
+fn the_sidecar_reads_its_arguments_as_the_spec_says() {
+    for name in ["quickstart.yaml", "cuda.yaml", "remote.yaml"] {
+        let isvc = example(name);
+        let args = containers(&isvc)[0].args.clone().unwrap();
+        let cli = Cli::try_parse_from(std::iter::once("ferry-sidecar".to_owned()).chain(args.clone()))
+            .unwrap_or_else(|e| panic!("{name}: {args:?}: {e}"));
+        let settings = Settings::resolve(cli).unwrap_or_else(|e| panic!("{name}: {args:?}: {e}"));
+        let (spec, b) = (&isvc.spec, &isvc.spec.batching);
+        assert_eq!((settings.model.as_str(), settings.version.as_str()), (&*spec.model.name, &*spec.model.version));
+        assert_eq!(settings.max_batch_size, b.max_batch_size, "{name}");
+        assert_eq!(settings.max_wait, b.max_wait.duration(), "{name}");
+        assert_eq!(settings.latency_budget, b.latency_budget.duration(), "{name}");
+        assert_eq!(settings.max_queue, b.max_queue as usize, "{name}");
+        let default = Settings::resolve(Cli::try_parse_from(["ferry-sidecar"]).unwrap()).unwrap();
+        assert_eq!(settings.max_queue_bytes, b.max_queue_bytes.unwrap_or(default.max_queue_bytes), "{name}");
+        assert_eq!(settings.max_request_bytes, b.max_request_bytes.unwrap_or(default.max_request_bytes), "{name}");
+        match (spec.engine.kind, &settings.engine) {
+            (EngineKind::Sim, EngineSettings::Sim { batch_time, per_item, .. }) => {
+                let sim = spec.engine.sim.clone().unwrap_or_default();
+                assert_eq!((*batch_time, *per_item), (sim.batch_time.duration(), sim.per_item.duration()));
+            }
+            (EngineKind::Cuda, EngineSettings::Cuda { source, .. }) => {
+                assert_eq!(source.to_str(), Some("/models/all-minilm-l6-v2"))
+            }
+            (EngineKind::Remote, EngineSettings::Remote { upstream, .. }) => {
+                assert_eq!(upstream, &format!("http://127.0.0.1:{}", spec.engine.port))
+            }
+            (kind, engine) => panic!("{name}: spec.engine.kind {kind:?} became {engine:?}"),
+        }
+    }
+    assert_eq!(example("remote.yaml").spec.batching.max_queue_bytes, Some(64 << 20), "an example sets it");
 }
 
 #[test]

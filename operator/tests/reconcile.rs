@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_core::spec::InferenceService;
 use ferry_operator::desired::Images;
 use ferry_operator::metrics::OperatorMetrics;
 use ferry_operator::rbac;
 use ferry_operator::reconcile::{error_policy, reconcile, Context};
-use ferry_operator::resource::InferenceService;
 use http::{Request, Response};
 use kube::client::Body;
 use kube::runtime::controller::Action;

@@ -5,13 +5,13 @@
 //!
 //! When a batch fails (an engine error, a panic, or the watchdog giving up on it), the requests
 //! it carried are retried within their deadline and attempt budget, and a poison row is isolated
-//! by bisection ([`crate::recovery`]). Every run of a request is an attempt with its own number;
+//! by bisection ([`ferry_core::recovery`]). Every run of a request is an attempt with its own number;
 //! a result for an attempt that is no longer current (the watchdog gave up on it) or for a
 //! request already answered at its deadline is discarded and counted in
 //! `ferry_late_results_total`.
 //!
 //! One task owns all of this state, so there are no locks; callers talk to it over a channel.
-//! At each instant it handles events in the order [`crate::replay`] uses (finished batches,
+//! At each instant it handles events in the order [`ferry_core::replay`] uses (finished batches,
 //! deadlines, arrivals, dispatches), which is what makes the paused-clock tests exact.
 
 use std::collections::{BTreeSet, HashMap};
@@ -25,13 +25,13 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::engine::{BatchOutputs, Engine, EngineError, Inputs};
-use crate::estimate::CostModel;
 use crate::metrics::ModelMetrics;
-use crate::outcome::{Outcome, Refusal};
-use crate::recovery::{self, Member, Recovery};
-use crate::scheduler::Scheduler;
 use crate::tensor::Tensor;
-use crate::ticket::{Priority, RequestId, Ticket, Tokens};
+use ferry_core::estimate::CostModel;
+use ferry_core::outcome::{Outcome, Refusal};
+use ferry_core::recovery::{self, Member, Recovery};
+use ferry_core::scheduler::Scheduler;
+use ferry_core::ticket::{Priority, RequestId, Ticket, Tokens};
 
 /// A request for the batcher: its payload and what admission needs to know.
 #[derive(Debug)]

@@ -13,8 +13,8 @@
 use axum::http::{HeaderMap, HeaderName};
 use serde_json::{Map, Number, Value};
 
-use crate::outcome::Refusal;
 use crate::tensor::{DataType, RawTensor, Tensor, TensorData};
+use ferry_core::outcome::Refusal;
 
 pub const HEADER: HeaderName = HeaderName::from_static("inference-header-content-length");
 

@@ -7,12 +7,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use ferry_core::spec::{InferenceServiceSpec, ModelSpec};
 use serde::Deserialize;
 
 use crate::batcher::RetryPolicy;
 use crate::embed::{Device, Overflow};
 use crate::engine::sim::Faults;
-use crate::{duration, idempotency};
+use crate::idempotency;
+use ferry_core::duration;
 
 #[derive(Debug, Parser, Default)]
 #[command(
@@ -165,61 +167,15 @@ pub struct Settings {
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
-/// The part of an InferenceService manifest the sidecar reads. Other fields (scaling, engine
-/// image) belong to the operator and are ignored here.
+/// An InferenceService manifest as the sidecar reads it: the spec types the operator's CRD is
+/// generated from (`ferry_core::spec`), so a field the cluster would prune is not honoured here
+/// either. Other parts of the object (metadata, status) are ignored.
 #[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
 struct Manifest {
     #[serde(default)]
     kind: Option<String>,
     #[serde(default)]
-    spec: Spec,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct Spec {
-    #[serde(default)]
-    model: ModelSpec,
-    #[serde(default)]
-    engine: EngineSpec,
-    #[serde(default)]
-    batching: BatchingSpec,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct ModelSpec {
-    name: Option<String>,
-    version: Option<String>,
-    source: Option<PathBuf>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct EngineSpec {
-    kind: Option<String>,
-    #[serde(default)]
-    sim: SimSpec,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SimSpec {
-    #[serde(default, deserialize_with = "duration::serde_format::deserialize_option")]
-    batch_time: Option<Duration>,
-    #[serde(default, deserialize_with = "duration::serde_format::deserialize_option")]
-    per_item: Option<Duration>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct BatchingSpec {
-    max_batch_size: Option<u32>,
-    #[serde(default, deserialize_with = "duration::serde_format::deserialize_option")]
-    max_wait: Option<Duration>,
-    #[serde(default, deserialize_with = "duration::serde_format::deserialize_option")]
-    latency_budget: Option<Duration>,
-    max_queue: Option<usize>,
-    max_queue_bytes: Option<u64>,
-    max_request_bytes: Option<u64>,
+    spec: Option<InferenceServiceSpec>,
 }
 
 const MS: Duration = Duration::from_millis(1);
@@ -239,19 +195,26 @@ impl Settings {
     }
 
     fn merge(cli: Cli, m: Manifest) -> Result<Settings, ConfigError> {
-        let (model, engine, batching) = (m.spec.model, m.spec.engine, m.spec.batching);
-        let latency_budget = cli.latency_budget.or(batching.latency_budget).unwrap_or(200 * MS);
+        let spec = m.spec.unwrap_or_else(|| InferenceServiceSpec {
+            model: ModelSpec { name: "sim".into(), version: "1".into(), source: None },
+            engine: Default::default(),
+            batching: Default::default(),
+            scaling: Default::default(),
+        });
+        let (model, engine, batching) = (spec.model, spec.engine, spec.batching);
+        let sim = engine.sim.unwrap_or_default();
+        let latency_budget = cli.latency_budget.unwrap_or(batching.latency_budget.duration());
         let s = Settings {
             listen: cli.listen.unwrap_or_else(|| "0.0.0.0:8080".parse().expect("valid address")),
             metrics_listen: cli.metrics_listen.unwrap_or_else(|| "0.0.0.0:9090".parse().expect("valid address")),
-            model: cli.model.or(model.name).unwrap_or_else(|| "sim".into()),
-            version: cli.model_version.or(model.version).unwrap_or_else(|| "1".into()),
-            max_batch_size: cli.max_batch_size.or(batching.max_batch_size).unwrap_or(32),
-            max_wait: cli.max_wait.or(batching.max_wait).unwrap_or(10 * MS),
+            model: cli.model.unwrap_or(model.name),
+            version: cli.model_version.unwrap_or(model.version),
+            max_batch_size: cli.max_batch_size.unwrap_or(batching.max_batch_size),
+            max_wait: cli.max_wait.unwrap_or(batching.max_wait.duration()),
             latency_budget,
             max_timeout: cli.max_timeout.unwrap_or(latency_budget),
             workers: cli.workers.unwrap_or(1),
-            max_queue: cli.max_queue.or(batching.max_queue).unwrap_or(1024),
+            max_queue: cli.max_queue.unwrap_or(batching.max_queue as usize),
             max_queue_bytes: cli.max_queue_bytes.or(batching.max_queue_bytes).unwrap_or(256 << 20),
             max_request_bytes: cli.max_request_bytes.or(batching.max_request_bytes).unwrap_or(16 << 20),
             deadline_margin: cli.deadline_margin.unwrap_or(2 * MS),
@@ -265,10 +228,10 @@ impl Settings {
                 max_entries: cli.idempotency_max_entries.unwrap_or(10_000),
                 max_bytes: cli.idempotency_max_bytes.unwrap_or(64 << 20),
             },
-            engine: match cli.engine.or(engine.kind).as_deref().unwrap_or("sim") {
+            engine: match cli.engine.as_deref().unwrap_or(engine.kind.as_str()) {
                 "sim" => EngineSettings::Sim {
-                    batch_time: cli.sim_batch_time.or(engine.sim.batch_time).unwrap_or(100 * MS),
-                    per_item: cli.sim_per_item.or(engine.sim.per_item).unwrap_or(Duration::ZERO),
+                    batch_time: cli.sim_batch_time.unwrap_or(sim.batch_time.duration()),
+                    per_item: cli.sim_per_item.unwrap_or(sim.per_item.duration()),
                     faults: Faults {
                         fail_rate: probability("--sim-fail-rate", cli.sim_fail_rate)?,
                         hang_rate: probability("--sim-hang-rate", cli.sim_hang_rate)?,
@@ -285,7 +248,7 @@ impl Settings {
                     batch_time_estimate: cli.batch_time_estimate.unwrap_or(100 * MS),
                 },
                 "cuda" => EngineSettings::Cuda {
-                    source: cli.model_source.clone().or(model.source.clone()).ok_or_else(|| {
+                    source: cli.model_source.clone().or(model.source.map(PathBuf::from)).ok_or_else(|| {
                         ConfigError(
                             "--model-source (spec.model.source) is required when --engine is cuda: the directory \
                              with config.json, model.safetensors and tokenizer.json"

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::outcome::Refusal;
+use ferry_core::outcome::Refusal;
 
 pub const TIMEOUT_HEADER: &str = "x-ferry-timeout-ms";
 

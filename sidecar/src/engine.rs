@@ -16,7 +16,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::tensor::Tensor;
-pub use crate::ticket::Tokens;
+pub use ferry_core::ticket::Tokens;
 
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 

@@ -28,9 +28,9 @@ use crate::engine::Engine;
 use crate::idempotency::{self, Claim, Key, Saved, Store};
 use crate::metrics::Metrics;
 use crate::openai;
-use crate::outcome::{Outcome, Refusal};
 use crate::tensor::{parse_inputs, InferRequest, InferResponse, Tensor};
-use crate::ticket::Priority;
+use ferry_core::outcome::{Outcome, Refusal};
+use ferry_core::ticket::Priority;
 
 /// Requests larger than this are checked by their engine on the blocking pool.
 const OFFLOAD_CHECK_BYTES: usize = 64 * 1024;
@@ -174,7 +174,7 @@ impl RequestIds {
 }
 
 fn error(refusal: &Refusal) -> Response {
-    let mut response = (refusal.outcome.status(), Json(json!({ "error": refusal.message }))).into_response();
+    let mut response = (status_of(refusal.outcome), Json(json!({ "error": refusal.message }))).into_response();
     if let Some(secs) = refusal.retry_after_secs() {
         response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
@@ -479,24 +479,27 @@ fn replay(saved: &Saved, replayed: bool) -> Response {
 async fn process(front: &Front, request: &Incoming) -> Response {
     match admit_and_wait(front, request).await {
         Ok(response) => response,
-        Err(refusal) if refusal.outcome.is_refused_at_the_front() => refuse(&request.served, refusal),
+        Err(refusal) if is_refused_at_the_front(refusal.outcome) => refuse(&request.served, refusal),
         Err(refusal) => error(&refusal),
     }
 }
 
-impl Outcome {
-    /// Refusals decided by the front, before the batcher sees the request.
-    fn is_refused_at_the_front(self) -> bool {
-        matches!(
-            self,
-            Outcome::Invalid
-                | Outcome::NotFound
-                | Outcome::TooLarge
-                | Outcome::Draining
-                | Outcome::Conflict
-                | Outcome::Unavailable
-        )
-    }
+/// Refusals decided by the front, before the batcher sees the request.
+fn is_refused_at_the_front(outcome: Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::Invalid
+            | Outcome::NotFound
+            | Outcome::TooLarge
+            | Outcome::Draining
+            | Outcome::Conflict
+            | Outcome::Unavailable
+    )
+}
+
+/// The HTTP status of an outcome.
+pub fn status_of(outcome: Outcome) -> StatusCode {
+    StatusCode::from_u16(outcome.status_code()).expect("outcomes have valid status codes")
 }
 
 /// A request as the shared path sees it, whatever protocol it came in.

@@ -6,7 +6,8 @@ use prometheus::{
     exponential_buckets, Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::outcome::Outcome;
+use ferry_core::metric;
+use ferry_core::outcome::Outcome;
 
 /// Latency buckets from 1 ms to 10 s, dense around the 100–300 ms where batch deadlines live.
 const SECONDS: &[f64] =
@@ -27,7 +28,7 @@ pub struct Metrics {
     late_results: IntCounterVec,
 }
 
-const MV: &[&str] = &["model", "version"];
+const MV: &[&str] = &[metric::MODEL, metric::VERSION];
 
 impl Metrics {
     pub fn new() -> Self {
@@ -40,32 +41,32 @@ impl Metrics {
         };
         let m = Metrics {
             requests: IntCounterVec::new(
-                Opts::new("ferry_requests_total", "Requests by how they ended (see the outcome table)."),
-                &with("outcome"),
+                Opts::new(metric::REQUESTS, "Requests by how they ended (see the outcome table)."),
+                &with(metric::OUTCOME),
             )
             .expect("valid counter"),
-            queue_depth: IntGaugeVec::new(Opts::new("ferry_queue_depth", "Requests waiting in the queue."), MV)
+            queue_depth: IntGaugeVec::new(Opts::new(metric::QUEUE_DEPTH, "Requests waiting in the queue."), MV)
                 .expect("valid gauge"),
-            queue_bytes: IntGaugeVec::new(Opts::new("ferry_queue_bytes", "Payload bytes waiting in the queue."), MV)
+            queue_bytes: IntGaugeVec::new(Opts::new(metric::QUEUE_BYTES, "Payload bytes waiting in the queue."), MV)
                 .expect("valid gauge"),
             oldest_age: prometheus::GaugeVec::new(
-                Opts::new("ferry_queue_oldest_age_seconds", "How long the oldest queued request has waited (0 when empty)."),
+                Opts::new(metric::QUEUE_OLDEST_AGE, "How long the oldest queued request has waited (0 when empty)."),
                 MV,
             )
             .expect("valid gauge"),
-            queue_wait: hist("ferry_queue_wait_seconds", "Time from admission to dispatch.", SECONDS.to_vec()),
+            queue_wait: hist(metric::QUEUE_WAIT, "Time from admission to dispatch.", SECONDS.to_vec()),
             request_duration: hist(
-                "ferry_request_duration_seconds",
+                metric::REQUEST_DURATION,
                 "Time from admission to reply.",
                 SECONDS.to_vec(),
             ),
-            batch_size: hist("ferry_batch_size", "Rows per dispatched batch.", exponential_buckets(1.0, 2.0, 11).expect("valid buckets")),
-            batch_duration: hist("ferry_batch_duration_seconds", "Engine time per batch.", SECONDS.to_vec()),
-            workers: IntGaugeVec::new(Opts::new("ferry_workers", "Engine workers by state."), &with("state"))
+            batch_size: hist(metric::BATCH_SIZE, "Rows per dispatched batch.", exponential_buckets(1.0, 2.0, 11).expect("valid buckets")),
+            batch_duration: hist(metric::BATCH_DURATION, "Engine time per batch.", SECONDS.to_vec()),
+            workers: IntGaugeVec::new(Opts::new(metric::WORKERS, "Engine workers by state."), &with(metric::STATE))
                 .expect("valid gauge"),
             late_results: IntCounterVec::new(
                 Opts::new(
-                    "ferry_late_results_total",
+                    metric::LATE_RESULTS,
                     "Engine results discarded because their request had already been answered (deadline passed or stale attempt).",
                 ),
                 MV,

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::engine::embedding::{INPUT, OUTPUT};
-use crate::outcome::{Outcome, Refusal};
 use crate::tensor::{DataType, Tensor, TensorData};
+use ferry_core::outcome::{Outcome, Refusal};
 
 pub const PATH: &str = "/v1/embeddings";
 

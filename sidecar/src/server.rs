@@ -16,10 +16,10 @@ use crate::engine::embedding::EmbeddingEngine;
 use crate::engine::remote::RemoteEngine;
 use crate::engine::sim::SimEngine;
 use crate::engine::Engine;
-use crate::estimate::Estimator;
 use crate::front::{self, Front, Served};
 use crate::metrics::Metrics;
-use crate::scheduler::{Policy, Scheduler};
+use ferry_core::estimate::Estimator;
+use ferry_core::scheduler::{Policy, Scheduler};
 
 /// How long, after the queue has drained, open connections get to finish before the process
 /// exits anyway.

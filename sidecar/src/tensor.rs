@@ -9,7 +9,7 @@ use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use crate::outcome::{Outcome, Refusal};
+use ferry_core::outcome::{Outcome, Refusal};
 
 /// The tensor element types of the protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

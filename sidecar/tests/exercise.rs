@@ -4,14 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_core::estimate::Estimator;
+use ferry_core::outcome::Outcome;
+use ferry_core::scheduler::{Policy, Scheduler};
+use ferry_core::ticket::{Priority, Tokens};
 use ferry_sidecar::batcher::{Answer, Batcher, Reply, RetryPolicy, Submission};
 use ferry_sidecar::engine::sim::SimEngine;
-use ferry_sidecar::estimate::Estimator;
 use ferry_sidecar::metrics::{Metrics, ModelMetrics};
-use ferry_sidecar::outcome::Outcome;
-use ferry_sidecar::scheduler::{Policy, Scheduler};
 use ferry_sidecar::tensor::{DataType, Tensor, TensorData};
-use ferry_sidecar::ticket::{Priority, Tokens};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, Instant};
 

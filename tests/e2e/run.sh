@@ -4,6 +4,7 @@
 # CI machines have none of these clusters; run it where you have them.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+TARGET=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 
 cluster=${FERRY_E2E_CLUSTER:-ferry-e2e}
 image=ferry-sidecar:e2e
@@ -33,7 +34,7 @@ kubectl wait --for=condition=Established crd/inferenceservices.ferry.dev --timeo
 
 step "operator (local process, your kubeconfig)"
 cargo build --release -p ferry-operator
-./target/release/ferry-operator run --sidecar-image "$image" --leader-elect=false --listen 127.0.0.1:18081 \
+"$TARGET/release/ferry-operator" run --sidecar-image "$image" --leader-elect=false --listen 127.0.0.1:18081 \
   >"$workdir/operator.log" 2>&1 &
 pids+=($!)
 

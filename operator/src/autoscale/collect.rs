@@ -6,6 +6,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
+use ferry_core::metric;
+use ferry_core::outcome::Outcome;
 use prometheus_parse::{Scrape, Value};
 use tokio::time::Instant;
 
@@ -41,28 +43,35 @@ pub fn parse(text: &str) -> Result<PodSample, String> {
     let scrape = Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).map_err(|e| e.to_string())?;
     let mut s = PodSample::default();
     let mut seen = false;
+    let (ok, infeasible, expired) = (Outcome::Ok.label(), Outcome::Infeasible.label(), Outcome::Expired.label());
     for sample in &scrape.samples {
         let x = value(&sample.value);
-        match sample.metric.as_str() {
-            "ferry_requests_total" => {
+        // Histograms come as NAME_count and NAME_sum samples beside their buckets.
+        let name = sample.metric.as_str();
+        let (base, part) = match name.rsplit_once('_') {
+            Some((base, part @ ("count" | "sum"))) => (base, part),
+            _ => (name, ""),
+        };
+        match (base, part) {
+            (metric::REQUESTS, "") => {
                 seen = true;
                 s.requests += x;
-                match sample.labels.get("outcome") {
-                    Some("ok") => s.ok += x,
-                    Some("infeasible" | "expired") => s.pressure += x,
+                match sample.labels.get(metric::OUTCOME) {
+                    Some(o) if o == ok => s.ok += x,
+                    Some(o) if o == infeasible || o == expired => s.pressure += x,
                     _ => {}
                 }
             }
-            "ferry_queue_depth" => s.queue_depth += x,
-            "ferry_queue_oldest_age_seconds" => s.oldest_age = s.oldest_age.max(x),
-            "ferry_batch_size_count" => s.batches += x,
-            "ferry_batch_size_sum" => s.batch_rows += x,
-            "ferry_batch_duration_seconds_sum" => s.batch_seconds += x,
+            (metric::QUEUE_DEPTH, "") => s.queue_depth += x,
+            (metric::QUEUE_OLDEST_AGE, "") => s.oldest_age = s.oldest_age.max(x),
+            (metric::BATCH_SIZE, "count") => s.batches += x,
+            (metric::BATCH_SIZE, "sum") => s.batch_rows += x,
+            (metric::BATCH_DURATION, "sum") => s.batch_seconds += x,
             _ => {}
         }
     }
     if !seen {
-        return Err("no ferry_requests_total: not a Ferry sidecar".into());
+        return Err(format!("no {}: not a Ferry sidecar", metric::REQUESTS));
     }
     Ok(s)
 }

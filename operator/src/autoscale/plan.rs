@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use ferry_sidecar::estimate::Estimator;
-use ferry_sidecar::replay::{replay, Arrival, Fate};
-use ferry_sidecar::scheduler::{Policy, Scheduler};
+use ferry_core::estimate::Estimator;
+use ferry_core::replay::{replay, Arrival, Fate};
+use ferry_core::scheduler::{Policy, Scheduler};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::collect::{scrape, Collector};
 use super::decide::{decide, History, Observed, ScaleDecision, Target};
 use crate::desired::{self, LABEL_SERVICE, METRICS_PORT, REPLICAS_MANAGER};
-use crate::resource::InferenceService;
+use ferry_core::spec::InferenceService;
 
 pub struct Autoscaler {
     client: Client,

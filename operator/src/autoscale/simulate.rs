@@ -11,9 +11,9 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use ferry_sidecar::estimate::Estimator;
-use ferry_sidecar::scheduler::{Policy, Scheduler};
-use ferry_sidecar::ticket::{Priority, Ticket, Tokens};
+use ferry_core::estimate::Estimator;
+use ferry_core::scheduler::{Policy, Scheduler};
+use ferry_core::ticket::{Priority, Ticket, Tokens};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;

@@ -53,7 +53,7 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         rounds: usize,
         /// Least time per round.
-        #[arg(long, default_value = "1s", value_parser = ferry_sidecar::duration::parse)]
+        #[arg(long, default_value = "1s", value_parser = ferry_core::duration::parse)]
         round_time: Duration,
         /// Texts to embed, one per line, cycled to fill each batch [default: eight built-in
         /// sentences of 4 to 60 tokens].

@@ -18,8 +18,8 @@ use tokio::time::Instant;
 
 use super::{BatchOutputs, BoxFuture, Engine, EngineError, Inputs, Signature, TensorSpec, Tokens};
 use crate::embed::{Config, Device, Model, Overflow, TokenBatch};
-use crate::estimate::CostModel;
 use crate::tensor::{DataType, Tensor, TensorData};
+use ferry_core::estimate::CostModel;
 
 pub const INPUT: &str = "text";
 pub const OUTPUT: &str = "embedding";

@@ -1,15 +1,15 @@
 //! The scheduler's hot path with a long queue: admitting a request into 10 000 queued ones (its
 //! forecast walks the queue), and dispatching a batch from them.
 //!
-//! `cargo bench -p ferry-sidecar --bench scheduler`
+//! `cargo bench -p ferry-core --bench scheduler`
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
-use ferry_sidecar::estimate::Estimator;
-use ferry_sidecar::scheduler::{Policy, Scheduler};
-use ferry_sidecar::ticket::{Priority, Ticket, Tokens};
+use ferry_core::estimate::Estimator;
+use ferry_core::scheduler::{Policy, Scheduler};
+use ferry_core::ticket::{Priority, Ticket, Tokens};
 use tokio::time::Instant;
 
 const QUEUED: u64 = 10_000;

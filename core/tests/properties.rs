@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use ferry_sidecar::estimate::Estimator;
-use ferry_sidecar::outcome::Outcome;
-use ferry_sidecar::replay::{replay, Arrival, Fate, Trace};
-use ferry_sidecar::scheduler::{Policy, Scheduler};
-use ferry_sidecar::ticket::Priority;
+use ferry_core::estimate::Estimator;
+use ferry_core::outcome::Outcome;
+use ferry_core::replay::{replay, Arrival, Fate, Trace};
+use ferry_core::scheduler::{Policy, Scheduler};
+use ferry_core::ticket::Priority;
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]

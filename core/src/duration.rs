@@ -8,6 +8,10 @@
 
 use std::time::Duration;
 
+/// The same grammar as a regular expression: the CRD's validation pattern, tested against
+/// [`parse`] so that the cluster and the sidecar refuse the same texts.
+pub const PATTERN: &str = "^([0-9]{1,5}(h|m|s|ms)){1,4}$";
+
 /// Why a duration string was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("'{text}' is not a duration in the Gateway API format (like 10ms, 1s, 5m, 1h or 1m30s): {why}")]
@@ -108,6 +112,17 @@ mod tests {
         for bad in ["", "10", "ms", "1.5s", "-1s", "100000ms", "1d", "1s2s3s4s5s", " 1s", "1S"] {
             let err = parse(bad).expect_err(bad);
             assert!(err.to_string().contains(&format!("'{bad}'")), "{err}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        /// Texts over the grammar's alphabet (and a few strangers) are accepted by the parser
+        /// exactly when the CRD's pattern matches them.
+        #[test]
+        fn the_parser_and_the_crd_pattern_agree(text in "[0-9hms. -]{0,14}|([0-9]{1,6}(h|m|s|ms|d)){1,5}") {
+            let pattern = regex::Regex::new(PATTERN).unwrap();
+            proptest::prop_assert_eq!(parse(&text).is_ok(), pattern.is_match(&text), "{:?}", text);
         }
     }
 

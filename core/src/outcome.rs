@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use axum::http::StatusCode;
-
 /// Every way a request can end. Admitted requests end in exactly one of `Ok`, `Expired`,
 /// `Cancelled` or `Failed`; the others are refusals before admission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -62,22 +60,20 @@ impl Outcome {
         }
     }
 
-    /// The HTTP status sent for this outcome. `Cancelled` has none on the wire (nobody is
+    /// The HTTP status code sent for this outcome. `Cancelled` has none on the wire (nobody is
     /// listening); 499 is what the logs show, as nginx does.
-    pub fn status(self) -> StatusCode {
+    pub fn status_code(self) -> u16 {
         match self {
-            Outcome::Ok => StatusCode::OK,
-            Outcome::Invalid => StatusCode::BAD_REQUEST,
-            Outcome::NotFound => StatusCode::NOT_FOUND,
-            Outcome::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Outcome::Quota => StatusCode::TOO_MANY_REQUESTS,
-            Outcome::QueueFull | Outcome::Infeasible | Outcome::Draining | Outcome::Unavailable => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            Outcome::Expired => StatusCode::GATEWAY_TIMEOUT,
-            Outcome::Cancelled => StatusCode::from_u16(499).expect("499 is a valid status code"),
-            Outcome::Failed => StatusCode::INTERNAL_SERVER_ERROR,
-            Outcome::Conflict => StatusCode::CONFLICT,
+            Outcome::Ok => 200,
+            Outcome::Invalid => 400,
+            Outcome::NotFound => 404,
+            Outcome::TooLarge => 413,
+            Outcome::Quota => 429,
+            Outcome::QueueFull | Outcome::Infeasible | Outcome::Draining | Outcome::Unavailable => 503,
+            Outcome::Expired => 504,
+            Outcome::Cancelled => 499,
+            Outcome::Failed => 500,
+            Outcome::Conflict => 409,
         }
     }
 }

@@ -1,0 +1,28 @@
+//! Ferry's pure core: the parts that every binary shares and that take the time as an argument,
+//! so that they can be tested to the millisecond and replayed in simulations. No HTTP, no
+//! Kubernetes client, no model code: the sidecar, the operator and the load generator all link
+//! it, and none of them links another.
+//!
+//! # Layout
+//!
+//! - [`ticket`], [`queue`], [`estimate`], [`scheduler`]: the request-level scheduler. A
+//!   [`scheduler::Scheduler`] decides admission (queue bounds, deadline feasibility, its forecast)
+//!   and dispatch (full, `maxWait`, deadline), per model version.
+//! - [`recovery`]: the rule for failed batches: retries, and poison isolation by bisection.
+//! - [`replay`]: the scheduler in virtual time, for exact tests, property tests and simulations.
+//! - [`outcome`]: how a request ended, its status code and its metric label.
+//! - [`metric`]: the names of the sidecar's metrics (a contract: the operator reads them).
+//! - [`duration`]: the Gateway API duration format.
+//! - [`spec`]: the `InferenceService` resource's spec, which the sidecar's `--config` reads and
+//!   the operator's CRD is generated from (feature `kube` adds the schema and the CRD derive).
+
+pub mod duration;
+pub mod estimate;
+pub mod metric;
+pub mod outcome;
+pub mod queue;
+pub mod recovery;
+pub mod replay;
+pub mod scheduler;
+pub mod spec;
+pub mod ticket;

@@ -1,0 +1,47 @@
+//! The names of the sidecar's Prometheus metrics and of their labels. They are a contract
+//! (DESIGN.md): the sidecar exports them, the operator's collector and the dashboards read them,
+//! so both sides take them from here. Every series carries [`MODEL`] and [`VERSION`].
+
+/// Label: the model's name.
+pub const MODEL: &str = "model";
+/// Label: the model version.
+pub const VERSION: &str = "version";
+/// Label of [`REQUESTS`]: how a request ended ([`crate::outcome::Outcome::label`]).
+pub const OUTCOME: &str = "outcome";
+/// Label of [`WORKERS`]: `busy` or `idle`.
+pub const STATE: &str = "state";
+
+/// Counter: requests by how they ended.
+pub const REQUESTS: &str = "ferry_requests_total";
+/// Gauge: requests waiting in the queue.
+pub const QUEUE_DEPTH: &str = "ferry_queue_depth";
+/// Gauge: payload bytes waiting in the queue.
+pub const QUEUE_BYTES: &str = "ferry_queue_bytes";
+/// Gauge: seconds the oldest queued request has waited (0 when empty).
+pub const QUEUE_OLDEST_AGE: &str = "ferry_queue_oldest_age_seconds";
+/// Histogram: seconds from admission to dispatch.
+pub const QUEUE_WAIT: &str = "ferry_queue_wait_seconds";
+/// Histogram: seconds from admission to reply.
+pub const REQUEST_DURATION: &str = "ferry_request_duration_seconds";
+/// Histogram: rows per dispatched batch.
+pub const BATCH_SIZE: &str = "ferry_batch_size";
+/// Histogram: engine seconds per batch.
+pub const BATCH_DURATION: &str = "ferry_batch_duration_seconds";
+/// Gauge: engine workers by [`STATE`].
+pub const WORKERS: &str = "ferry_workers";
+/// Counter: engine results discarded (stale attempt, or after the deadline).
+pub const LATE_RESULTS: &str = "ferry_late_results_total";
+
+/// Every metric name above, for tests that check an exposition against the contract.
+pub const ALL: [&str; 10] = [
+    REQUESTS,
+    QUEUE_DEPTH,
+    QUEUE_BYTES,
+    QUEUE_OLDEST_AGE,
+    QUEUE_WAIT,
+    REQUEST_DURATION,
+    BATCH_SIZE,
+    BATCH_DURATION,
+    WORKERS,
+    LATE_RESULTS,
+];

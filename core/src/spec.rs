@@ -1,0 +1,382 @@
+//! The `InferenceService` resource (`ferry.dev/v1alpha1`): what a platform team declares. One
+//! set of types for both readers: the sidecar's `--config` deserializes a manifest into them, and
+//! the operator's CRD schema is generated from them (`ferry-operator crdgen`, feature `kube`),
+//! with bounds, defaults and CEL rules, so the API server refuses a bad spec before the operator
+//! sees it, and a field the cluster would prune cannot be honoured locally.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+#[cfg(feature = "kube")]
+use kube::{CustomResource, KubeSchema};
+#[cfg(feature = "kube")]
+use schemars::JsonSchema;
+#[cfg(feature = "kube")]
+pub use status::InferenceServiceStatus;
+
+pub use crate::duration::PATTERN as DURATION_PATTERN;
+
+// Each printer column repeats `type_ = ...`, which clippy takes for a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "kube", derive(CustomResource, KubeSchema))]
+#[cfg_attr(
+    feature = "kube",
+    kube(
+        group = "ferry.dev",
+        version = "v1alpha1",
+        kind = "InferenceService",
+        plural = "inferenceservices",
+        shortname = "fisvc",
+        category = "ferry",
+        namespaced,
+        cel,
+        status = "InferenceServiceStatus",
+        doc = "A model version served by GPU worker pods that batch requests under deadlines",
+        printcolumn(name = "Model", type_ = "string", json_path = ".spec.model.name"),
+        printcolumn(name = "Version", type_ = "string", json_path = ".spec.model.version"),
+        printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
+        printcolumn(name = "Desired", type_ = "integer", json_path = ".status.desiredReplicas"),
+        printcolumn(
+            name = "Queue Age",
+            type_ = "number",
+            json_path = ".status.oldestQueueAge",
+            description = "seconds the oldest queued request has waited"
+        ),
+        printcolumn(
+            name = "Rate",
+            type_ = "number",
+            json_path = ".status.arrivalRate",
+            description = "requests per second"
+        ),
+        printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct InferenceServiceSpec {
+    pub model: ModelSpec,
+    #[serde(default)]
+    pub engine: EngineSpec,
+    #[serde(default)]
+    pub batching: BatchingSpec,
+    #[serde(default)]
+    pub scaling: ScalingSpec,
+}
+
+/// Which model version is served, and where its files are.
+#[cfg_attr(feature = "kube", derive(KubeSchema))]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSpec {
+    /// The model's name in the API (`/v2/models/{name}`).
+    #[cfg_attr(
+        feature = "kube",
+        schemars(length(min = 1, max = 63), regex(pattern = "^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$"))
+    )]
+    pub name: String,
+    /// The model version (`/v2/models/{name}/versions/{version}`).
+    #[cfg_attr(
+        feature = "kube",
+        schemars(length(min = 1, max = 63), regex(pattern = "^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"))
+    )]
+    pub version: String,
+    /// Model files: a path in the image, or `pvc://CLAIM[/PATH]` to mount a PersistentVolumeClaim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+}
+
+/// The engines a worker can run.
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// Simulated batches of fixed duration (tests, demos, capacity planning).
+    #[default]
+    Sim,
+    /// The built-in CUDA engine, in the sidecar.
+    Cuda,
+    /// An inference server (Triton, vLLM, ...) beside the sidecar in the pod.
+    Remote,
+}
+
+impl EngineKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Sim => "sim",
+            EngineKind::Cuda => "cuda",
+            EngineKind::Remote => "remote",
+        }
+    }
+}
+
+#[cfg_attr(feature = "kube", derive(KubeSchema))]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(feature = "kube", x_kube(validation = kube::core::Rule::new("self.kind != 'remote' || has(self.image)")
+    .message("engine.image is required when engine.kind is remote")))]
+pub struct EngineSpec {
+    #[serde(default)]
+    pub kind: EngineKind,
+    /// GPUs per worker pod (`nvidia.com/gpu`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(range(min = 0, max = 16)))]
+    pub gpus: Option<u32>,
+    /// The inference server's image (`remote` engine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The inference server's HTTP port inside the pod (`remote` engine).
+    #[serde(default = "default_engine_port")]
+    #[cfg_attr(feature = "kube", schemars(range(min = 1, max = 65535)))]
+    pub port: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sim: Option<SimSpec>,
+}
+
+fn default_engine_port() -> u16 {
+    8000
+}
+
+impl Default for EngineSpec {
+    fn default() -> Self {
+        EngineSpec { kind: EngineKind::Sim, gpus: None, image: None, port: default_engine_port(), sim: None }
+    }
+}
+
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SimSpec {
+    /// Fixed time per batch.
+    #[serde(default = "default_batch_time")]
+    pub batch_time: GatewayDuration,
+    /// Extra time per row.
+    #[serde(default = "zero")]
+    pub per_item: GatewayDuration,
+}
+
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchingSpec {
+    /// Rows per batch.
+    #[serde(default = "default_max_batch_size")]
+    #[cfg_attr(feature = "kube", schemars(range(min = 1, max = 4096)))]
+    pub max_batch_size: u32,
+    /// Longest voluntary wait of the oldest request before its batch leaves.
+    #[serde(default = "default_max_wait")]
+    pub max_wait: GatewayDuration,
+    /// Deadline of a request that asks for none.
+    #[serde(default = "default_latency_budget")]
+    pub latency_budget: GatewayDuration,
+    /// Queue bound per worker pod, in requests.
+    #[serde(default = "default_max_queue")]
+    #[cfg_attr(feature = "kube", schemars(range(min = 1, max = 1000000)))]
+    pub max_queue: u32,
+    /// Queue bound per worker pod, in payload bytes (the sidecar's default: 256 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(range(min = 1)))]
+    pub max_queue_bytes: Option<u64>,
+    /// Largest request body accepted (the sidecar's default: 16 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(range(min = 1)))]
+    pub max_request_bytes: Option<u64>,
+}
+
+impl Default for BatchingSpec {
+    fn default() -> Self {
+        BatchingSpec {
+            max_batch_size: default_max_batch_size(),
+            max_wait: default_max_wait(),
+            latency_budget: default_latency_budget(),
+            max_queue: default_max_queue(),
+            max_queue_bytes: None,
+            max_request_bytes: None,
+        }
+    }
+}
+
+#[cfg_attr(feature = "kube", derive(KubeSchema))]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(feature = "kube", x_kube(
+    validation = kube::core::Rule::new("self.minReplicas <= self.maxReplicas")
+        .message("scaling.minReplicas must not exceed scaling.maxReplicas"),
+    validation = kube::core::Rule::new("self.warmReplicas <= self.maxReplicas")
+        .message("scaling.warmReplicas must not exceed scaling.maxReplicas")
+))]
+pub struct ScalingSpec {
+    #[serde(default = "one")]
+    #[cfg_attr(feature = "kube", schemars(range(min = 0, max = 1000)))]
+    pub min_replicas: u32,
+    #[serde(default = "default_max_replicas")]
+    #[cfg_attr(feature = "kube", schemars(range(min = 1, max = 1000)))]
+    pub max_replicas: u32,
+    /// Spare replicas kept beyond what the load needs.
+    #[serde(default = "one")]
+    #[cfg_attr(feature = "kube", schemars(range(min = 0, max = 1000)))]
+    pub warm_replicas: u32,
+    /// Share of a replica's full-batch capacity to plan for.
+    #[serde(default = "default_target_utilization")]
+    #[cfg_attr(feature = "kube", schemars(range(min = 0.05, max = 1.0)))]
+    pub target_utilization: f64,
+    /// How long lower need must last before a replica is removed.
+    #[serde(default = "default_scale_down_delay")]
+    pub scale_down_delay: GatewayDuration,
+    /// First guess of a new pod's time to ready.
+    #[serde(default = "default_startup_time")]
+    pub startup_time: GatewayDuration,
+}
+
+impl Default for ScalingSpec {
+    fn default() -> Self {
+        ScalingSpec {
+            min_replicas: 1,
+            max_replicas: default_max_replicas(),
+            warm_replicas: 1,
+            target_utilization: default_target_utilization(),
+            scale_down_delay: default_scale_down_delay(),
+            startup_time: default_startup_time(),
+        }
+    }
+}
+
+/// A duration in the Gateway API format (`10ms`, `1s`, `5m`, `1h`, `1m30s`), kept as written.
+/// Deserializing checks the format, so a manifest read locally is refused for the same text the
+/// CRD's pattern refuses in the cluster.
+#[derive(Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct GatewayDuration(String);
+
+impl<'de> Deserialize<'de> for GatewayDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        crate::duration::parse(&text).map_err(serde::de::Error::custom)?;
+        Ok(GatewayDuration(text))
+    }
+}
+
+impl GatewayDuration {
+    /// A duration from a text known to be one (a default, a literal).
+    ///
+    /// # Panics
+    /// When `text` is not a Gateway API duration.
+    pub fn new(text: &str) -> Self {
+        if let Err(e) = crate::duration::parse(text) {
+            panic!("GatewayDuration::new: {e}");
+        }
+        GatewayDuration(text.to_owned())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The duration. `new` and deserializing check the text, so only a `GatewayDuration` built
+    /// from a literal in this crate could fail here.
+    pub fn duration(&self) -> Duration {
+        crate::duration::parse(&self.0).expect("a GatewayDuration holds a checked duration")
+    }
+
+    /// The duration, or why it is not one.
+    pub fn parse(&self) -> Result<Duration, crate::duration::DurationError> {
+        crate::duration::parse(&self.0)
+    }
+}
+
+#[cfg(feature = "kube")]
+impl JsonSchema for GatewayDuration {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "GatewayDuration".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": DURATION_PATTERN,
+            "description": "A duration in the Gateway API format: 10ms, 1s, 5m, 1h, 1m30s",
+        })
+    }
+}
+
+impl Default for SimSpec {
+    fn default() -> Self {
+        SimSpec { batch_time: default_batch_time(), per_item: zero() }
+    }
+}
+
+fn one() -> u32 {
+    1
+}
+fn zero() -> GatewayDuration {
+    GatewayDuration::new("0s")
+}
+fn default_batch_time() -> GatewayDuration {
+    GatewayDuration::new("100ms")
+}
+fn default_max_batch_size() -> u32 {
+    32
+}
+fn default_max_wait() -> GatewayDuration {
+    GatewayDuration::new("10ms")
+}
+fn default_latency_budget() -> GatewayDuration {
+    GatewayDuration::new("200ms")
+}
+fn default_max_queue() -> u32 {
+    1024
+}
+fn default_max_replicas() -> u32 {
+    8
+}
+fn default_target_utilization() -> f64 {
+    0.8
+}
+fn default_scale_down_delay() -> GatewayDuration {
+    GatewayDuration::new("5m")
+}
+fn default_startup_time() -> GatewayDuration {
+    GatewayDuration::new("60s")
+}
+
+#[cfg(feature = "kube")]
+mod status {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use schemars::JsonSchema;
+    use serde::{Deserialize, Serialize};
+
+    /// What the operator observed and decided.
+    #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+    #[serde(rename_all = "camelCase")]
+    pub struct InferenceServiceStatus {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub observed_generation: Option<i64>,
+        #[serde(default)]
+        pub replicas: i32,
+        #[serde(default)]
+        pub ready_replicas: i32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub desired_replicas: Option<i32>,
+        /// Requests per second over the scrape window.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub arrival_rate: Option<f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub queue_depth: Option<f64>,
+        /// Seconds the oldest queued request has waited.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub oldest_queue_age: Option<f64>,
+        /// Mean rows per batch over `maxBatchSize`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub batch_fill: Option<f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub last_scale_time: Option<Time>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub last_scale_reason: Option<String>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub conditions: Vec<Condition>,
+    }
+}
