@@ -8,6 +8,8 @@
 //! - [`ticket`], [`queue`], [`estimate`], [`scheduler`]: the request-level scheduler. A
 //!   [`scheduler::Scheduler`] decides admission (queue bounds, deadline feasibility, its forecast)
 //!   and dispatch (full, `maxWait`, deadline), per model version.
+//! - [`margin`]: how early a deadline-driven batch leaves: a floor plus the measured lateness of
+//!   the timer and overshoot of the engine.
 //! - [`recovery`]: the rule for failed batches: retries, and poison isolation by bisection.
 //! - [`replay`]: the scheduler in virtual time, for exact tests, property tests and simulations.
 //! - [`outcome`]: how a request ended, its status code and its metric label.
@@ -18,6 +20,7 @@
 
 pub mod duration;
 pub mod estimate;
+pub mod margin;
 pub mod metric;
 pub mod outcome;
 pub mod queue;

@@ -20,6 +20,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::estimate::{CostModel, Estimator, Shape};
+use crate::margin::Margin;
 use crate::outcome::{Outcome, Refusal};
 use crate::queue::Queue;
 use crate::ticket::{Priority, RequestId, Ticket};
@@ -31,8 +32,10 @@ pub struct Policy {
     pub max_batch_rows: u32,
     /// Longest voluntary wait of the oldest request (`maxWait`).
     pub max_wait: Duration,
-    /// A deadline-driven dispatch leaves this much before the last possible moment, and admission
-    /// keeps this much of each deadline for the answer's trip back to its caller.
+    /// The floor of the deadline margin ([`Margin`]): a deadline-driven dispatch leaves at least
+    /// this much before the last possible moment, and admission keeps at least this much of each
+    /// deadline for the answer's trip back to its caller; the measured lateness of the timer and
+    /// overshoot of the engine come on top.
     pub deadline_margin: Duration,
     /// Queue bound by count (`maxQueue`).
     pub max_queue: usize,
@@ -97,6 +100,7 @@ pub struct Scheduler {
     probes: VecDeque<(u64, Vec<Ticket>)>,
     workers: Vec<Worker>,
     estimator: Estimator,
+    margin: Margin,
 }
 
 /// The batch that would leave now: which tickets, its shape, and whether it is full.
@@ -115,6 +119,7 @@ impl Scheduler {
     pub fn new(policy: Policy, workers: usize, estimator: Estimator) -> Self {
         assert!(workers >= 1 && policy.max_batch_rows >= 1, "validated by the configuration");
         Scheduler {
+            margin: Margin::new(policy.deadline_margin),
             policy,
             queue: Queue::default(),
             probes: VecDeque::new(),
@@ -256,7 +261,8 @@ impl Scheduler {
     /// A worker finished its batch (successfully or not): it is idle again, and its measured time
     /// teaches the estimator.
     pub fn finish(&mut self, worker: usize, now: Instant) {
-        if let Worker::Busy { since, shape, .. } = self.workers[worker] {
+        if let Worker::Busy { since, shape, expected_end } = self.workers[worker] {
+            self.margin.observe_batch(expected_end - since, now - since);
             self.estimator.observe(shape, now - since);
         }
         self.workers[worker] = Worker::Idle;
@@ -267,6 +273,16 @@ impl Scheduler {
     /// its end.
     pub fn abandon(&mut self, worker: usize) {
         self.workers[worker] = Worker::Idle;
+    }
+
+    /// The owner's timer, set for the scheduler's next instant, woke it `lateness` after it.
+    pub fn observe_wake(&mut self, lateness: Duration) {
+        self.margin.observe_wake(lateness);
+    }
+
+    /// The deadline margin now: the configured floor plus what was measured.
+    pub fn margin(&self) -> Duration {
+        self.margin.get()
     }
 
     /// Starts the estimator over from `cost` (what it learned so far is dropped).
@@ -336,7 +352,7 @@ impl Scheduler {
     /// (less the safety margin). `None` when that instant is before the clock's origin.
     fn latest_start(&self, shape: Shape) -> Option<Instant> {
         let earliest = self.queue.earliest_deadline()?;
-        earliest.checked_sub(self.policy.deadline_margin + self.estimator.estimate(shape))
+        earliest.checked_sub(self.margin.get() + self.estimator.estimate(shape))
     }
 
     /// Roughly how long until the queue ahead has drained, for `Retry-After`.

@@ -109,6 +109,7 @@ enum Command {
     Cancel(RequestId),
     Drain(oneshot::Sender<()>),
     Calibrate(CostModel),
+    TimerLateness(Vec<Duration>),
 }
 
 /// A handle to one model version's batcher task. Cheap to clone.
@@ -164,6 +165,13 @@ impl Batcher {
     /// while it loaded (before any request was admitted).
     pub fn calibrate(&self, cost: CostModel) {
         let _ = self.commands.send(Command::Calibrate(cost));
+    }
+
+    /// Tells the scheduler how late this runtime's timers fire, measured before the first request
+    /// (see [`measure_timer_lateness`]), so that the first deadline-driven batch already leaves
+    /// early enough.
+    pub fn timer_lateness(&self, samples: Vec<Duration>) {
+        let _ = self.commands.send(Command::TimerLateness(samples));
     }
 
     /// Resolves once every admitted request has been answered.
@@ -302,6 +310,13 @@ struct Task {
     epoch: Instant,
 }
 
+/// The task wakes at least this often while it serves (on a fixed schedule that arrivals do not
+/// postpone), so that its lateness (part of the deadline margin) is measured all the time, whatever
+/// the load: were it measured only on the timers that requests set, one late wake among few (a
+/// process paused for 300 ms) could keep the margin so wide that every request is refused, and so
+/// no timer is set that would measure again.
+const TIMER_PROBE: Duration = Duration::from_millis(50);
+
 impl Task {
     async fn run(
         mut self,
@@ -309,8 +324,18 @@ impl Task {
         mut done: mpsc::UnboundedReceiver<BatchDone>,
     ) {
         let mut open = true;
+        let mut probe = Instant::now() + TIMER_PROBE;
+        let mut waiting_for: Option<Instant> = None;
         loop {
             let now = Instant::now();
+            // How late the loop got to the instant it slept for (the timer's lateness, or the
+            // time spent on the events that came first): part of the deadline margin.
+            if let Some(due) = waiting_for.filter(|due| *due <= now) {
+                self.scheduler.observe_wake(now - due);
+            }
+            if now >= probe {
+                probe = now + TIMER_PROBE;
+            }
             self.watchdog(now);
             self.expire(now);
             self.dispatch(now);
@@ -327,10 +352,12 @@ impl Task {
                 self.scheduler.next_wake(now),
                 self.outside.first().map(|(d, _)| *d),
                 self.watchdogs.first().map(|(w, _)| *w),
+                open.then_some(probe),
             ]
             .into_iter()
             .flatten()
             .min();
+            waiting_for = wake;
             tokio::select! {
                 biased;
                 Some(batch) = done.recv() => self.finish(batch),
@@ -339,6 +366,7 @@ impl Task {
                     Some(Command::Cancel(id)) => self.cancel(id),
                     Some(Command::Drain(tx)) => self.drains.push(tx),
                     Some(Command::Calibrate(cost)) => self.scheduler.calibrate(cost),
+                    Some(Command::TimerLateness(samples)) => samples.into_iter().for_each(|l| self.scheduler.observe_wake(l)),
                     None => open = false,
                 },
                 () = sleep_until(wake) => {}
@@ -702,6 +730,18 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "(no message)".to_owned())
+}
+
+/// How late this runtime's timers fire: a few short sleeps, each measured against the instant it
+/// was set for. A sidecar does this at start-up, before it is ready.
+pub async fn measure_timer_lateness() -> Vec<Duration> {
+    let mut samples = Vec::with_capacity(8);
+    for _ in 0..8 {
+        let due = Instant::now() + Duration::from_millis(1);
+        tokio::time::sleep_until(due).await;
+        samples.push(Instant::now().saturating_duration_since(due));
+    }
+    samples
 }
 
 async fn sleep_until(wake: Option<Instant>) {

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -164,11 +165,24 @@ pub async fn serve(
     let metrics = Metrics::new();
     let (front, loading) = build(&settings, &metrics).map_err(std::io::Error::other)?;
     let front = Arc::new(front);
+    // Before the listeners serve: the first deadline-driven batch then already knows the timer.
+    let lateness = crate::batcher::measure_timer_lateness().await;
+    for served in &front.models {
+        served.batcher.timer_lateness(lateness.clone());
+    }
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let api = axum::serve(listeners.api, front::api(front.clone())).with_graceful_shutdown(stopped(stop_rx.clone()));
+    // Without TCP_NODELAY, an answer written in two parts (HTTP/2 headers, then data) waits for
+    // the client's delayed ACK of the first: 40 ms on Linux, enough to carry a 200 past its
+    // deadline on the client's side.
+    let api = listeners.api.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY on an accepted connection: {e}");
+        }
+    });
+    let api = axum::serve(api, front::api(front.clone())).with_graceful_shutdown(stopped(stop_rx.clone()));
     let admin = axum::serve(listeners.admin, front::admin(front.clone())).with_graceful_shutdown(stopped(stop_rx));
     let api = tokio::spawn(async move { api.await });
     let admin = tokio::spawn(async move { admin.await });

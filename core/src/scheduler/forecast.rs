@@ -33,13 +33,22 @@ pub(super) fn check_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Resu
 
     // The margin leaves room for the answer's trip back to the caller.
     let finish = done_with[pos];
-    if finish + s.policy.deadline_margin > new.deadline {
+    if finish + s.margin.get() > new.deadline {
         return Err(Refusal::new(
             Outcome::Infeasible,
             format!(
-                "deadline cannot be met: estimated completion in {} ms, the deadline allows {} ms",
+                "deadline cannot be met: estimated completion in {} ms, the deadline allows {} ms{}",
                 ms(finish - now),
-                ms(new.deadline.saturating_duration_since(now))
+                ms(new.deadline.saturating_duration_since(now)),
+                match (s.margin.get(), s.margin.parts()) {
+                    (m, (late, over)) if m >= Duration::from_millis(1) => format!(
+                        " less a {} ms margin (timers {} ms late, the engine {} ms over its estimate)",
+                        ms(m),
+                        ms(late),
+                        ms(over)
+                    ),
+                    _ => String::new(),
+                }
             ),
         )
         .retry_after(drain_time(s, now)));
@@ -96,7 +105,7 @@ fn completions(s: &Scheduler, tickets: &[&Ticket], now: Instant) -> Vec<Instant>
         let leaves = if full {
             now
         } else {
-            let must_leave = earliest_deadline.checked_sub(policy.deadline_margin + took).unwrap_or(now);
+            let must_leave = earliest_deadline.checked_sub(s.margin.get() + took).unwrap_or(now);
             (oldest + policy.max_wait).min(must_leave).max(now)
         };
         let Reverse(worker_free) = free.pop().expect("at least one worker");

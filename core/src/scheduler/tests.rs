@@ -132,12 +132,53 @@ fn a_deadline_makes_a_batch_leave_before_max_wait() {
     assert_eq!(trace.fate(1), &done(20, 120, 2));
 }
 
+fn with_margin(mut s: Scheduler, floor: Duration) -> Scheduler {
+    s.policy.deadline_margin = floor;
+    Scheduler::new(s.policy.clone(), s.workers(), s.estimator.clone())
+}
+
 #[test]
 fn the_deadline_margin_moves_the_dispatch_earlier() {
-    let mut s = scheduler(4, 50, 1, 100);
-    s.policy.deadline_margin = ms(5);
+    let s = with_margin(scheduler(4, 50, 1, 100), ms(5));
     let trace = replay(s, fixed(100), &[Arrival::new(0, 120)]);
     assert_eq!(trace.fate(0), &done(15, 115, 1));
+}
+
+#[test]
+fn the_measured_timer_lateness_widens_the_margin_for_dispatch_and_admission_alike() {
+    let mut s = with_margin(scheduler(4, 50, 1, 100), ms(2));
+    s.observe_wake(ms(3));
+    // The floor, the timer's 3 ms, and (no batch measured yet) as much again for the engine.
+    assert_eq!(s.margin(), ms(8));
+    let trace = replay(s.clone(), fixed(100), &[Arrival::new(0, 120)]);
+    assert_eq!(trace.fate(0), &done(12, 112, 1), "leaves 8 ms before the last moment");
+    // Admission keeps the same margin: a request that would end 4 ms before its deadline is
+    // refused when the margin is 8, and admitted on the floor alone.
+    let t0 = Instant::now();
+    let tight = |id| Ticket {
+        id,
+        arrival: t0,
+        deadline: t0 + ms(104),
+        rows: 1,
+        bytes: 1,
+        priority: Priority::Interactive,
+        tokens: Tokens::default(),
+    };
+    let refused = s.admit(tight(1), t0).unwrap_err();
+    assert_eq!(refused.outcome, Outcome::Infeasible, "{refused}");
+    let mut floor_only = with_margin(scheduler(4, 50, 1, 100), ms(2));
+    assert_eq!(floor_only.admit(tight(1), t0), Ok(()));
+}
+
+#[test]
+fn an_engine_slower_than_its_estimate_widens_the_margin() {
+    // The estimate says 100 ms; the engine takes 104: the first batch overshoots by 4 ms, and the
+    // next deadline-driven batch leaves 5 + 4 ms before the last moment (the estimator has learned
+    // 104 by then, too).
+    let s = with_margin(scheduler(4, 1000, 1, 100), ms(5));
+    let trace = replay(s, fixed(104), &[Arrival::new(0, 400), Arrival::new(500, 220)]);
+    assert_eq!(trace.fate(0), &done(400 - 100 - 5, 399, 1));
+    assert_eq!(trace.fate(1), &done(720 - 104 - 9, 720 - 9, 1));
 }
 
 #[test]

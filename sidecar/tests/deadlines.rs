@@ -1,0 +1,35 @@
+//! Deadlines over real time, against the real binary: a deadline-driven batch leaves early enough
+//! for its answer to arrive in time. (The recovery from a stopped process is in `pause.rs`: its
+//! steady load runs in a test binary of its own, never beside this timing-sensitive test.)
+
+mod support;
+
+use std::time::Duration;
+
+use support::{body, metric_value, timing, Sidecar};
+use tokio::time::Instant;
+
+/// A lone request whose deadline is the batch time + 30 ms, with `maxWait` far beyond it, so
+/// that the deadline rule (and its margin) alone decides when the batch leaves: 50 times in a
+/// row, from a fresh sidecar, each is answered 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_deadline_driven_request_is_answered_in_time_every_time() {
+    let s =
+        Sidecar::start(&["--model", "m", "--sim-batch-time", "100ms", "--max-wait", "1s", "--latency-budget", "130ms"])
+            .await;
+    for run in 0..50 {
+        let sent = Instant::now();
+        let r = s.infer("m", &body(&[vec![run as f32]]), &[]).await;
+        let elapsed = sent.elapsed();
+        let status = r.status();
+        let queued = if status == 200 { timing(&r, "queue") } else { f64::NAN };
+        let text = r.text().await.unwrap();
+        assert_eq!(status, 200, "run {run}: {text} after {elapsed:?}");
+        // It waited for its deadline rule (about 30 ms less the margin), not for maxWait or not at all.
+        assert!(queued > 10.0 && queued < 30.0, "run {run}: queued {queued} ms");
+        assert!(elapsed < Duration::from_millis(130) + Duration::from_millis(50), "run {run}: {elapsed:?}");
+    }
+    let metrics = s.metrics().await;
+    assert_eq!(metric_value(&metrics, "ferry_requests_total", "outcome=\"ok\""), 50.0);
+    assert_eq!(metric_value(&metrics, "ferry_requests_total", "outcome=\"expired\""), 0.0);
+}
