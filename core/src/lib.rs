@@ -10,8 +10,10 @@
 //!   and dispatch (full, `maxWait`, deadline), per model version.
 //! - [`margin`]: how early a deadline-driven batch leaves: a floor plus the measured lateness of
 //!   the timer and overshoot of the engine.
+//! - [`ledger`]: the batcher's whole state (waiters, attempts and fencing, held groups, deadlines
+//!   of running requests, the watchdog) as a state machine: events in with `now`, effects out.
 //! - [`recovery`]: the rule for failed batches: retries, and poison isolation by bisection.
-//! - [`replay`]: the scheduler in virtual time, for exact tests, property tests and simulations.
+//! - [`replay`]: the ledger in virtual time, for exact tests, property tests and simulations.
 //! - [`outcome`]: how a request ended, its status code and its metric label.
 //! - [`metric`]: the names of the sidecar's metrics (a contract: the operator reads them).
 //! - [`duration`]: the Gateway API duration format.
@@ -20,6 +22,7 @@
 
 pub mod duration;
 pub mod estimate;
+pub mod ledger;
 pub mod margin;
 pub mod metric;
 pub mod outcome;

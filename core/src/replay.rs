@@ -1,15 +1,17 @@
-//! Replays an arrival trace through the [`Scheduler`] in virtual time, with an engine whose batch
+//! Replays an arrival trace through the [`Ledger`] in virtual time, with an engine whose batch
 //! time is a plain function of rows: a discrete-event simulation of one sidecar.
 //!
-//! The async shell ([`crate::batcher`]) and this replay feed the scheduler the same events in the
-//! same order at each instant (finished batches, then expiries, then arrivals, then dispatches),
-//! so a trace replayed here is what the real sidecar does on a paused clock. Tests use it to
-//! check the dispatch rule to the millisecond and to run property tests over random traces.
+//! The sidecar's batcher is a thin shell around the same ledger, and both hand it the events of
+//! an instant together ([`Ledger::step`] orders them), so a trace replayed here is what the real
+//! sidecar does on a paused clock. Tests use it to check the dispatch rule to the millisecond and
+//! to run property tests over random traces; the operator's planner and simulation use it too.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::ledger::{Effect, Event, Ledger, RetryPolicy};
 use crate::outcome::Outcome;
 use crate::scheduler::{Scheduler, Trigger};
 use crate::ticket::{Priority, RequestId, Ticket, Tokens};
@@ -57,6 +59,8 @@ pub enum Fate {
     Refused { at: Duration, outcome: Outcome },
     /// Answered 504 at `at`.
     Expired { at: Duration },
+    /// Answered 500 at `at` (the engine failed it).
+    Failed { at: Duration },
 }
 
 /// One batch that ran.
@@ -83,60 +87,50 @@ impl Trace {
     }
 }
 
-struct Running {
-    end: Instant,
-    worker: usize,
-    batch: usize,
-    tickets: Vec<Ticket>,
+/// Runs `arrivals` (in any order) through `scheduler` with the default retry policy, each batch
+/// taking `engine(rows)`.
+pub fn replay(scheduler: Scheduler, engine: impl Fn(u32) -> Duration, arrivals: &[Arrival]) -> Trace {
+    replay_ledger(Ledger::new(scheduler, RetryPolicy::default()), engine, arrivals)
 }
 
-/// Runs `arrivals` (in any order) through `scheduler`, each batch taking `engine(rows)`.
-pub fn replay(mut scheduler: Scheduler, engine: impl Fn(u32) -> Duration, arrivals: &[Arrival]) -> Trace {
+/// Runs `arrivals` through `ledger`: request `i` of the trace has id `i`; arrivals of one instant
+/// are submitted in trace order.
+pub fn replay_ledger(mut ledger: Ledger, engine: impl Fn(u32) -> Duration, arrivals: &[Arrival]) -> Trace {
     let start = Instant::now();
     let since = |t: Instant| t - start;
     let mut order: Vec<usize> = (0..arrivals.len()).collect();
     order.sort_by_key(|&i| (arrivals[i].at, i));
     let mut next_arrival = 0;
-    let mut running: Vec<Running> = Vec::new();
+    // (end, seq, outputs) of the batches on the virtual engine, and where each is in the trace.
+    let mut running: Vec<(Instant, u64, usize)> = Vec::new();
+    let mut batch_of: HashMap<u64, usize> = HashMap::new();
     let mut trace = Trace { fates: vec![None; arrivals.len()], batches: Vec::new() };
-
+    let mut effects = Vec::new();
     let mut clock = start;
     loop {
         let next = [
             order.get(next_arrival).map(|&i| start + arrivals[i].at),
-            running.iter().map(|r| r.end).min(),
-            scheduler.next_wake(clock),
+            running.iter().map(|r| r.0).min(),
+            ledger.next_wake(clock),
         ];
         let Some(now) = next.into_iter().flatten().min() else { break };
         clock = now;
 
-        // 1. Finished batches free their workers.
-        running.sort_by_key(|r| (r.end, r.worker));
-        while running.first().is_some_and(|r| r.end <= now) {
-            let r = running.remove(0);
-            scheduler.finish(r.worker, now);
-            for t in r.tickets {
-                let i = t.id as usize;
-                trace.fates[i] = Some(if now <= t.deadline {
-                    let b = &trace.batches[r.batch];
-                    Fate::Done { dispatched: b.dispatched, finished: since(now), batch_rows: b.rows }
-                } else {
-                    Fate::Expired { at: since(t.deadline) }
-                });
+        let mut events = Vec::new();
+        running.retain(|&(end, seq, outputs)| {
+            let done = end <= now;
+            if done {
+                events.push(Event::Finished { seq, result: Ok(outputs) });
             }
-        }
-        // 2. Queued deadlines that have come.
-        for t in scheduler.expire(now) {
-            trace.fates[t.id as usize] = Some(Fate::Expired { at: since(now) });
-        }
-        // 3. Arrivals.
+            !done
+        });
         while let Some(&i) = order.get(next_arrival) {
             let a = arrivals[i];
             if start + a.at > now {
                 break;
             }
             next_arrival += 1;
-            let ticket = Ticket {
+            events.push(Event::Submit(Ticket {
                 id: i as RequestId,
                 arrival: now,
                 deadline: now + a.timeout,
@@ -144,29 +138,38 @@ pub fn replay(mut scheduler: Scheduler, engine: impl Fn(u32) -> Duration, arriva
                 bytes: a.bytes,
                 priority: a.priority,
                 tokens: Tokens::default(),
-            };
-            if let Err(refusal) = scheduler.admit(ticket, now) {
-                trace.fates[i] = Some(Fate::Refused { at: since(now), outcome: refusal.outcome });
-            }
+            }));
         }
-        // 4. Dispatches.
-        while let Some(batch) = scheduler.take(now) {
-            for t in &batch.doomed {
-                trace.fates[t.id as usize] = Some(Fate::Expired { at: since(now) });
+        ledger.step(now, events, &mut effects);
+        for effect in effects.drain(..) {
+            match effect {
+                Effect::Dispatch(d) => {
+                    let end = now + engine(d.rows);
+                    trace.batches.push(BatchRecord {
+                        worker: d.worker,
+                        trigger: d.trigger,
+                        dispatched: since(now),
+                        finished: since(end),
+                        rows: d.rows,
+                        requests: d.members.iter().map(|&id| id as usize).collect(),
+                    });
+                    running.push((end, d.seq, d.members.len()));
+                    batch_of.insert(d.seq, trace.batches.len() - 1);
+                }
+                Effect::Answer { id, seq, batch_rows, .. } => {
+                    let dispatched = trace.batches[batch_of[&seq]].dispatched;
+                    trace.fates[id as usize] = Some(Fate::Done { dispatched, finished: since(now), batch_rows });
+                }
+                Effect::Refuse { id, refusal, admitted, .. } => {
+                    let at = since(now);
+                    trace.fates[id as usize] = Some(match (admitted, refusal.outcome) {
+                        (false, outcome) => Fate::Refused { at, outcome },
+                        (true, Outcome::Failed) => Fate::Failed { at },
+                        (true, _) => Fate::Expired { at },
+                    });
+                }
+                Effect::Late(_) | Effect::BatchEnded { .. } | Effect::GaveUp { .. } => {}
             }
-            if batch.tickets.is_empty() {
-                continue;
-            }
-            let end = now + engine(batch.rows);
-            trace.batches.push(BatchRecord {
-                worker: batch.worker,
-                trigger: batch.trigger,
-                dispatched: since(now),
-                finished: since(end),
-                rows: batch.rows,
-                requests: batch.tickets.iter().map(|t| t.id as usize).collect(),
-            });
-            running.push(Running { end, worker: batch.worker, batch: trace.batches.len() - 1, tickets: batch.tickets });
         }
     }
     trace

@@ -10,6 +10,7 @@
 //! same state: the queue ahead of it, the busy workers and the measured batch time
 //! (the `forecast` module).
 
+mod cut;
 mod forecast;
 #[cfg(test)]
 mod tests;
@@ -102,18 +103,6 @@ pub struct Scheduler {
     estimator: Estimator,
     margin: Margin,
 }
-
-/// The batch that would leave now: which tickets, its shape, and whether it is full.
-#[derive(Debug, Clone)]
-struct Plan {
-    ids: Vec<RequestId>,
-    shape: Shape,
-    full: bool,
-}
-
-/// How far past the first batch-tier request that does not fit the plan looks for smaller ones
-/// that do, so that planning stays cheap with a long batch-tier backlog.
-const FILL_LOOKAHEAD: usize = 256;
 
 impl Scheduler {
     pub fn new(policy: Policy, workers: usize, estimator: Estimator) -> Self {
@@ -208,16 +197,15 @@ impl Scheduler {
         if !self.probes.is_empty() {
             return Next::Dispatch(Trigger::Retry);
         }
-        let Some(oldest) = self.queue.oldest_arrival() else { return Next::Empty };
-        let plan = self.plan();
-        if plan.full {
+        let Some(cut) = self.plan() else { return Next::Empty };
+        if cut.full {
             return Next::Dispatch(Trigger::Full);
         }
-        let wait_over = oldest + self.policy.max_wait;
+        let wait_over = cut.oldest + self.policy.max_wait;
         if now >= wait_over {
             return Next::Dispatch(Trigger::MaxWait);
         }
-        let must_leave = self.latest_start(plan.shape).unwrap_or(now);
+        let must_leave = self.latest_start(&cut).unwrap_or(now);
         if now >= must_leave {
             return Next::Dispatch(Trigger::Deadline);
         }
@@ -244,8 +232,9 @@ impl Scheduler {
             let (tag, group) = self.probes.pop_front()?;
             (group, Some(tag))
         } else {
-            let plan = self.plan();
-            (plan.ids.into_iter().filter_map(|id| self.queue.remove(id)).collect(), None)
+            let ids: Vec<RequestId> =
+                self.plan().map(|cut| cut.tickets.iter().map(|t| t.id).collect()).unwrap_or_default();
+            (ids.into_iter().filter_map(|id| self.queue.remove(id)).collect(), None)
         };
         let planned: Shape = chosen.iter().map(Ticket::shape).sum();
         let finish = now + self.estimator.estimate(planned);
@@ -316,43 +305,20 @@ impl Scheduler {
         self.workers.len()
     }
 
-    /// The batch that would leave now. Interactive requests are taken from the head of the queue
-    /// in deadline order and never overtaken: the batch is full when it holds `maxBatchSize` rows
-    /// or when the next interactive request does not fit. Seats still empty then go to batch-tier
-    /// requests that fit, in deadline order, skipping those too large for what is left: an empty
-    /// seat on a departing batch is capacity that expires.
-    fn plan(&self) -> Plan {
-        let cap = self.policy.max_batch_rows;
-        let mut plan = Plan { ids: Vec::new(), shape: Shape::default(), full: false };
-        for ticket in self.queue.iter_priority(Priority::Interactive) {
-            if plan.shape.rows + ticket.rows > cap {
-                plan.full = true;
-                return plan;
-            }
-            plan.shape = plan.shape.join(ticket.shape());
-            plan.ids.push(ticket.id);
-        }
-        let mut skipped = 0;
-        for ticket in self.queue.iter_priority(Priority::Batch) {
-            if plan.shape.rows == cap || skipped > FILL_LOOKAHEAD {
-                break;
-            }
-            if plan.shape.rows + ticket.rows > cap {
-                skipped += 1;
-                continue;
-            }
-            plan.shape = plan.shape.join(ticket.shape());
-            plan.ids.push(ticket.id);
-        }
-        plan.full = plan.shape.rows == cap;
-        plan
+    /// The batch that would leave now ([`cut`]: the rule admission's forecast uses too).
+    fn plan(&self) -> Option<cut::Cut<'_>> {
+        cut::Cutter::new(
+            self.policy.max_batch_rows,
+            self.queue.iter_priority(Priority::Interactive),
+            self.queue.iter_priority(Priority::Batch),
+        )
+        .next()
     }
 
-    /// The last instant a batch of this shape can start and still meet every queued deadline
-    /// (less the safety margin). `None` when that instant is before the clock's origin.
-    fn latest_start(&self, shape: Shape) -> Option<Instant> {
-        let earliest = self.queue.earliest_deadline()?;
-        earliest.checked_sub(self.margin.get() + self.estimator.estimate(shape))
+    /// The last instant this batch can start and still meet its tickets' deadlines (less the
+    /// margin). `None` when that instant is before the clock's origin.
+    fn latest_start(&self, cut: &cut::Cut<'_>) -> Option<Instant> {
+        cut.earliest_deadline.checked_sub(self.margin.get() + self.estimator.estimate(cut.shape))
     }
 
     /// Roughly how long until the queue ahead has drained, for `Retry-After`.

@@ -107,6 +107,7 @@ fn check_invariants(c: &Case, t: &Trace) -> Result<(), TestCaseError> {
                 prop_assert!(matches!(outcome, Outcome::QueueFull | Outcome::Infeasible));
                 prop_assert_eq!(rides[i], 0);
             }
+            Fate::Failed { .. } => prop_assert!(false, "request {} failed, with an engine that never fails", i),
         }
     }
     // Conservation (nothing is cancelled or fails in a replay).
@@ -145,8 +146,13 @@ fn busy_throughout(t: &Trace, w: usize, from: Duration, to: Duration) -> bool {
     true
 }
 
+/// 300 cases a run; `PROPTEST_CASES` asks for more (or fewer).
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn the_dispatch_rule_holds_on_random_traces(c in case(true), slow in 1u32..=3) {
@@ -154,8 +160,8 @@ proptest! {
         check_invariants(&c, &trace)?;
     }
 
-    /// With exact estimates, admission's promise holds: no interactive request that was admitted
-    /// misses its deadline.
+    /// With exact estimates, admission's promise holds: no request that was admitted misses its
+    /// deadline.
     #[test]
     fn with_exact_estimates_admitted_requests_meet_their_deadlines(c in case(false)) {
         let trace = run(&c, 1);
@@ -163,6 +169,22 @@ proptest! {
         for (i, fate) in trace.fates.iter().enumerate() {
             prop_assert!(
                 !matches!(fate, Some(Fate::Expired { .. })),
+                "request {} ({:?}) was admitted but expired: {:?}", i, c.arrivals[i], fate
+            );
+        }
+    }
+
+    /// With priorities, the promise is kept to every interactive request: neither a batch-tier
+    /// request nor a later interactive one makes an admitted interactive request miss. (Batch-tier
+    /// requests only ride in seats interactive ones leave, so an interactive arrival may still
+    /// push them out.)
+    #[test]
+    fn with_priorities_admitted_interactive_requests_meet_their_deadlines(c in case(true)) {
+        let trace = run(&c, 1);
+        check_invariants(&c, &trace)?;
+        for (i, fate) in trace.fates.iter().enumerate() {
+            prop_assert!(
+                c.arrivals[i].priority == Priority::Batch || !matches!(fate, Some(Fate::Expired { .. })),
                 "request {} ({:?}) was admitted but expired: {:?}", i, c.arrivals[i], fate
             );
         }

@@ -1,20 +1,16 @@
-//! The async shell around one model version's [`Scheduler`]: it owns the waiting callers, sleeps
-//! until the scheduler's next timer, runs batches on the engine, and answers every admitted
-//! request exactly once — 200 with its own rows, 504 at its deadline, or 500 when the engine
-//! failed — or counts it `cancelled` when its caller went away.
+//! The async shell around one model version's [`Ledger`]: it keeps what the ledger must not hold
+//! (the callers' reply channels, the requests' inputs, the engine's outputs), gathers the events
+//! of an instant, hands them to the ledger, and carries out its effects: batches to the engine,
+//! answers and refusals to the callers, metrics. Every decision — admission, dispatch, deadlines
+//! of running requests, retries and poison isolation, attempt fencing, the watchdog — is the
+//! ledger's, so that [`ferry_core::replay`] of the same events gives the same outcomes.
 //!
-//! When a batch fails (an engine error, a panic, or the watchdog giving up on it), the requests
-//! it carried are retried within their deadline and attempt budget, and a poison row is isolated
-//! by bisection ([`ferry_core::recovery`]). Every run of a request is an attempt with its own number;
-//! a result for an attempt that is no longer current (the watchdog gave up on it) or for a
-//! request already answered at its deadline is discarded and counted in
-//! `ferry_late_results_total`.
+//! Every admitted request is answered exactly once — 200 with its own rows, 504 at its deadline,
+//! or 500 when the engine failed — or counted `cancelled` when its caller went away.
 //!
 //! One task owns all of this state, so there are no locks; callers talk to it over a channel.
-//! At each instant it handles events in the order [`ferry_core::replay`] uses (finished batches,
-//! deadlines, arrivals, dispatches), which is what makes the paused-clock tests exact.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -28,8 +24,9 @@ use crate::engine::{BatchOutputs, Engine, EngineError, Inputs};
 use crate::metrics::ModelMetrics;
 use crate::tensor::Tensor;
 use ferry_core::estimate::CostModel;
+pub use ferry_core::ledger::RetryPolicy;
+use ferry_core::ledger::{Dispatch, Effect, Event, Ledger};
 use ferry_core::outcome::{Outcome, Refusal};
-use ferry_core::recovery::{self, Member, Recovery};
 use ferry_core::scheduler::Scheduler;
 use ferry_core::ticket::{Priority, RequestId, Ticket, Tokens};
 
@@ -133,16 +130,11 @@ impl Batcher {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         metrics.idle.set(scheduler.workers() as i64);
         let task = Task {
-            scheduler,
+            ledger: Ledger::new(scheduler, retry),
             engine,
-            retry,
             metrics: metrics.clone(),
-            waiters: HashMap::new(),
-            outside: BTreeSet::new(),
-            running: HashMap::new(),
-            watchdogs: BTreeSet::new(),
-            held: HashMap::new(),
-            next_seq: 0,
+            callers: HashMap::new(),
+            outputs: HashMap::new(),
             done_tx,
             drains: Vec::new(),
             oldest_ns: oldest_ns.clone(),
@@ -233,45 +225,12 @@ impl Drop for Pending {
     }
 }
 
-/// How failed batches are retried.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RetryPolicy {
-    /// Runs a request may ride in, the first included.
-    pub max_attempts: u32,
-    /// The watchdog gives up on a batch after this many times its expected time...
-    pub watchdog_factor: f64,
-    /// ...plus this, so that a batch expected to take no time is not given up at once.
-    pub watchdog_grace: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy { max_attempts: 3, watchdog_factor: 3.0, watchdog_grace: Duration::from_millis(10) }
-    }
-}
-
-/// Where an admitted, unanswered request is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Place {
-    /// In the scheduler (queue or probe).
-    Waiting,
-    /// Riding in the running batch of this sequence number.
-    Running(u64),
-    /// Held back while a probe runs.
-    Held,
-}
-
-struct Waiter {
-    /// `None` once answered: it stays only as a tombstone until its running batch returns, so
-    /// that the batch's result for it is counted late rather than lost.
-    reply: Option<oneshot::Sender<Delivery>>,
-    expired: bool,
-    ticket: Ticket,
+/// A caller waiting for its request's end, and the request's inputs (kept for retries).
+struct Caller {
+    reply: oneshot::Sender<Delivery>,
     inputs: Inputs,
-    place: Place,
-    attempts: u32,
-    failures: u32,
-    last_error: Option<EngineError>,
+    arrival: Instant,
+    deadline: Instant,
 }
 
 struct BatchDone {
@@ -279,31 +238,14 @@ struct BatchDone {
     result: Result<BatchOutputs, EngineError>,
 }
 
-struct Running {
-    worker: usize,
-    dispatched_at: Instant,
-    watchdog: Instant,
-    rows: u32,
-    /// (request, attempt) in batch order.
-    members: Vec<(RequestId, u32)>,
-    /// When this batch is a probe: the group held back until it ends.
-    held: Option<u64>,
-}
-
 struct Task {
-    scheduler: Scheduler,
+    ledger: Ledger,
     engine: Arc<dyn Engine>,
-    retry: RetryPolicy,
     metrics: ModelMetrics,
-    waiters: HashMap<RequestId, Waiter>,
-    /// Deadlines of unanswered requests that are not in the scheduler (running or held): they
-    /// are answered 504 at their deadline, not when their batch ends.
-    outside: BTreeSet<(Instant, RequestId)>,
-    running: HashMap<u64, Running>,
-    watchdogs: BTreeSet<(Instant, u64)>,
-    /// Groups held back behind a probe, by probe tag.
-    held: HashMap<u64, Vec<RequestId>>,
-    next_seq: u64,
+    callers: HashMap<RequestId, Caller>,
+    /// The outputs of a batch that just ended, by sequence number, until the ledger says whose
+    /// they are (within the same step).
+    outputs: HashMap<u64, Vec<Option<Vec<Tensor>>>>,
     done_tx: mpsc::UnboundedSender<BatchDone>,
     drains: Vec<oneshot::Sender<()>>,
     oldest_ns: Arc<AtomicU64>,
@@ -326,373 +268,156 @@ impl Task {
         let mut open = true;
         let mut probe = Instant::now() + TIMER_PROBE;
         let mut waiting_for: Option<Instant> = None;
+        let mut events = Vec::new();
+        let mut effects = Vec::new();
         loop {
             let now = Instant::now();
             // How late the loop got to the instant it slept for (the timer's lateness, or the
             // time spent on the events that came first): part of the deadline margin.
             if let Some(due) = waiting_for.filter(|due| *due <= now) {
-                self.scheduler.observe_wake(now - due);
+                events.push(Event::Woke(now - due));
             }
             if now >= probe {
                 probe = now + TIMER_PROBE;
             }
-            self.watchdog(now);
-            self.expire(now);
-            self.dispatch(now);
+            self.ledger.step(now, std::mem::take(&mut events), &mut effects);
+            for effect in effects.drain(..) {
+                self.carry_out(effect, now);
+            }
+            self.outputs.clear();
             self.publish();
-            if self.is_idle() {
+            if self.ledger.is_idle() {
                 self.drains.drain(..).for_each(|d| {
                     let _ = d.send(());
                 });
-                if !open && self.running.is_empty() {
+                if !open && self.ledger.running() == 0 {
                     return;
                 }
             }
-            let wake = [
-                self.scheduler.next_wake(now),
-                self.outside.first().map(|(d, _)| *d),
-                self.watchdogs.first().map(|(w, _)| *w),
-                open.then_some(probe),
-            ]
-            .into_iter()
-            .flatten()
-            .min();
+            let wake = [self.ledger.next_wake(now), open.then_some(probe)].into_iter().flatten().min();
             waiting_for = wake;
             tokio::select! {
                 biased;
-                Some(batch) = done.recv() => self.finish(batch),
+                Some(batch) = done.recv() => self.finished(batch, &mut events),
                 command = commands.recv(), if open => match command {
-                    Some(Command::Submit { id, submission, reply }) => self.admit(id, submission, reply),
-                    Some(Command::Cancel(id)) => self.cancel(id),
-                    Some(Command::Drain(tx)) => self.drains.push(tx),
-                    Some(Command::Calibrate(cost)) => self.scheduler.calibrate(cost),
-                    Some(Command::TimerLateness(samples)) => samples.into_iter().for_each(|l| self.scheduler.observe_wake(l)),
+                    Some(command) => self.command(command, &mut events),
                     None => open = false,
                 },
                 () = sleep_until(wake) => {}
             }
+            // Everything else that is ready at this instant joins the same step: other tasks
+            // (callers, the engine) get to run first, and their events are gathered until none
+            // comes. On tokio's paused clock the instant cannot pass meanwhile.
+            loop {
+                tokio::task::yield_now().await;
+                let before = events.len();
+                while let Ok(batch) = done.try_recv() {
+                    self.finished(batch, &mut events);
+                }
+                while open {
+                    match commands.try_recv() {
+                        Ok(command) => self.command(command, &mut events),
+                        Err(mpsc::error::TryRecvError::Empty) => break,
+                        Err(mpsc::error::TryRecvError::Disconnected) => open = false,
+                    }
+                }
+                if events.len() == before {
+                    break;
+                }
+            }
         }
     }
 
-    /// Every admitted request has been answered.
-    fn is_idle(&self) -> bool {
-        self.scheduler.queue_depth() == 0 && self.outside.is_empty()
-    }
-
-    fn admit(&mut self, id: RequestId, s: Submission, reply: oneshot::Sender<Delivery>) {
-        let now = Instant::now();
-        let ticket = Ticket {
-            id,
-            arrival: s.arrival,
-            deadline: s.deadline,
-            rows: s.rows,
-            bytes: s.bytes,
-            priority: s.priority,
-            tokens: s.tokens,
-        };
-        match self.scheduler.admit(ticket, now) {
-            Ok(()) => {
-                let waiter = Waiter {
-                    reply: Some(reply),
-                    expired: false,
-                    ticket,
-                    inputs: Arc::new(s.inputs),
-                    place: Place::Waiting,
-                    attempts: 0,
-                    failures: 0,
-                    last_error: None,
+    fn command(&mut self, command: Command, events: &mut Vec<Event>) {
+        match command {
+            Command::Submit { id, submission: s, reply } => {
+                let ticket = Ticket {
+                    id,
+                    arrival: s.arrival,
+                    deadline: s.deadline,
+                    rows: s.rows,
+                    bytes: s.bytes,
+                    priority: s.priority,
+                    tokens: s.tokens,
                 };
-                self.waiters.insert(id, waiter);
+                let caller = Caller { reply, inputs: Arc::new(s.inputs), arrival: s.arrival, deadline: s.deadline };
+                self.callers.insert(id, caller);
+                events.push(Event::Submit(ticket));
             }
-            Err(refusal) => {
-                self.metrics.count(refusal.outcome);
-                let _ = reply.send(Err(refusal));
-            }
-        }
-    }
-
-    fn cancel(&mut self, id: RequestId) {
-        let Some(w) = self.waiters.get_mut(&id) else { return };
-        if w.reply.is_none() {
-            return; // already answered
-        }
-        w.reply = None;
-        self.metrics.count(Outcome::Cancelled);
-        match w.place {
-            Place::Waiting => {
-                self.scheduler.cancel(id);
-                self.waiters.remove(&id);
-            }
-            Place::Held => {
-                self.outside.remove(&(w.ticket.deadline, id));
-                self.waiters.remove(&id);
-            }
-            // Its batch's result will be dropped when it comes.
-            Place::Running(_) => {
-                self.outside.remove(&(w.ticket.deadline, id));
-            }
-        }
-    }
-
-    /// Gives up on batches that ran past their watchdog: their worker slot is freed, and their
-    /// requests are handled as if the batch had failed; a result that comes later is stale.
-    fn watchdog(&mut self, now: Instant) {
-        while let Some(&(at, seq)) = self.watchdogs.first() {
-            if at > now {
-                break;
-            }
-            self.watchdogs.pop_first();
-            let Some(run) = self.running.remove(&seq) else { continue };
-            self.scheduler.abandon(run.worker);
-            let error = EngineError(format!(
-                "the batch did not finish within {} ms (the watchdog gives up at {}× the expected time)",
-                (now - run.dispatched_at).as_millis(),
-                self.retry.watchdog_factor
-            ));
-            tracing::warn!(%error, rows = run.rows, "watchdog: giving up on a batch and replacing its worker");
-            self.failed(run, error, now);
-        }
-    }
-
-    /// Answers 504 for requests whose deadline has come, wherever they are.
-    fn expire(&mut self, now: Instant) {
-        for ticket in self.scheduler.expire(now) {
-            if let Some(w) = self.waiters.remove(&ticket.id) {
-                let message = format!(
-                    "deadline passed: waited {} ms for a worker; the deadline was {} ms after arrival",
-                    (now - w.ticket.arrival).as_millis(),
-                    (w.ticket.deadline - w.ticket.arrival).as_millis()
-                );
-                self.reply(w.reply, Err(Refusal::new(Outcome::Expired, message)), &w.ticket, now);
-            }
-        }
-        while let Some(&(deadline, id)) = self.outside.first() {
-            if deadline > now {
-                break;
-            }
-            self.outside.pop_first();
-            let Some(w) = self.waiters.get_mut(&id) else { continue };
-            let (tx, ticket) = (w.reply.take(), w.ticket);
-            let arrival = ticket.arrival;
-            w.expired = true;
-            let where_ = if matches!(w.place, Place::Held) {
-                self.waiters.remove(&id);
-                "while its batch was retried"
-            } else {
-                "while its batch was running"
-            };
-            let message = format!(
-                "deadline passed {where_}: waited {} ms; the deadline was {} ms after arrival",
-                (now - arrival).as_millis(),
-                (deadline - arrival).as_millis()
-            );
-            self.reply(tx, Err(Refusal::new(Outcome::Expired, message)), &ticket, now);
-        }
-    }
-
-    fn dispatch(&mut self, now: Instant) {
-        while let Some(batch) = self.scheduler.take(now) {
-            for ticket in batch.doomed {
-                if let Some(w) = self.waiters.remove(&ticket.id) {
-                    let message = format!(
-                        "deadline cannot be met any more: a batch leaving now would end in {} ms, the deadline is in {} ms",
-                        self.scheduler.estimate(batch.shape).as_millis(),
-                        ticket.deadline.saturating_duration_since(now).as_millis()
-                    );
-                    self.reply(w.reply, Err(Refusal::new(Outcome::Expired, message)), &ticket, now);
+            Command::Cancel(id) => {
+                // Counted here, once: the ledger sends nothing more for it.
+                if self.callers.remove(&id).is_some() {
+                    self.metrics.count(Outcome::Cancelled);
                 }
+                events.push(Event::Cancel(id));
             }
-            let held = batch.probe.filter(|tag| self.held.contains_key(tag));
-            if batch.tickets.is_empty() {
-                // Nobody left to run: the probe proved nothing, so its held group is retried plainly.
-                if let Some(tag) = held {
-                    let group = self.held.remove(&tag).unwrap_or_default();
-                    self.apply(Recovery { requeue: group, ..Recovery::default() }, now);
-                }
-                continue;
-            }
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            let mut inputs = Vec::with_capacity(batch.tickets.len());
-            let mut members = Vec::with_capacity(batch.tickets.len());
-            for ticket in &batch.tickets {
-                let w = self.waiters.get_mut(&ticket.id).expect("every waiting ticket has a waiter");
-                w.attempts += 1;
-                w.place = Place::Running(seq);
-                if w.attempts == 1 {
-                    self.metrics.queue_wait.observe((now - w.ticket.arrival).as_secs_f64());
-                }
-                self.outside.insert((w.ticket.deadline, ticket.id));
-                inputs.push(w.inputs.clone());
-                members.push((ticket.id, w.attempts));
-            }
-            self.metrics.batch_size.observe(f64::from(batch.rows));
-            let expected = self.scheduler.estimate(batch.shape);
-            let watchdog = now + expected.mul_f64(self.retry.watchdog_factor) + self.retry.watchdog_grace;
-            self.watchdogs.insert((watchdog, seq));
-            self.running.insert(
-                seq,
-                Running { worker: batch.worker, dispatched_at: now, watchdog, rows: batch.rows, members, held },
-            );
-            let run = self.engine.infer(inputs);
-            let done = self.done_tx.clone();
-            tokio::spawn(async move {
-                // A panic in the engine becomes an error here instead of a worker that never
-                // frees up.
-                let result = match AssertUnwindSafe(run).catch_unwind().await {
-                    Ok(result) => result,
-                    Err(panic) => Err(EngineError(format!("the engine panicked: {}", panic_message(&*panic)))),
-                };
-                let _ = done.send(BatchDone { seq, result });
-            });
+            Command::Drain(tx) => self.drains.push(tx),
+            Command::Calibrate(cost) => events.push(Event::Calibrate(cost)),
+            Command::TimerLateness(samples) => events.extend(samples.into_iter().map(Event::Woke)),
         }
     }
 
-    fn finish(&mut self, done: BatchDone) {
-        let now = Instant::now();
-        let Some(run) = self.running.remove(&done.seq) else {
-            // The watchdog gave up on this batch and its requests moved on: every result is stale.
-            if let Ok(outputs) = &done.result {
-                self.metrics.late_results.inc_by(outputs.len() as u64);
-            }
-            return;
-        };
-        self.watchdogs.remove(&(run.watchdog, done.seq));
-        // Only batches that ran to the end teach the estimator: a failure's time says nothing
-        // about how long a batch takes.
-        if done.result.is_ok() {
-            self.scheduler.finish(run.worker, now);
-        } else {
-            self.scheduler.abandon(run.worker);
-        }
-        self.metrics.batch_duration.observe((now - run.dispatched_at).as_secs_f64());
-        let outputs = match done.result {
-            Ok(outputs) if outputs.len() == run.members.len() => outputs,
+    fn finished(&mut self, done: BatchDone, events: &mut Vec<Event>) {
+        let result = match done.result {
             Ok(outputs) => {
-                let error = EngineError(format!(
-                    "the engine returned outputs for {} requests of a batch of {}",
-                    outputs.len(),
-                    run.members.len()
-                ));
-                return self.failed(run, error, now);
+                let n = outputs.len();
+                self.outputs.insert(done.seq, outputs.into_iter().map(Some).collect());
+                Ok(n)
             }
-            Err(error) => return self.failed(run, error, now),
+            Err(error) => Err(error.to_string()),
         };
-        for (&(id, attempt), outputs) in run.members.iter().zip(outputs) {
-            let Some(w) = self.waiters.get(&id) else { continue };
-            if w.attempts != attempt {
-                self.metrics.late_results.inc();
-                continue;
+        events.push(Event::Finished { seq: done.seq, result });
+    }
+
+    fn carry_out(&mut self, effect: Effect, now: Instant) {
+        match effect {
+            Effect::Dispatch(d) => self.dispatch(d),
+            Effect::Answer { id, seq, index, batch_rows, queued, engine } => {
+                let outputs = self.outputs.get_mut(&seq).and_then(|o| o.get_mut(index)).and_then(Option::take);
+                let Some(outputs) = outputs else { return };
+                let answer = Answer { outputs, batch_rows, queued, engine, answered_at: now };
+                self.reply(id, Ok(answer), true, now);
             }
-            let w = self.waiters.remove(&id).expect("just found");
-            self.outside.remove(&(w.ticket.deadline, id));
-            if w.expired {
-                self.metrics.late_results.inc();
-                continue;
+            Effect::Refuse { id, refusal, admitted, .. } => self.reply(id, Err(refusal), admitted, now),
+            Effect::Late(n) => self.metrics.late_results.inc_by(n),
+            Effect::BatchEnded { took, .. } => self.metrics.batch_duration.observe(took.as_secs_f64()),
+            Effect::GaveUp { rows, error, .. } => {
+                tracing::warn!(%error, rows, "watchdog: giving up on a batch and replacing its worker")
             }
-            let answer = Answer {
-                outputs,
-                batch_rows: run.rows,
-                queued: run.dispatched_at - w.ticket.arrival,
-                engine: now - run.dispatched_at,
-                answered_at: now,
+        }
+    }
+
+    fn dispatch(&mut self, d: Dispatch) {
+        for wait in &d.first_waits {
+            self.metrics.queue_wait.observe(wait.as_secs_f64());
+        }
+        self.metrics.batch_size.observe(f64::from(d.rows));
+        // Every member has its caller: the ledger never dispatches a cancelled request.
+        let inputs: Vec<Inputs> =
+            d.members.iter().filter_map(|id| self.callers.get(id)).map(|c| c.inputs.clone()).collect();
+        let run = self.engine.infer(inputs);
+        let (done, seq) = (self.done_tx.clone(), d.seq);
+        tokio::spawn(async move {
+            // A panic in the engine becomes an error here instead of a worker that never frees up.
+            let result = match AssertUnwindSafe(run).catch_unwind().await {
+                Ok(result) => result,
+                Err(panic) => Err(EngineError(format!("the engine panicked: {}", panic_message(&*panic)))),
             };
-            self.reply(w.reply, Ok(answer), &w.ticket, now);
-        }
-        if let Some(tag) = run.held {
-            let group = self.held.remove(&tag).unwrap_or_default();
-            let members = self.members(&group);
-            let recovery = recovery::on_probe_success(&members, self.retry.max_attempts);
-            self.apply(recovery, now);
-        }
+            let _ = done.send(BatchDone { seq, result });
+        });
     }
 
-    /// A batch failed or was given up on: its unanswered requests are retried or condemned.
-    fn failed(&mut self, run: Running, error: EngineError, now: Instant) {
-        tracing::debug!(%error, rows = run.rows, "batch failed");
-        let mut live = Vec::new();
-        for &(id, attempt) in &run.members {
-            let Some(w) = self.waiters.get_mut(&id) else { continue };
-            if w.attempts != attempt {
-                continue;
-            }
-            if w.reply.is_none() {
-                // Answered at its deadline, or cancelled, while the batch ran: nothing to retry.
-                self.waiters.remove(&id);
-                continue;
-            }
-            w.failures += 1;
-            w.last_error = Some(error.clone());
-            w.place = Place::Held;
-            live.push(id);
-        }
-        let group = run.held.and_then(|tag| self.held.remove(&tag)).unwrap_or_default();
-        let (failed, held) = (self.members(&live), self.members(&group));
-        let recovery = recovery::on_failure(&failed, &held, self.retry.max_attempts);
-        self.apply(recovery, now);
-    }
-
-    fn members(&self, ids: &[RequestId]) -> Vec<Member> {
-        ids.iter()
-            .filter_map(|id| {
-                self.waiters.get(id).map(|w| Member { id: *id, attempts: w.attempts, failures: w.failures })
-            })
-            .collect()
-    }
-
-    fn apply(&mut self, mut recovery: Recovery, now: Instant) {
-        // Nobody runs more often than the attempt budget allows.
-        let spent = |id: &RequestId| self.waiters.get(id).is_some_and(|w| w.attempts >= self.retry.max_attempts);
-        let mut over: Vec<RequestId> = recovery.requeue.extract_if(.., |id| spent(id)).collect();
-        if let Some(probe) = &mut recovery.probe {
-            over.extend(probe.run.extract_if(.., |id| spent(id)));
-        }
-        recovery.condemn.extend(over);
-        for id in recovery.condemn {
-            let Some(w) = self.waiters.remove(&id) else { continue };
-            self.outside.remove(&(w.ticket.deadline, id));
-            let error = w.last_error.map_or_else(|| "engine error".to_owned(), |e| e.to_string());
-            let message = format!("{error} (failed {} of {} attempts; retries stopped)", w.failures, w.attempts);
-            self.reply(w.reply, Err(Refusal::new(Outcome::Failed, message)), &w.ticket, now);
-        }
-        for id in recovery.requeue {
-            if let Some(ticket) = self.leave_outside(id, Place::Waiting) {
-                self.scheduler.requeue(ticket);
-            }
-        }
-        if let Some(probe) = recovery.probe {
-            let tag = self.next_seq;
-            self.next_seq += 1;
-            let run: Vec<Ticket> = probe.run.iter().filter_map(|&id| self.leave_outside(id, Place::Waiting)).collect();
-            for &id in &probe.hold {
-                if let Some(w) = self.waiters.get_mut(&id) {
-                    w.place = Place::Held;
-                }
-            }
-            self.held.insert(tag, probe.hold);
-            self.scheduler.add_probe(tag, run);
-        }
-    }
-
-    /// Moves an unanswered request from outside the scheduler back to `place`.
-    fn leave_outside(&mut self, id: RequestId, place: Place) -> Option<Ticket> {
-        let w = self.waiters.get_mut(&id)?;
-        self.outside.remove(&(w.ticket.deadline, id));
-        w.place = place;
-        Some(w.ticket)
-    }
-
-    /// Sends a reply. Refusals are counted here; an answer is counted when its caller takes it
-    /// ([`Settle`]). A reply that finds nobody listening counts as `cancelled`: the caller went
-    /// away before its cancellation reached the batcher.
-    fn reply(&mut self, tx: Option<oneshot::Sender<Delivery>>, reply: Reply, ticket: &Ticket, now: Instant) {
-        let Some(tx) = tx else { return };
+    /// Sends a request's end to its caller. Refusals are counted here; an answer is counted when
+    /// its caller takes it ([`Settle`]). A reply that finds nobody listening counts as
+    /// `cancelled`: the caller went away before its cancellation reached the batcher.
+    fn reply(&mut self, id: RequestId, reply: Reply, admitted: bool, now: Instant) {
+        let Some(caller) = self.callers.remove(&id) else { return };
         let delivery = match reply {
             Ok(answer) => {
                 let settle = Settle {
                     metrics: self.metrics.clone(),
-                    arrival: ticket.arrival,
-                    deadline: ticket.deadline,
+                    arrival: caller.arrival,
+                    deadline: caller.deadline,
                     done: false,
                 };
                 Ok((answer, settle))
@@ -700,11 +425,13 @@ impl Task {
             Err(refusal) => Err(refusal),
         };
         let refused = delivery.as_ref().err().map(|r| r.outcome);
-        match tx.send(delivery) {
+        match caller.reply.send(delivery) {
             Ok(()) => {
                 if let Some(outcome) = refused {
                     self.metrics.count(outcome);
-                    self.metrics.request_duration.observe((now - ticket.arrival).as_secs_f64());
+                    if admitted {
+                        self.metrics.request_duration.observe((now - caller.arrival).as_secs_f64());
+                    }
                 }
             }
             // An unsettled answer counts itself as cancelled when dropped.
@@ -714,12 +441,13 @@ impl Task {
     }
 
     fn publish(&self) {
-        let busy = self.scheduler.busy_workers();
+        let scheduler = self.ledger.scheduler();
+        let busy = scheduler.busy_workers();
         self.metrics.busy.set(busy as i64);
-        self.metrics.idle.set((self.scheduler.workers() - busy) as i64);
-        self.metrics.queue_depth.set(self.scheduler.queue_depth() as i64);
-        self.metrics.queue_bytes.set(self.scheduler.queue_bytes() as i64);
-        let oldest = self.scheduler.oldest_arrival().map_or(u64::MAX, |a| (a - self.epoch).as_nanos() as u64);
+        self.metrics.idle.set((scheduler.workers() - busy) as i64);
+        self.metrics.queue_depth.set(scheduler.queue_depth() as i64);
+        self.metrics.queue_bytes.set(scheduler.queue_bytes() as i64);
+        let oldest = scheduler.oldest_arrival().map_or(u64::MAX, |a| (a - self.epoch).as_nanos() as u64);
         self.oldest_ns.store(oldest, Ordering::Relaxed);
     }
 }

@@ -10,11 +10,11 @@ use clap::Parser;
 use ferry_core::spec::{InferenceServiceSpec, ModelSpec};
 use serde::Deserialize;
 
-use crate::batcher::RetryPolicy;
 use crate::embed::{Device, Overflow};
 use crate::engine::sim::Faults;
 use crate::idempotency;
 use ferry_core::duration;
+use ferry_core::ledger::RetryPolicy;
 
 #[derive(Debug, Parser, Default)]
 #[command(

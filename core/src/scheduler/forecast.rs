@@ -1,38 +1,41 @@
 //! Admission's look ahead: when would each queued request finish if nothing else arrived?
 //!
-//! The forecast replays the dispatch rule over the queue in dispatch order: batches are cut at
-//! `maxBatchSize` rows, each goes to the worker that frees up first (busy workers at their
-//! expected end), and a batch that is not full leaves at its `maxWait` or deadline timer if that
-//! comes after the worker is free. It is O(queue length) and allocation-light, so it runs on
-//! every admission.
+//! The forecast replays the dispatch rule over the queue: batches are cut by the rule dispatch uses
+//! ([`super::cut`]), each goes to the worker that frees up first (busy workers at their expected
+//! end), and a batch that is not full leaves at its `maxWait` or deadline timer if that comes after
+//! the worker is free. It is O(queue length); the forecast without the newcomer is computed only
+//! when someone would miss with it.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::cut::Cutter;
 use super::{Scheduler, Worker};
-use crate::estimate::Shape;
 use crate::outcome::{Outcome, Refusal};
-use crate::ticket::Ticket;
+use crate::ticket::{Priority, RequestId, Ticket};
 
 /// Refuses `new` when it cannot finish before its deadline, or when admitting it would push an
 /// already admitted request of the same or a higher priority past a deadline it could otherwise
 /// meet (Clockwork's guarantee). Lower priorities are not protected from higher ones: batch-tier
 /// work only rides in seats interactive work leaves empty.
 pub(super) fn check_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Result<(), Refusal> {
-    let key = |t: &Ticket| (t.priority, t.deadline, t.id);
-    let queued: Vec<&Ticket> = s.queue.iter().collect();
-    let pos = queued.partition_point(|t| key(t) < key(new));
-    let mut with = Vec::with_capacity(queued.len() + 1);
-    with.extend_from_slice(&queued[..pos]);
-    with.push(new);
-    with.extend_from_slice(&queued[pos..]);
-    let done_with = completions(s, &with, now);
+    let with = completions(s, Some(new), now);
+    let finish = with.iter().find(|(id, _)| *id == new.id).and_then(|(_, end)| *end);
+    let Some(finish) = finish else {
+        return Err(Refusal::new(
+            Outcome::Infeasible,
+            format!(
+                "deadline cannot be met: no worker would be free for it before its deadline in {} ms",
+                ms(new.deadline.saturating_duration_since(now))
+            ),
+        )
+        .retry_after(drain_time(s, now)));
+    };
 
     // The margin leaves room for the answer's trip back to the caller.
-    let finish = done_with[pos];
     if finish + s.margin.get() > new.deadline {
         return Err(Refusal::new(
             Outcome::Infeasible,
@@ -56,22 +59,36 @@ pub(super) fn check_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Resu
 
     // Everyone of the same or a higher priority keeps their promise. Those behind it can be pushed
     // to a later batch; those ahead of it can share its batch, which then takes longer (perRow).
-    if queued.iter().any(|t| t.priority <= new.priority) {
-        let done_without = completions(s, &queued, now);
-        for (i, t) in queued.iter().enumerate().filter(|(_, t)| t.priority <= new.priority) {
-            let (before, after) = (done_without[i], done_with[if i < pos { i } else { i + 1 }]);
-            if before <= t.deadline && after > t.deadline {
-                return Err(Refusal::new(
-                    Outcome::Infeasible,
-                    format!(
-                        "deadline cannot be met without breaking an earlier promise: admitting this request would make a \
-                         queued one finish in {} ms, after its deadline in {} ms",
-                        ms(after - now),
-                        ms(t.deadline.saturating_duration_since(now))
-                    ),
-                )
-                .retry_after(drain_time(s, now)));
+    // Only those that would miss with it are looked at again without it.
+    let ticket = |id: RequestId| s.queue.get(id).expect("forecast tickets are queued");
+    let misses = |t: &Ticket, end: Option<Instant>| end.is_none_or(|end| end > t.deadline);
+    let missed: Vec<(RequestId, Option<Instant>)> = with
+        .into_iter()
+        .filter(|&(id, end)| {
+            id != new.id && {
+                let t = ticket(id);
+                t.priority <= new.priority && misses(t, end)
             }
+        })
+        .collect();
+    if missed.is_empty() {
+        return Ok(());
+    }
+    let without: HashMap<RequestId, Option<Instant>> = completions(s, None, now).into_iter().collect();
+    for (id, after) in missed {
+        let t = ticket(id);
+        if !misses(t, without[&id]) {
+            let after = after
+                .map_or_else(|| "never (it would expire waiting)".to_owned(), |a| format!("in {} ms", ms(a - now)));
+            return Err(Refusal::new(
+                Outcome::Infeasible,
+                format!(
+                    "deadline cannot be met without breaking an earlier promise: admitting this request would make a \
+                     queued one finish {after}, after its deadline in {} ms",
+                    ms(t.deadline.saturating_duration_since(now))
+                ),
+            )
+            .retry_after(drain_time(s, now)));
         }
     }
     Ok(())
@@ -79,42 +96,65 @@ pub(super) fn check_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Resu
 
 /// How long until everything queued now has finished: a hint for `Retry-After`.
 pub(super) fn drain_time(s: &Scheduler, now: Instant) -> Duration {
-    let queued: Vec<&Ticket> = s.queue.iter().collect();
-    let last_queued = completions(s, &queued, now).into_iter().max();
+    let last_queued = completions(s, None, now).into_iter().filter_map(|(_, end)| end).max();
     let last_busy = worker_free_times(s, now).into_iter().max();
     last_queued.max(last_busy).map_or(Duration::ZERO, |t| t - now)
 }
 
-/// Forecast completion instant of each ticket, in the order given (which must be dispatch order).
-fn completions(s: &Scheduler, tickets: &[&Ticket], now: Instant) -> Vec<Instant> {
-    let policy = &s.policy;
+/// The forecast completion of every queued ticket (and of `new`, as if it were queued), batch by
+/// batch as [`Cutter`] cuts them: each batch goes to the worker that frees up first (busy workers
+/// at their expected end), and one that is not full leaves at its `maxWait` or deadline timer if
+/// that comes after the worker is free — as the dispatch rule would send it.
+/// `None`: the ticket expires before a worker takes it; one that rides in a batch it cannot finish
+/// in time (and so is expired when the batch leaves) gets the batch's end.
+fn completions(s: &Scheduler, new: Option<&Ticket>, now: Instant) -> Vec<(RequestId, Option<Instant>)> {
+    let of = |p: Priority| with_new(s.queue.iter_priority(p), new.filter(|t| t.priority == p));
+    let mut cutter = Cutter::new(s.policy.max_batch_rows, of(Priority::Interactive), of(Priority::Batch));
     let mut free: BinaryHeap<Reverse<Instant>> = worker_free_times(s, now).into_iter().map(Reverse).collect();
-    let mut out = Vec::with_capacity(tickets.len());
-    let mut i = 0;
-    while i < tickets.len() {
-        let (mut j, mut shape) = (i, Shape::default());
-        let (mut oldest, mut earliest_deadline) = (tickets[i].arrival, tickets[i].deadline);
-        while j < tickets.len() && (j == i || shape.rows + tickets[j].rows <= policy.max_batch_rows) {
-            shape = shape.join(tickets[j].shape());
-            oldest = oldest.min(tickets[j].arrival);
-            earliest_deadline = earliest_deadline.min(tickets[j].deadline);
-            j += 1;
-        }
-        let full = j < tickets.len() || shape.rows >= policy.max_batch_rows;
-        let took = s.estimator.estimate(shape);
-        let leaves = if full {
+    let mut out = Vec::with_capacity(s.queue.len() + 1);
+    loop {
+        let Reverse(worker_free) = free.pop().expect("at least one worker");
+        // What waits in the queue until this worker is free and has expired by then is not cut.
+        cutter.expire_by(worker_free);
+        let Some(cut) = cutter.next() else { break };
+        out.extend(cutter.gone.drain(..).map(|t| (t.id, None)));
+        let took = s.estimator.estimate(cut.shape);
+        let leaves = if cut.full {
             now
         } else {
-            let must_leave = earliest_deadline.checked_sub(s.margin.get() + took).unwrap_or(now);
-            (oldest + policy.max_wait).min(must_leave).max(now)
+            let must_leave = cut.earliest_deadline.checked_sub(s.margin.get() + took).unwrap_or(now);
+            (cut.oldest + s.policy.max_wait).min(must_leave).max(now)
         };
-        let Reverse(worker_free) = free.pop().expect("at least one worker");
-        let end = worker_free.max(leaves) + took;
+        let start = worker_free.max(leaves);
+        // As at dispatch: who cannot finish in time leaves the batch (expired), and the seat stays empty.
+        let (riding, doomed): (Vec<&Ticket>, Vec<&Ticket>) =
+            cut.tickets.iter().partition(|t| t.deadline >= start + took);
+        out.extend(doomed.iter().map(|t| (t.id, Some(start + took))));
+        if riding.is_empty() {
+            free.push(Reverse(worker_free));
+            continue;
+        }
+        let end = start + s.estimator.estimate(riding.iter().map(|t| t.shape()).sum());
         free.push(Reverse(end));
-        out.extend(std::iter::repeat_n(end, j - i));
-        i = j;
+        out.extend(riding.iter().map(|t| (t.id, Some(end))));
     }
+    out.extend(cutter.gone.drain(..).map(|t| (t.id, None)));
     out
+}
+
+/// `tickets` (in deadline order) with `new` in its place among them.
+fn with_new<'a>(
+    tickets: impl Iterator<Item = &'a Ticket>,
+    new: Option<&'a Ticket>,
+) -> impl Iterator<Item = &'a Ticket> {
+    let key = |t: &Ticket| (t.deadline, t.id);
+    let mut tickets = tickets.peekable();
+    let mut new = new;
+    std::iter::from_fn(move || match (new, tickets.peek()) {
+        (Some(n), Some(t)) if key(n) < key(t) => new.take(),
+        (Some(_), None) => new.take(),
+        _ => tickets.next(),
+    })
 }
 
 fn worker_free_times(s: &Scheduler, now: Instant) -> Vec<Instant> {
