@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 /// Every way a request can end. Admitted requests end in exactly one of `Ok`, `Expired`,
-/// `Cancelled` or `Failed`; the others are refusals before admission.
+/// `Cancelled` or `Failed`; `Replayed` was answered from the idempotency store; the others are
+/// refusals before admission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
     Ok,
@@ -22,10 +23,13 @@ pub enum Outcome {
     Conflict,
     /// The engine is not ready yet (a remote server still loading its model).
     Unavailable,
+    /// Answered from the idempotency store: a request that repeated an `idempotency-key` got the
+    /// first one's response (it did no work of its own, so it is no load).
+    Replayed,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 13] = [
+    pub const ALL: [Outcome; 14] = [
         Outcome::Ok,
         Outcome::Invalid,
         Outcome::NotFound,
@@ -39,6 +43,7 @@ impl Outcome {
         Outcome::Draining,
         Outcome::Conflict,
         Outcome::Unavailable,
+        Outcome::Replayed,
     ];
 
     /// The `outcome` label value; dashboards and the autoscaler match on these strings.
@@ -57,6 +62,7 @@ impl Outcome {
             Outcome::Draining => "draining",
             Outcome::Conflict => "conflict",
             Outcome::Unavailable => "unavailable",
+            Outcome::Replayed => "replayed",
         }
     }
 
@@ -74,6 +80,8 @@ impl Outcome {
             Outcome::Cancelled => 499,
             Outcome::Failed => 500,
             Outcome::Conflict => 409,
+            // The first request's status is replayed; 200 is the usual one.
+            Outcome::Replayed => 200,
         }
     }
 }

@@ -78,6 +78,8 @@ pub struct BatchRecord {
 pub struct Trace {
     /// Indexed like the arrivals.
     pub fates: Vec<Option<Fate>>,
+    /// How many ends (answers and refusals) the ledger gave each request: exactly one, always.
+    pub ends: Vec<u32>,
     pub batches: Vec<BatchRecord>,
 }
 
@@ -104,7 +106,7 @@ pub fn replay_ledger(mut ledger: Ledger, engine: impl Fn(u32) -> Duration, arriv
     // (end, seq, outputs) of the batches on the virtual engine, and where each is in the trace.
     let mut running: Vec<(Instant, u64, usize)> = Vec::new();
     let mut batch_of: HashMap<u64, usize> = HashMap::new();
-    let mut trace = Trace { fates: vec![None; arrivals.len()], batches: Vec::new() };
+    let mut trace = Trace { fates: vec![None; arrivals.len()], ends: vec![0; arrivals.len()], batches: Vec::new() };
     let mut effects = Vec::new();
     let mut clock = start;
     loop {
@@ -157,10 +159,12 @@ pub fn replay_ledger(mut ledger: Ledger, engine: impl Fn(u32) -> Duration, arriv
                     batch_of.insert(d.seq, trace.batches.len() - 1);
                 }
                 Effect::Answer { id, seq, batch_rows, .. } => {
+                    trace.ends[id as usize] += 1;
                     let dispatched = trace.batches[batch_of[&seq]].dispatched;
                     trace.fates[id as usize] = Some(Fate::Done { dispatched, finished: since(now), batch_rows });
                 }
                 Effect::Refuse { id, refusal, admitted, .. } => {
+                    trace.ends[id as usize] += 1;
                     let at = since(now);
                     trace.fates[id as usize] = Some(match (admitted, refusal.outcome) {
                         (false, outcome) => Fate::Refused { at, outcome },

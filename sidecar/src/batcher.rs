@@ -17,11 +17,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::engine::{BatchOutputs, Engine, EngineError, Inputs};
 use crate::metrics::ModelMetrics;
+use crate::tally::Tally;
 use crate::tensor::Tensor;
 use ferry_core::estimate::CostModel;
 pub use ferry_core::ledger::RetryPolicy;
@@ -41,6 +42,9 @@ pub struct Submission {
     pub priority: Priority,
     pub arrival: Instant,
     pub deadline: Instant,
+    /// Counts how the request ends; it comes back with the reply, and counts when the caller
+    /// takes it ([`Pending::reply`]).
+    pub tally: Tally,
 }
 
 /// A successful answer.
@@ -59,28 +63,24 @@ pub struct Answer {
 
 pub type Reply = Result<Answer, Refusal>;
 
-/// What travels to the caller: an answer still to be settled, or a refusal (already counted).
-type Delivery = Result<(Answer, Settle), Refusal>;
+/// What travels to the caller: an answer still to be settled, or a refusal, with the request's
+/// tally, which counts the outcome when the caller takes it (or `cancelled` if nobody does).
+type Delivery = (Result<(Answer, Settle), Refusal>, Tally);
 
-/// Counts an answer's outcome at the moment its caller takes it, not when the batcher sent it:
-/// an answer that reaches its caller after the deadline becomes a 504 (and a late result), and
-/// one whose caller went away is `cancelled` — so the count is of what callers actually got.
+/// Settles an answer at the moment its caller takes it, not when the batcher sent it: an answer
+/// that reaches its caller after the deadline becomes a 504 (and a late result).
 struct Settle {
     metrics: ModelMetrics,
     arrival: Instant,
     deadline: Instant,
-    done: bool,
 }
 
 impl Settle {
-    fn settle(mut self, now: Instant) -> Result<(), Refusal> {
-        self.done = true;
+    fn settle(self, now: Instant) -> Result<(), Refusal> {
         self.metrics.request_duration.observe((now - self.arrival).as_secs_f64());
         if now <= self.deadline {
-            self.metrics.count(Outcome::Ok);
             return Ok(());
         }
-        self.metrics.count(Outcome::Expired);
         self.metrics.late_results.inc();
         Err(Refusal::new(
             Outcome::Expired,
@@ -90,14 +90,6 @@ impl Settle {
                 (self.deadline - self.arrival).as_millis()
             ),
         ))
-    }
-}
-
-impl Drop for Settle {
-    fn drop(&mut self) {
-        if !self.done {
-            self.metrics.count(Outcome::Cancelled);
-        }
     }
 }
 
@@ -119,6 +111,17 @@ pub struct Batcher {
     oldest_ns: Arc<AtomicU64>,
     epoch: Instant,
     metrics: ModelMetrics,
+    /// Turns true when the task has ended: after a drain, or because it panicked.
+    stopped: watch::Receiver<bool>,
+}
+
+/// Marks the batcher stopped when its task ends, however it ends (a panic included).
+struct Stopped(watch::Sender<bool>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
+    }
 }
 
 impl Batcher {
@@ -140,8 +143,12 @@ impl Batcher {
             oldest_ns: oldest_ns.clone(),
             epoch,
         };
-        tokio::spawn(task.run(rx, done_rx));
-        Batcher { commands, next_id: Arc::new(AtomicU64::new(0)), oldest_ns, epoch, metrics }
+        let (stopped_tx, stopped) = watch::channel(false);
+        tokio::spawn(async move {
+            let _stopped = Stopped(stopped_tx);
+            task.run(rx, done_rx).await;
+        });
+        Batcher { commands, next_id: Arc::new(AtomicU64::new(0)), oldest_ns, epoch, metrics, stopped }
     }
 
     /// Hands a request to the scheduler. The returned [`Pending`] resolves to its reply
@@ -149,7 +156,16 @@ impl Batcher {
     pub fn submit(&self, submission: Submission) -> Pending {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, rx) = oneshot::channel();
-        let sent = self.commands.send(Command::Submit { id, submission, reply }).is_ok();
+        let sent = match self.commands.send(Command::Submit { id, submission, reply }) {
+            Ok(()) => true,
+            Err(mpsc::error::SendError(command)) => {
+                // The batcher task is gone (a bug stopped it): the request fails here.
+                if let Command::Submit { submission, .. } = command {
+                    submission.tally.count(Outcome::Failed);
+                }
+                false
+            }
+        };
         Pending { id, rx, commands: self.commands.clone(), finished: !sent }
     }
 
@@ -176,6 +192,18 @@ impl Batcher {
 
     pub fn metrics(&self) -> &ModelMetrics {
         &self.metrics
+    }
+
+    /// Whether the task still runs. One that stopped without a drain died of a bug: the sidecar
+    /// must not report ready, and should exit so that it is restarted.
+    pub fn is_alive(&self) -> bool {
+        !*self.stopped.borrow()
+    }
+
+    /// Resolves when the task has ended.
+    pub async fn stopped(&self) {
+        let mut stopped = self.stopped.clone();
+        let _ = stopped.wait_for(|s| *s).await;
     }
 
     /// Sets `ferry_queue_oldest_age_seconds` from the current time.
@@ -206,14 +234,17 @@ impl Pending {
     pub async fn reply(mut self) -> Reply {
         let delivery = (&mut self.rx).await;
         self.finished = true;
-        match delivery {
-            Ok(Ok((answer, settle))) => {
+        let (reply, tally) = match delivery {
+            Ok((Ok((answer, settle)), tally)) => {
                 let now = Instant::now();
-                settle.settle(now).map(|()| Answer { answered_at: now, ..answer })
+                (settle.settle(now).map(|()| Answer { answered_at: now, ..answer }), tally)
             }
-            Ok(Err(refusal)) => Err(refusal),
-            Err(_) => Err(Refusal::new(Outcome::Failed, "the batcher stopped before answering")),
-        }
+            Ok((Err(refusal), tally)) => (Err(refusal), tally),
+            // Its tally went with the batcher task (and counted `failed`), or with the submission.
+            Err(_) => return Err(Refusal::new(Outcome::Failed, "the batcher stopped before answering")),
+        };
+        tally.count(reply.as_ref().map_or_else(|r| r.outcome, |_| Outcome::Ok));
+        reply
     }
 }
 
@@ -228,6 +259,7 @@ impl Drop for Pending {
 /// A caller waiting for its request's end, and the request's inputs (kept for retries).
 struct Caller {
     reply: oneshot::Sender<Delivery>,
+    tally: Tally,
     inputs: Inputs,
     arrival: Instant,
     deadline: Instant,
@@ -340,15 +372,19 @@ impl Task {
                     priority: s.priority,
                     tokens: s.tokens,
                 };
-                let caller = Caller { reply, inputs: Arc::new(s.inputs), arrival: s.arrival, deadline: s.deadline };
+                let caller = Caller {
+                    reply,
+                    tally: s.tally,
+                    inputs: Arc::new(s.inputs),
+                    arrival: s.arrival,
+                    deadline: s.deadline,
+                };
                 self.callers.insert(id, caller);
                 events.push(Event::Submit(ticket));
             }
             Command::Cancel(id) => {
-                // Counted here, once: the ledger sends nothing more for it.
-                if self.callers.remove(&id).is_some() {
-                    self.metrics.count(Outcome::Cancelled);
-                }
+                // Its tally, dropped with it, counts `cancelled`; the ledger sends nothing more for it.
+                self.callers.remove(&id);
                 events.push(Event::Cancel(id));
             }
             Command::Drain(tx) => self.drains.push(tx),
@@ -407,37 +443,22 @@ impl Task {
         });
     }
 
-    /// Sends a request's end to its caller. Refusals are counted here; an answer is counted when
-    /// its caller takes it ([`Settle`]). A reply that finds nobody listening counts as
-    /// `cancelled`: the caller went away before its cancellation reached the batcher.
+    /// Sends a request's end, with its tally, to its caller, which counts it when it takes it (a
+    /// caller that went away meanwhile drops it, and the tally counts `cancelled`).
     fn reply(&mut self, id: RequestId, reply: Reply, admitted: bool, now: Instant) {
         let Some(caller) = self.callers.remove(&id) else { return };
+        if admitted && reply.is_err() {
+            self.metrics.request_duration.observe((now - caller.arrival).as_secs_f64());
+        }
         let delivery = match reply {
             Ok(answer) => {
-                let settle = Settle {
-                    metrics: self.metrics.clone(),
-                    arrival: caller.arrival,
-                    deadline: caller.deadline,
-                    done: false,
-                };
+                let settle =
+                    Settle { metrics: self.metrics.clone(), arrival: caller.arrival, deadline: caller.deadline };
                 Ok((answer, settle))
             }
             Err(refusal) => Err(refusal),
         };
-        let refused = delivery.as_ref().err().map(|r| r.outcome);
-        match caller.reply.send(delivery) {
-            Ok(()) => {
-                if let Some(outcome) = refused {
-                    self.metrics.count(outcome);
-                    if admitted {
-                        self.metrics.request_duration.observe((now - caller.arrival).as_secs_f64());
-                    }
-                }
-            }
-            // An unsettled answer counts itself as cancelled when dropped.
-            Err(Ok(_)) => {}
-            Err(Err(_)) => self.metrics.count(Outcome::Cancelled),
-        }
+        let _ = caller.reply.send((delivery, caller.tally));
     }
 
     fn publish(&self) {

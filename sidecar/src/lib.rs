@@ -13,14 +13,16 @@
 //! - [`engine`]: the trait engines implement, and the `sim` engine.
 //! - [`tensor`]: Open Inference Protocol tensors, parsed and validated.
 //! - [`deadline`]: a request's absolute deadline from its headers and body.
-//! - [`front`]: the HTTP API (OIP v2 REST) and the admin listener (`/metrics`).
+//! - [`front`]: the HTTP API — the router, one module per protocol (OIP JSON with Triton's binary
+//!   extension, OpenAI embeddings), the idempotency path, the admission pipeline, and the one
+//!   place that counts every request's outcome — and the admin listener (`/metrics`).
 //! - [`idempotency`]: the bounded store behind `idempotency-key` (replay, join, conflict).
 //! - [`metrics`]: the Prometheus metrics whose names DESIGN.md fixes.
+//! - [`tally`]: the one place that counts how each request ended.
 //! - [`server`]: wires the parts together and drains on shutdown.
 //! - [`config`]: command line, environment and InferenceService manifest.
 
 pub mod batcher;
-pub mod binary;
 pub mod config;
 pub mod deadline;
 pub mod embed;
@@ -28,6 +30,6 @@ pub mod engine;
 pub mod front;
 pub mod idempotency;
 pub mod metrics;
-pub mod openai;
 pub mod server;
+pub mod tally;
 pub mod tensor;

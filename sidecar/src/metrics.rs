@@ -92,13 +92,23 @@ impl Metrics {
         m
     }
 
+    /// The `ferry_requests_total` series of one model version, one per outcome.
+    pub fn outcomes(&self, model: &str, version: &str) -> Outcomes {
+        Outcomes(Outcome::ALL.map(|o| self.requests.with_label_values(&[model, version, o.label()])))
+    }
+
+    /// The outcomes of requests that named no model this sidecar serves (`model=""`,
+    /// `version=""`): counted, but never against a served model's series.
+    pub fn unknown_model(&self) -> Outcomes {
+        self.outcomes("", "")
+    }
+
     /// The handles of one model version, with every series created up front so that `/metrics`
     /// shows each name (at zero) before the first request.
     pub fn model(&self, model: &str, version: &str) -> ModelMetrics {
         let mv = [model, version];
-        let outcome = |o: Outcome| self.requests.with_label_values(&[model, version, o.label()]);
         ModelMetrics {
-            requests: Outcome::ALL.map(outcome),
+            requests: self.outcomes(model, version),
             queue_depth: self.queue_depth.with_label_values(&mv),
             queue_bytes: self.queue_bytes.with_label_values(&mv),
             oldest_age: self.oldest_age.with_label_values(&mv),
@@ -127,9 +137,26 @@ impl Default for Metrics {
 }
 
 /// One model version's series.
+/// One model version's `ferry_requests_total` series. Only a [`crate::tally::Tally`] counts into
+/// them, once per request.
+#[derive(Clone)]
+pub struct Outcomes([prometheus::IntCounter; Outcome::ALL.len()]);
+
+impl Outcomes {
+    pub(crate) fn count(&self, outcome: Outcome) {
+        let i = Outcome::ALL.iter().position(|o| *o == outcome).expect("ALL lists every outcome");
+        self.0[i].inc();
+    }
+
+    pub fn total(&self, outcome: Outcome) -> u64 {
+        let i = Outcome::ALL.iter().position(|o| *o == outcome).expect("ALL lists every outcome");
+        self.0[i].get()
+    }
+}
+
 #[derive(Clone)]
 pub struct ModelMetrics {
-    requests: [prometheus::IntCounter; Outcome::ALL.len()],
+    requests: Outcomes,
     pub queue_depth: prometheus::IntGauge,
     pub queue_bytes: prometheus::IntGauge,
     pub oldest_age: prometheus::Gauge,
@@ -143,13 +170,12 @@ pub struct ModelMetrics {
 }
 
 impl ModelMetrics {
-    pub fn count(&self, outcome: Outcome) {
-        let i = Outcome::ALL.iter().position(|o| *o == outcome).expect("ALL lists every outcome");
-        self.requests[i].inc();
+    /// Its `ferry_requests_total` series, for a request's [`crate::tally::Tally`].
+    pub fn outcomes(&self) -> &Outcomes {
+        &self.requests
     }
 
     pub fn outcome_total(&self, outcome: Outcome) -> u64 {
-        let i = Outcome::ALL.iter().position(|o| *o == outcome).expect("ALL lists every outcome");
-        self.requests[i].get()
+        self.requests.total(outcome)
     }
 }

@@ -187,10 +187,25 @@ pub async fn serve(
     let api = tokio::spawn(async move { api.await });
     let admin = tokio::spawn(async move { admin.await });
 
+    let died = futures::future::select_all(front.models.iter().map(|served| {
+        let served = served.clone();
+        Box::pin(async move {
+            served.batcher.stopped().await;
+            format!(
+                "the batcher of model '{}' version '{}' stopped (a bug); exiting so that the pod restarts",
+                served.name, served.version
+            )
+        })
+    }));
     tokio::select! {
         () = shutdown => {}
         failure = loading => {
             // Nothing was admitted (the engine was never ready): stop at once, saying why.
+            let _ = stop_tx.send(true);
+            return Err(std::io::Error::other(failure));
+        }
+        (failure, _, _) = died => {
+            // Readiness is already false; what it held was answered `failed`.
             let _ = stop_tx.send(true);
             return Err(std::io::Error::other(failure));
         }

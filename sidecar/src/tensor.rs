@@ -229,7 +229,7 @@ pub struct RawTensor {
     pub datatype: String,
     #[serde(default)]
     pub parameters: Option<Map<String, Value>>,
-    /// Absent when the elements come as binary data ([`crate::binary`]).
+    /// Absent when the elements come as binary data ([`crate::front::binary`]).
     #[serde(default)]
     pub data: Value,
 }

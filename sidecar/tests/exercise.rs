@@ -11,6 +11,7 @@ use ferry_core::ticket::{Priority, Tokens};
 use ferry_sidecar::batcher::{Answer, Batcher, Reply, RetryPolicy, Submission};
 use ferry_sidecar::engine::sim::SimEngine;
 use ferry_sidecar::metrics::{Metrics, ModelMetrics};
+use ferry_sidecar::tally::Tally;
 use ferry_sidecar::tensor::{DataType, Tensor, TensorData};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, Instant};
@@ -64,6 +65,7 @@ impl Service {
     /// A caller that arrives at `at_ms` with rows `[value, value + 1, ...]` and a relative deadline.
     fn call(&self, at_ms: u64, timeout_ms: u64, value: f64, rows: u32) -> JoinHandle<Seen> {
         let (batcher, start) = (self.batcher.clone(), self.start);
+        let tally = Tally::new(self.metrics.outcomes().clone());
         tokio::spawn(async move {
             sleep_until(start + ms(at_ms)).await;
             let now = Instant::now();
@@ -81,6 +83,7 @@ impl Service {
                 priority: Priority::Interactive,
                 arrival: now,
                 deadline: now + ms(timeout_ms),
+                tally,
             };
             let reply = batcher.submit(submission).reply().await;
             Seen { reply, at: Instant::now() - start }

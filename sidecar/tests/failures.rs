@@ -13,6 +13,7 @@ use ferry_sidecar::batcher::{Batcher, Reply, RetryPolicy, Submission};
 use ferry_sidecar::engine::sim::{Faults, SimEngine};
 use ferry_sidecar::engine::{BatchOutputs, BoxFuture, Engine, EngineError, Inputs, Signature};
 use ferry_sidecar::metrics::{Metrics, ModelMetrics};
+use ferry_sidecar::tally::Tally;
 use ferry_sidecar::tensor::{DataType, Tensor, TensorData};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, Instant};
@@ -28,6 +29,8 @@ enum Step {
     Fail(u64),
     Hang,
     Panic,
+    /// Panics in `infer` itself, inside the batcher's task, before any future is returned.
+    PanicAtOnce,
 }
 
 /// An engine whose calls follow a script, so that a test can say exactly which batch hangs,
@@ -60,11 +63,15 @@ impl Engine for Scripted {
     fn infer(&self, batch: Vec<Inputs>) -> BoxFuture<Result<BatchOutputs, EngineError>> {
         self.calls.lock().unwrap().push(batch.len());
         let step = self.script.lock().unwrap().pop_front().unwrap_or(Step::Run(100));
+        if let Step::PanicAtOnce = step {
+            panic!("scripted panic while starting a batch");
+        }
         let outputs = self.sim.infer(batch);
         Box::pin(async move {
             match step {
                 Step::Hang => std::future::pending().await,
                 Step::Panic => panic!("scripted panic in the engine"),
+                Step::PanicAtOnce => unreachable!("panicked above"),
                 Step::Fail(t) => {
                     tokio::time::sleep(ms(t)).await;
                     Err(EngineError("scripted failure".into()))
@@ -107,6 +114,7 @@ struct Seen {
 impl Service {
     fn call(&self, at_ms: u64, timeout_ms: u64, first: f64) -> JoinHandle<Seen> {
         let (batcher, start) = (self.batcher.clone(), self.start);
+        let tally = Tally::new(self.metrics.outcomes().clone());
         tokio::spawn(async move {
             sleep_until(start + ms(at_ms)).await;
             let now = Instant::now();
@@ -124,6 +132,7 @@ impl Service {
                 priority: Priority::Interactive,
                 arrival: now,
                 deadline: now + ms(timeout_ms),
+                tally,
             };
             let reply = batcher.submit(submission).reply().await;
             Seen { reply, at: Instant::now() - start }
@@ -258,4 +267,24 @@ async fn an_engine_panic_is_a_failed_batch_and_the_worker_is_freed() {
     assert_eq!(seen[0].at, ms(110));
     assert!(seen[0].reply.is_ok());
     s.conserved(1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batcher_that_dies_fails_what_it_held_and_says_it_stopped() {
+    let s = service(Scripted::new(&[Step::PanicAtOnce]));
+    assert!(s.batcher.is_alive());
+    let seen = all(vec![s.call(0, 1000, 1.0), s.call(1, 1000, 2.0)]).await;
+    for seen in &seen {
+        let refusal = seen.reply.as_ref().unwrap_err();
+        assert_eq!(refusal.outcome, Outcome::Failed, "{refusal}");
+    }
+    s.batcher.stopped().await;
+    assert!(!s.batcher.is_alive());
+    // Both requests are counted once, as failed, though nobody answered them.
+    assert_eq!(s.metrics.outcome_total(Outcome::Failed), 2);
+    s.conserved(2);
+    // A request submitted afterwards fails at once, counted too.
+    let late = all(vec![s.call(2000, 1000, 3.0)]).await;
+    assert_eq!(late[0].reply.as_ref().unwrap_err().outcome, Outcome::Failed);
+    assert_eq!(s.metrics.outcome_total(Outcome::Failed), 3);
 }

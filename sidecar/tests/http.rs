@@ -219,9 +219,12 @@ async fn every_error_of_the_table_has_its_status_and_json_body() {
         assert_eq!(r.status(), 200);
     }
     let m = s.metrics().await;
-    for (outcome, n) in [("invalid", 4.0), ("not_found", 2.0), ("too_large", 2.0), ("queue_full", 1.0), ("ok", 4.0)] {
+    for (outcome, n) in [("invalid", 4.0), ("not_found", 0.0), ("too_large", 2.0), ("queue_full", 1.0), ("ok", 4.0)] {
         assert_eq!(metric_value(&m, "ferry_requests_total", &format!("outcome=\"{outcome}\"")), n, "{outcome}");
     }
+    // The unknown model and version count for no model, not against m.
+    let unknown = m.lines().find(|l| l.starts_with("ferry_requests_total{model=\"\",outcome=\"not_found\""));
+    assert!(unknown.is_some_and(|l| l.ends_with(" 2")), "{m}");
 }
 
 #[tokio::test]

@@ -15,6 +15,7 @@ use ferry_core::ticket::{Priority, Tokens};
 use ferry_sidecar::batcher::{Batcher, Submission};
 use ferry_sidecar::engine::sim::SimEngine;
 use ferry_sidecar::metrics::Metrics;
+use ferry_sidecar::tally::Tally;
 use ferry_sidecar::tensor::{DataType, Tensor, TensorData};
 use proptest::prelude::*;
 use tokio::time::{sleep_until, Instant};
@@ -72,13 +73,14 @@ fn through_the_batcher(c: &Case) -> Vec<Fate> {
     runtime.block_on(async {
         let engine = Arc::new(SimEngine::new(c.batch, c.per_row));
         let metrics = Metrics::new().model("m", "1");
-        let batcher = Batcher::spawn(scheduler(c), engine, metrics, RetryPolicy::default());
+        let batcher = Batcher::spawn(scheduler(c), engine, metrics.clone(), RetryPolicy::default());
         let start = Instant::now();
         let calls: Vec<_> = c
             .arrivals
             .iter()
             .map(|a| {
                 let (a, batcher) = (*a, batcher.clone());
+                let tally = Tally::new(metrics.outcomes().clone());
                 tokio::spawn(async move {
                     sleep_until(start + a.at).await;
                     let now = Instant::now();
@@ -95,6 +97,7 @@ fn through_the_batcher(c: &Case) -> Vec<Fate> {
                         priority: a.priority,
                         arrival: now,
                         deadline: now + a.timeout,
+                        tally,
                     };
                     let reply = batcher.submit(submission).reply().await;
                     let at = Instant::now() - start;

@@ -53,6 +53,8 @@ pub fn parse(text: &str) -> Result<PodSample, String> {
             _ => (name, ""),
         };
         match (base, part) {
+            // Requests that named no model the sidecar serves (`model=""`) are no load of this one.
+            (metric::REQUESTS, "") if sample.labels.get(metric::MODEL).is_none_or(str::is_empty) => seen = true,
             (metric::REQUESTS, "") => {
                 seen = true;
                 s.requests += x;

@@ -302,9 +302,21 @@ mod tests {
 
     #[test]
     fn starting_pods_count_as_capacity_to_come() {
-        // 5 replicas requested, 3 of them still starting: the need (5) is met, nothing more.
-        let d = decide(&load(1000.0), &target(), 5, &History::default(), Instant::now());
+        // 5 replicas requested, 3 of them still starting, a backlog and deadline pressure: the
+        // starting pods are the relief on its way, so nothing more is asked for...
+        let now = Instant::now();
+        let strained = Observed {
+            queue_depth: 640.0,
+            oldest_queue_age: Duration::from_millis(150),
+            pressure: 0.05,
+            starting: 3,
+            ..load(1000.0)
+        };
+        let d = decide(&strained, &target(), 5, &History::default(), now);
         assert_eq!(d.replicas, 5);
-        assert!(d.reason.starts_with("steady"), "{}", d.reason);
+        assert!(d.reason.contains("3 pods starting are on their way"), "{}", d.reason);
+        // ...while the same strain on 5 ready replicas scales up.
+        let ready = decide(&Observed { starting: 0, ..strained }, &target(), 5, &History::default(), now);
+        assert!(ready.replicas > 5, "{ready:?}");
     }
 }

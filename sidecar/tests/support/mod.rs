@@ -82,10 +82,12 @@ impl Sidecar {
     }
 }
 
-/// The value of the first sample of `name` whose labels contain `label`.
+/// The value of the first sample of `name` whose labels contain `label`, of a served model (not
+/// the series of requests for no model, `model=""`).
 pub fn metric_value(text: &str, name: &str, label: &str) -> f64 {
     text.lines()
         .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{') && l.contains(label))
+        .filter(|l| !l.contains("model=\"\""))
         .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
         .next()
         .unwrap_or_else(|| panic!("no sample {name} with {label} in:\n{text}"))

@@ -8,11 +8,18 @@
 //! counts the tokens the model read. Errors have OpenAI's shape: `{"error": {"message", "type",
 //! "param", "code"}}`.
 
-use axum::http::StatusCode;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response as HttpResponse};
+use axum::Json;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use tokio::time::Instant;
 
+use super::admit::{self, admits, read_body, refuse, Answer, Api, Incoming, Parsed};
+use super::{Served, Shared};
 use crate::engine::embedding::{INPUT, OUTPUT};
 use crate::tensor::{DataType, Tensor, TensorData};
 use ferry_core::outcome::{Outcome, Refusal};
@@ -180,6 +187,72 @@ pub fn error_body(status: StatusCode, message: &str) -> Value {
         _ => "server_error",
     };
     json!({ "error": { "message": message, "type": kind, "param": null, "code": status.as_u16().to_string() } })
+}
+
+/// `POST /v1/embeddings`: the model is named in the body, so the body is read first. Errors are
+/// rewritten into OpenAI's shape at the end, replays included.
+pub(super) async fn embeddings(State(front): State<Shared>, headers: HeaderMap, body: Body) -> HttpResponse {
+    let arrival = Instant::now();
+    let mut tally = front.tally();
+    let response = async {
+        let bytes = match read_body(&front, &headers, body).await {
+            Ok(bytes) => bytes,
+            Err(refusal) => return refuse(tally, refusal),
+        };
+        let served = match model_of(&bytes).and_then(|model| front.find(&model, None).cloned()) {
+            Ok(served) => served,
+            Err(refusal) => return refuse(tally, refusal),
+        };
+        tally.model(served.batcher.metrics().outcomes());
+        if let Err(refusal) = admits(&front, &served) {
+            return refuse(tally, refusal);
+        }
+        admit::call(front.clone(), Incoming { served, api: Api::OpenAi, headers, bytes, arrival }, tally, PATH).await
+    }
+    .await;
+    if response.status().is_success() {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
+    let message = serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let body = error_body(parts.status, &message).to_string();
+    HttpResponse::from_parts(parts, Body::from(body))
+}
+
+/// An embeddings request read into the shared pipeline, for an embedding model only.
+pub(super) fn parse(served: &Served, bytes: &[u8]) -> Result<Parsed, Refusal> {
+    let signature = served.engine.signature();
+    let embeds = signature.inputs.iter().any(|i| i.name == INPUT && i.datatype == "BYTES")
+        && signature.outputs.iter().any(|o| o.name == OUTPUT);
+    if !embeds {
+        return Err(Refusal::new(
+            Outcome::NotFound,
+            format!(
+                "model '{}' is not an embedding model (engine {}); {PATH} serves the cuda engine's models",
+                served.name, signature.platform,
+            ),
+        ));
+    }
+    let dim = signature.outputs[0].shape.get(1).copied().unwrap_or(0).max(0) as usize;
+    let call = EmbeddingsRequest::parse(bytes)?.into_call(dim, served.max_rows)?;
+    Ok(Parsed {
+        inputs: call.inputs,
+        rows: call.rows,
+        parameters: None,
+        wanted: None,
+        answer: Answer::OpenAi(call.encoding),
+    })
+}
+
+/// The embeddings response.
+pub(super) fn encode(served: &Served, outputs: &[Tensor], prompt_tokens: u32, encoding: Encoding) -> HttpResponse {
+    Json(response(&served.name, outputs, prompt_tokens, encoding)).into_response()
 }
 
 #[cfg(test)]

@@ -1,0 +1,293 @@
+//! The HTTP API: Open Inference Protocol v2 REST and OpenAI's embeddings on the main listener,
+//! and `/metrics` with the health endpoints on the admin listener, so that callers of the API
+//! never see other tenants' figures (as Triton's :8002 and Knative's queue-proxy :9090 do).
+//!
+//! # Layout
+//! - this file: the shared state, the routers, health and metadata, `x-request-id`.
+//! - [`oip`]: the Open Inference Protocol's JSON (parse, encode, errors), with [`binary`], Triton's
+//!   binary tensor data extension.
+//! - [`openai`]: OpenAI's `POST /v1/embeddings` (parse, encode, errors in OpenAI's shape).
+//! - [`admit`]: the pipeline every protocol shares: checks, deadline and priority, the engine's
+//!   own checks, submission to the batcher, and the answer's headers.
+//! - [`idempotent`]: the path of a request with an `idempotency-key`.
+//!
+//! Every inference request gets a [`Tally`] when it arrives, which counts how it ended, once.
+//! Every error is `{"error": "..."}` (OpenAI's shape on its endpoint) with a sentence that names
+//! the field, the value and the limit.
+
+mod admit;
+pub mod binary;
+mod idempotent;
+pub mod oip;
+pub mod openai;
+
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+
+use crate::batcher::Batcher;
+use crate::deadline::DeadlinePolicy;
+use crate::engine::Engine;
+use crate::idempotency::{self, Store};
+use crate::metrics::{Metrics, Outcomes};
+use crate::tally::Tally;
+use ferry_core::outcome::{Outcome, Refusal};
+
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub const PRIORITY: HeaderName = HeaderName::from_static("x-ferry-priority");
+pub const BATCH_SIZE: HeaderName = HeaderName::from_static("x-ferry-batch-size");
+pub const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
+
+/// One model version served by this sidecar.
+pub struct Served {
+    pub name: String,
+    pub version: String,
+    pub engine: Arc<dyn Engine>,
+    pub batcher: Batcher,
+    /// `maxBatchSize`: the most rows one request may carry.
+    pub max_rows: u32,
+}
+
+impl Served {
+    /// Its engine takes batches and its batcher runs.
+    pub fn is_ready(&self) -> bool {
+        self.engine.ready() && self.batcher.is_alive()
+    }
+}
+
+/// State shared by the handlers.
+pub struct Front {
+    pub models: Vec<Arc<Served>>,
+    pub deadlines: DeadlinePolicy,
+    pub max_request_bytes: u64,
+    pub metrics: Metrics,
+    /// Where requests that name no served model are counted.
+    unknown: Outcomes,
+    draining: AtomicBool,
+    ids: RequestIds,
+    idempotency: Mutex<Store>,
+}
+
+impl Front {
+    pub fn new(
+        models: Vec<Arc<Served>>,
+        deadlines: DeadlinePolicy,
+        max_request_bytes: u64,
+        metrics: Metrics,
+        idempotency: idempotency::Limits,
+    ) -> Self {
+        assert!(!models.is_empty(), "a sidecar serves at least one model");
+        Front {
+            models,
+            deadlines,
+            max_request_bytes,
+            unknown: metrics.unknown_model(),
+            metrics,
+            draining: AtomicBool::new(false),
+            ids: RequestIds::default(),
+            idempotency: Mutex::new(Store::new(idempotency)),
+        }
+    }
+
+    /// Stops admitting: readiness turns false and new infer requests get 503 `draining`.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// A tally for a request that has just arrived, counted as for no model until it names one.
+    fn tally(&self) -> Tally {
+        Tally::new(self.unknown.clone())
+    }
+
+    fn find(&self, name: &str, version: Option<&str>) -> Result<&Arc<Served>, Refusal> {
+        let versions: Vec<&Arc<Served>> = self.models.iter().filter(|m| m.name == name).collect();
+        if versions.is_empty() {
+            let known: Vec<String> =
+                self.models.iter().map(|m| format!("'{}' (version {})", m.name, m.version)).collect();
+            return Err(Refusal::new(
+                Outcome::NotFound,
+                format!("unknown model '{name}'; this sidecar serves {}", known.join(", ")),
+            ));
+        }
+        match version {
+            None => Ok(versions[0]),
+            Some(v) => versions.iter().find(|m| m.version == v).copied().ok_or_else(|| {
+                let known: Vec<&str> = versions.iter().map(|m| m.version.as_str()).collect();
+                Refusal::new(
+                    Outcome::NotFound,
+                    format!("model '{name}' has no version '{v}'; it has version {}", known.join(", ")),
+                )
+            }),
+        }
+    }
+}
+
+pub type Shared = Arc<Front>;
+
+/// The inference API (port 8080 by default).
+pub fn api(front: Shared) -> Router {
+    Router::new()
+        .route("/v2", get(server_metadata))
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .route("/v2/models/{name}", get(model_metadata))
+        .route("/v2/models/{name}/versions/{version}", get(model_version_metadata))
+        .route("/v2/models/{name}/ready", get(model_ready))
+        .route("/v2/models/{name}/versions/{version}/ready", get(model_version_ready))
+        .route("/v2/models/{name}/infer", post(oip::infer))
+        .route("/v2/models/{name}/versions/{version}/infer", post(oip::infer_version))
+        .route(openai::PATH, post(openai::embeddings))
+        .fallback(no_route)
+        .layer(middleware::from_fn_with_state(front.clone(), request_id))
+        .with_state(front)
+}
+
+/// The admin listener (port 9090 by default): metrics and health.
+pub fn admin(front: Shared) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .fallback(no_route)
+        .with_state(front)
+}
+
+/// Echoes `x-request-id`, or makes one up, on every response of the API.
+async fn request_id(State(front): State<Shared>, mut request: Request, next: Next) -> Response {
+    let id = match request.headers().get(&REQUEST_ID) {
+        Some(v) if !v.is_empty() && v.len() <= 256 => v.clone(),
+        _ => {
+            let id = HeaderValue::from_str(&front.ids.next()).expect("hex is a valid header value");
+            request.headers_mut().insert(REQUEST_ID, id.clone());
+            id
+        }
+    };
+    let mut response = next.run(request).await;
+    response.headers_mut().insert(REQUEST_ID, id);
+    response
+}
+
+/// Random-looking, unique request ids without another dependency: a per-process random hasher
+/// over a counter.
+#[derive(Default)]
+struct RequestIds {
+    counter: AtomicU64,
+    hasher: RandomState,
+}
+
+impl RequestIds {
+    fn next(&self) -> String {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}{:016x}", self.hasher.hash_one(n), self.hasher.hash_one(!n))
+    }
+}
+
+/// The `{"error": ...}` response of a refusal, with `Retry-After` where it applies.
+fn error(refusal: &Refusal) -> Response {
+    let mut response = (status_of(refusal.outcome), Json(json!({ "error": refusal.message }))).into_response();
+    if let Some(secs) = refusal.retry_after_secs() {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response
+}
+
+/// The HTTP status of an outcome.
+pub fn status_of(outcome: Outcome) -> StatusCode {
+    StatusCode::from_u16(outcome.status_code()).expect("outcomes have valid status codes")
+}
+
+/// A path the API does not have: counted as a request for no model.
+async fn no_route(State(front): State<Shared>, request: Request) -> Response {
+    let refusal = Refusal::new(
+        Outcome::NotFound,
+        format!(
+            "no endpoint {} {}; see GET /v2 and the Open Inference Protocol",
+            request.method(),
+            request.uri().path()
+        ),
+    );
+    front.tally().count(refusal.outcome);
+    error(&refusal)
+}
+
+async fn server_metadata() -> Json<serde_json::Value> {
+    Json(json!({ "name": "ferry-sidecar", "version": env!("CARGO_PKG_VERSION"), "extensions": [] }))
+}
+
+async fn live() -> Json<serde_json::Value> {
+    Json(json!({ "live": true }))
+}
+
+async fn ready(State(front): State<Shared>) -> Response {
+    let ready = !front.is_draining() && front.models.iter().all(|m| m.is_ready());
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(json!({ "ready": ready }))).into_response()
+}
+
+async fn model_metadata(State(front): State<Shared>, Path(name): Path<String>) -> Response {
+    describe(&front, &name, None)
+}
+
+async fn model_version_metadata(
+    State(front): State<Shared>,
+    Path((name, version)): Path<(String, String)>,
+) -> Response {
+    describe(&front, &name, Some(&version))
+}
+
+fn describe(front: &Front, name: &str, version: Option<&str>) -> Response {
+    match front.find(name, version) {
+        Ok(served) => {
+            let versions: Vec<&str> =
+                front.models.iter().filter(|m| m.name == name).map(|m| m.version.as_str()).collect();
+            let sig = served.engine.signature();
+            Json(json!({
+                "name": served.name,
+                "versions": versions,
+                "platform": sig.platform,
+                "inputs": sig.inputs,
+                "outputs": sig.outputs,
+            }))
+            .into_response()
+        }
+        Err(refusal) => error(&refusal),
+    }
+}
+
+async fn model_ready(State(front): State<Shared>, Path(name): Path<String>) -> Response {
+    readiness(&front, &name, None)
+}
+
+async fn model_version_ready(State(front): State<Shared>, Path((name, version)): Path<(String, String)>) -> Response {
+    readiness(&front, &name, Some(&version))
+}
+
+fn readiness(front: &Front, name: &str, version: Option<&str>) -> Response {
+    match front.find(name, version) {
+        Ok(served) => {
+            let ready = !front.is_draining() && served.is_ready();
+            let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            (status, Json(json!({ "name": served.name, "ready": ready }))).into_response()
+        }
+        Err(refusal) => error(&refusal),
+    }
+}
+
+async fn metrics(State(front): State<Shared>) -> Response {
+    for served in &front.models {
+        served.batcher.refresh_age();
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], front.metrics.render()).into_response()
+}
