@@ -63,6 +63,8 @@ pub enum Event {
     Calibrate(CostModel),
     /// The shell's timer woke it this late (part of the deadline margin).
     Woke(Duration),
+    /// An answer took this long from the ledger's effect to its caller (part of the margin).
+    Trip(Duration),
 }
 
 /// A batch to run.
@@ -189,6 +191,7 @@ impl Ledger {
                 Event::Cancel(id) => self.cancel(id),
                 Event::Calibrate(cost) => self.scheduler.calibrate(cost),
                 Event::Woke(lateness) => self.scheduler.observe_wake(lateness),
+                Event::Trip(trip) => self.scheduler.observe_trip(trip),
                 Event::Finished { .. } => unreachable!("partitioned"),
             }
         }

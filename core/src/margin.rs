@@ -5,9 +5,9 @@
 //! planned: the timer that wakes the batcher fires after its instant (tokio's wheel has a
 //! millisecond's grain, and a loaded machine adds more), and the engine takes longer than the
 //! estimate for some batches (the estimate is a high quantile, not the maximum). So the margin is
-//! measured rather than fixed: the configured floor (the answer's trip back to its caller) plus a
-//! high quantile of the timer's recent lateness plus a high quantile of the engine's recent
-//! overshoot past its estimate. Both windows are short and quantiles ignore a lone outlier, so a
+//! measured rather than fixed: the configured floor plus high quantiles of the timer's recent
+//! lateness, of the engine's recent overshoot past its estimate, and of the recent trips of answers
+//! from the batcher to their callers (a busy runtime can take milliseconds to wake a caller). Both windows are short and quantiles ignore a lone outlier, so a
 //! burst of slowness (a paused process, a throttled GPU) raises the margin only while it lasts.
 
 use std::collections::VecDeque;
@@ -46,19 +46,35 @@ impl Window {
     }
 }
 
-/// The deadline margin: a floor plus what the timer and the engine were recently measured to add.
+/// The measured parts of the margin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parts {
+    pub lateness: Duration,
+    pub overshoot: Duration,
+    pub trip: Duration,
+}
+
+/// The deadline margin: a floor plus what the timer, the engine and the way back were recently
+/// measured to add.
 #[derive(Debug, Clone)]
 pub struct Margin {
     floor: Duration,
     lateness: Window,
     overshoot: Window,
+    trip: Window,
     /// The current value, kept up to date on every sample (it is read on every admission).
     value: Duration,
 }
 
 impl Margin {
     pub fn new(floor: Duration) -> Self {
-        Margin { floor, lateness: Window::default(), overshoot: Window::default(), value: floor }
+        Margin {
+            floor,
+            lateness: Window::default(),
+            overshoot: Window::default(),
+            trip: Window::default(),
+            value: floor,
+        }
     }
 
     /// A timer woke its owner this long after the instant it was set for.
@@ -73,9 +89,15 @@ impl Margin {
         self.update();
     }
 
+    /// An answer took this long from the batcher to its caller.
+    pub fn observe_trip(&mut self, trip: Duration) {
+        self.trip.push(trip);
+        self.update();
+    }
+
     fn update(&mut self) {
-        let (lateness, overshoot) = self.parts();
-        self.value = self.floor + lateness + overshoot;
+        let parts = self.parts();
+        self.value = self.floor + parts.lateness + parts.overshoot + parts.trip;
     }
 
     /// How long before the last possible instant a deadline-driven batch leaves, and how much of
@@ -84,16 +106,15 @@ impl Margin {
         self.value
     }
 
-    /// What the margin is made of: the timer's lateness and the engine's overshoot (the floor
-    /// is the rest), for messages that explain a refusal.
+    /// What the margin is made of besides the floor, for messages that explain a refusal.
     ///
     /// Until a batch has been measured, the engine is taken to overshoot by as much as the timer
     /// is late: the first batch ends when the runtime wakes its owner for it, and its estimate is
     /// only the configured (or calibrated) guess.
-    pub fn parts(&self) -> (Duration, Duration) {
+    pub fn parts(&self) -> Parts {
         let lateness = self.lateness.quantile();
         let overshoot = if self.overshoot.samples.is_empty() { lateness } else { self.overshoot.quantile() };
-        (lateness, overshoot)
+        Parts { lateness, overshoot, trip: self.trip.quantile() }
     }
 
     /// The configured part.
@@ -124,6 +145,8 @@ mod tests {
         assert_eq!(m.get(), 5 * MS, "2 ms over the estimate");
         m.observe_batch(100 * MS, 90 * MS);
         assert_eq!(m.get(), 5 * MS, "a fast batch does not shrink it below what a slow one needed");
+        m.observe_trip(MS);
+        assert_eq!(m.get(), 6 * MS, "the answer's way back to its caller");
     }
 
     #[test]

@@ -269,6 +269,11 @@ impl Scheduler {
         self.margin.observe_wake(lateness);
     }
 
+    /// An answer took `trip` from its batch's end to its caller.
+    pub fn observe_trip(&mut self, trip: Duration) {
+        self.margin.observe_trip(trip);
+    }
+
     /// The deadline margin now: the configured floor plus what was measured.
     pub fn margin(&self) -> Duration {
         self.margin.get()

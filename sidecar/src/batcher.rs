@@ -94,11 +94,17 @@ impl Settle {
 }
 
 enum Command {
-    Submit { id: RequestId, submission: Submission, reply: oneshot::Sender<Delivery> },
+    Submit {
+        id: RequestId,
+        submission: Submission,
+        reply: oneshot::Sender<Delivery>,
+    },
     Cancel(RequestId),
     Drain(oneshot::Sender<()>),
     Calibrate(CostModel),
     TimerLateness(Vec<Duration>),
+    /// An answer took this long from the batcher to its caller.
+    Trip(Duration),
 }
 
 /// A handle to one model version's batcher task. Cheap to clone.
@@ -237,6 +243,8 @@ impl Pending {
         let (reply, tally) = match delivery {
             Ok((Ok((answer, settle)), tally)) => {
                 let now = Instant::now();
+                // `answered_at` is when the batcher sent it: the trip is part of the deadline margin.
+                let _ = self.commands.send(Command::Trip(now.saturating_duration_since(answer.answered_at)));
                 (settle.settle(now).map(|()| Answer { answered_at: now, ..answer }), tally)
             }
             Ok((Err(refusal), tally)) => (Err(refusal), tally),
@@ -390,6 +398,7 @@ impl Task {
             Command::Drain(tx) => self.drains.push(tx),
             Command::Calibrate(cost) => events.push(Event::Calibrate(cost)),
             Command::TimerLateness(samples) => events.extend(samples.into_iter().map(Event::Woke)),
+            Command::Trip(trip) => events.push(Event::Trip(trip)),
         }
     }
 

@@ -44,11 +44,13 @@ pub(super) fn check_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Resu
                 ms(finish - now),
                 ms(new.deadline.saturating_duration_since(now)),
                 match (s.margin.get(), s.margin.parts()) {
-                    (m, (late, over)) if m >= Duration::from_millis(1) => format!(
-                        " less a {} ms margin (timers {} ms late, the engine {} ms over its estimate)",
+                    (m, p) if m >= Duration::from_millis(1) => format!(
+                        " less a {} ms margin (timers {} ms late, the engine {} ms over its estimate, answers {} ms \
+                         on their way back)",
                         ms(m),
-                        ms(late),
-                        ms(over)
+                        ms(p.lateness),
+                        ms(p.overshoot),
+                        ms(p.trip)
                     ),
                     _ => String::new(),
                 }
