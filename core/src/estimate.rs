@@ -102,6 +102,17 @@ impl Estimator {
         Duration::from_nanos((self.fitted(shape) + self.correction_ns).max(0.0).round() as u64)
     }
 
+    /// An upper bound on the estimated time of `batches` batches that hold `rows` rows and
+    /// `tokens` tokens in all, none with a row of more than `longest` tokens: a batch's estimate is
+    /// its fitted cost (linear, with costs that are never negative) plus the correction, which is
+    /// never more than its positive part; rounding adds at most a nanosecond a batch.
+    pub fn bound(&self, batches: u64, rows: u64, tokens: u64, longest: u32) -> Duration {
+        let features = [batches as f64, rows as f64, tokens as f64, rows as f64 * f64::from(longest)];
+        let fitted: f64 = self.fit.iter().zip(features).map(|(c, x)| c * x).sum();
+        let ns = fitted + batches as f64 * (self.correction_ns.max(0.0) + 1.0);
+        Duration::from_nanos(ns.ceil().min(u64::MAX as f64) as u64)
+    }
+
     /// Feeds one measured batch.
     pub fn observe(&mut self, shape: Shape, elapsed: Duration) {
         if self.window.len() == WINDOW {

@@ -40,13 +40,14 @@ pub struct RetryPolicy {
     pub max_attempts: u32,
     /// The watchdog gives up on a batch after this many times its expected time...
     pub watchdog_factor: f64,
-    /// ...plus this, so that a batch expected to take no time is not given up at once.
+    /// ...plus this, so that a short batch is not given up over a hiccup of the machine (a
+    /// scheduler's time slice, a page fault) that says nothing about the engine.
     pub watchdog_grace: Duration,
 }
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        RetryPolicy { max_attempts: 3, watchdog_factor: 3.0, watchdog_grace: Duration::from_millis(10) }
+        RetryPolicy { max_attempts: 3, watchdog_factor: 3.0, watchdog_grace: Duration::from_millis(100) }
     }
 }
 

@@ -18,6 +18,11 @@ pub struct Queue {
     /// Where each ticket sits, for cancellation by id.
     index: HashMap<RequestId, (Priority, Instant)>,
     bytes: u64,
+    /// Rows and tokens of every queued ticket together, and how many have each longest row: what
+    /// admission's shortcut bounds the queue's work with.
+    rows: u64,
+    tokens: u64,
+    longest: BTreeMap<u32, usize>,
 }
 
 impl Queue {
@@ -26,6 +31,9 @@ impl Queue {
         self.by_arrival.insert((ticket.arrival, ticket.id));
         self.index.insert(ticket.id, (ticket.priority, ticket.deadline));
         self.bytes += ticket.bytes;
+        self.rows += u64::from(ticket.rows);
+        self.tokens += u64::from(ticket.tokens.total);
+        *self.longest.entry(ticket.tokens.longest).or_default() += 1;
     }
 
     pub fn remove(&mut self, id: RequestId) -> Option<Ticket> {
@@ -33,6 +41,14 @@ impl Queue {
         let ticket = self.by_priority[priority.index()].remove(&(deadline, id))?;
         self.by_arrival.remove(&(ticket.arrival, id));
         self.bytes -= ticket.bytes;
+        self.rows -= u64::from(ticket.rows);
+        self.tokens -= u64::from(ticket.tokens.total);
+        if let Some(n) = self.longest.get_mut(&ticket.tokens.longest) {
+            *n -= 1;
+            if *n == 0 {
+                self.longest.remove(&ticket.tokens.longest);
+            }
+        }
         Some(ticket)
     }
 
@@ -61,6 +77,26 @@ impl Queue {
 
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Rows of every queued ticket together.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Tokens of every queued ticket together.
+    pub fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// The longest row of any queued ticket, in tokens.
+    pub fn longest(&self) -> u32 {
+        self.longest.last_key_value().map_or(0, |(l, _)| *l)
+    }
+
+    /// The earliest deadline among tickets of `priority` or a higher one.
+    pub fn earliest_deadline_up_to(&self, priority: Priority) -> Option<Instant> {
+        self.by_priority[..=priority.index()].iter().filter_map(|m| m.first_key_value().map(|(k, _)| k.0)).min()
     }
 
     pub fn oldest_arrival(&self) -> Option<Instant> {

@@ -21,9 +21,19 @@ struct Case {
 }
 
 fn case(priorities: bool) -> impl Strategy<Value = Case> {
+    traces(priorities, 20..=1000)
+}
+
+/// Long queues with generous deadlines: where admission's O(log n) shortcut decides (and debug
+/// builds check it against the whole forecast).
+fn long_queues() -> impl Strategy<Value = Case> {
+    traces(true, 2000..=20_000)
+}
+
+fn traces(priorities: bool, timeouts: std::ops::RangeInclusive<u64>) -> impl Strategy<Value = Case> {
     (1u32..=16, 0u64..=50, 1usize..=4, 1u64..=200, 0u64..=5, 1usize..=64).prop_flat_map(
         move |(cap, max_wait, workers, batch, per_row, max_queue)| {
-            let arrival = (0u64..=30, 1..=cap, 20u64..=1000, any::<bool>());
+            let arrival = (0u64..=30, 1..=cap, timeouts.clone(), any::<bool>());
             prop::collection::vec(arrival, 1..200).prop_map(move |raw| {
                 let mut at = 0;
                 let arrivals = raw
@@ -163,6 +173,20 @@ proptest! {
         for (i, fate) in trace.fates.iter().enumerate() {
             prop_assert!(
                 !matches!(fate, Some(Fate::Expired { .. })),
+                "request {} ({:?}) was admitted but expired: {:?}", i, c.arrivals[i], fate
+            );
+        }
+    }
+
+    /// Where the shortcut admits (every admission then also runs the whole forecast, in debug
+    /// builds, and must agree), the dispatch rule and the promise still hold.
+    #[test]
+    fn admission_into_long_queues_keeps_the_rule_and_the_promise(c in long_queues()) {
+        let trace = run(&c, 1);
+        check_invariants(&c, &trace)?;
+        for (i, fate) in trace.fates.iter().enumerate() {
+            prop_assert!(
+                c.arrivals[i].priority == Priority::Batch || !matches!(fate, Some(Fate::Expired { .. })),
                 "request {} ({:?}) was admitted but expired: {:?}", i, c.arrivals[i], fate
             );
         }

@@ -102,7 +102,8 @@ fn service(engine: Arc<dyn Engine>) -> Service {
     };
     let scheduler = Scheduler::new(policy, 1, Estimator::new(ms(100), Duration::ZERO));
     let metrics = Metrics::new().model("m", "1");
-    let batcher = Batcher::spawn(scheduler, engine, metrics.clone(), RetryPolicy::default());
+    let retry = RetryPolicy { watchdog_grace: ms(10), ..RetryPolicy::default() };
+    let batcher = Batcher::spawn(scheduler, engine, metrics.clone(), retry);
     Service { batcher, metrics, start: Instant::now() }
 }
 

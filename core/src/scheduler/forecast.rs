@@ -22,8 +22,18 @@ use crate::ticket::{Priority, RequestId, Ticket};
 /// meet (Clockwork's guarantee). Lower priorities are not protected from higher ones: batch-tier
 /// work only rides in seats interactive work leaves empty.
 pub(super) fn check_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Result<(), Refusal> {
+    if surely_admissible(s, new, now) {
+        // Debug builds (every test) check the shortcut against the forecast it skips.
+        debug_assert!(forecast_admission(s, new, now).is_ok(), "the shortcut admitted what the forecast refuses");
+        return Ok(());
+    }
+    forecast_admission(s, new, now)
+}
+
+/// The admission decision by the whole forecast, with and (when someone would miss) without `new`.
+fn forecast_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Result<(), Refusal> {
     let with = completions(s, Some(new), now);
-    let finish = with.iter().find(|(id, _)| *id == new.id).and_then(|(_, end)| *end);
+    let finish = with.iter().find(|(t, _)| t.id == new.id).and_then(|(_, end)| *end);
     let Some(finish) = finish else {
         return Err(Refusal::new(
             Outcome::Infeasible,
@@ -62,24 +72,16 @@ pub(super) fn check_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Resu
     // Everyone of the same or a higher priority keeps their promise. Those behind it can be pushed
     // to a later batch; those ahead of it can share its batch, which then takes longer (perRow).
     // Only those that would miss with it are looked at again without it.
-    let ticket = |id: RequestId| s.queue.get(id).expect("forecast tickets are queued");
     let misses = |t: &Ticket, end: Option<Instant>| end.is_none_or(|end| end > t.deadline);
-    let missed: Vec<(RequestId, Option<Instant>)> = with
-        .into_iter()
-        .filter(|&(id, end)| {
-            id != new.id && {
-                let t = ticket(id);
-                t.priority <= new.priority && misses(t, end)
-            }
-        })
-        .collect();
+    let missed: Vec<(&Ticket, Option<Instant>)> =
+        with.into_iter().filter(|&(t, end)| t.id != new.id && t.priority <= new.priority && misses(t, end)).collect();
     if missed.is_empty() {
         return Ok(());
     }
-    let without: HashMap<RequestId, Option<Instant>> = completions(s, None, now).into_iter().collect();
-    for (id, after) in missed {
-        let t = ticket(id);
-        if !misses(t, without[&id]) {
+    let without: HashMap<RequestId, Option<Instant>> =
+        completions(s, None, now).into_iter().map(|(t, end)| (t.id, end)).collect();
+    for (t, after) in missed {
+        if !misses(t, without[&t.id]) {
             let after = after
                 .map_or_else(|| "never (it would expire waiting)".to_owned(), |a| format!("in {} ms", ms(a - now)));
             return Err(Refusal::new(
@@ -96,6 +98,24 @@ pub(super) fn check_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Resu
     Ok(())
 }
 
+/// A shortcut that decides most admissions into a long queue in O(log n) rather than the
+/// forecast's O(n): were every queued request and the newcomer to run one batch each, one after
+/// another, after the last busy worker is free and every timer has run out, they would still be
+/// done (with the margin) by the earliest deadline that admission protects. Every batch of the
+/// forecast starts no later than that and takes no longer than the estimator's bound, so the
+/// forecast would admit the newcomer too: this only skips the work, never changes the answer.
+fn surely_admissible(s: &Scheduler, new: &Ticket, now: Instant) -> bool {
+    let q = &s.queue;
+    let batches = q.len() as u64 + 1;
+    let rows = q.rows() + u64::from(new.rows);
+    let tokens = q.tokens() + u64::from(new.tokens.total);
+    let longest = q.longest().max(new.tokens.longest);
+    let work = s.estimator.bound(batches, rows, tokens, longest);
+    let start = worker_free_times(s, now).into_iter().max().unwrap_or(now).max(now + s.policy.max_wait);
+    let tightest = q.earliest_deadline_up_to(new.priority).map_or(new.deadline, |d| d.min(new.deadline));
+    start + work + s.margin.get() <= tightest
+}
+
 /// How long until everything queued now has finished: a hint for `Retry-After`.
 pub(super) fn drain_time(s: &Scheduler, now: Instant) -> Duration {
     let last_queued = completions(s, None, now).into_iter().filter_map(|(_, end)| end).max();
@@ -109,7 +129,7 @@ pub(super) fn drain_time(s: &Scheduler, now: Instant) -> Duration {
 /// that comes after the worker is free — as the dispatch rule would send it.
 /// `None`: the ticket expires before a worker takes it; one that rides in a batch it cannot finish
 /// in time (and so is expired when the batch leaves) gets the batch's end.
-fn completions(s: &Scheduler, new: Option<&Ticket>, now: Instant) -> Vec<(RequestId, Option<Instant>)> {
+fn completions<'a>(s: &'a Scheduler, new: Option<&'a Ticket>, now: Instant) -> Vec<(&'a Ticket, Option<Instant>)> {
     let of = |p: Priority| with_new(s.queue.iter_priority(p), new.filter(|t| t.priority == p));
     let mut cutter = Cutter::new(s.policy.max_batch_rows, of(Priority::Interactive), of(Priority::Batch));
     let mut free: BinaryHeap<Reverse<Instant>> = worker_free_times(s, now).into_iter().map(Reverse).collect();
@@ -119,7 +139,7 @@ fn completions(s: &Scheduler, new: Option<&Ticket>, now: Instant) -> Vec<(Reques
         // What waits in the queue until this worker is free and has expired by then is not cut.
         cutter.expire_by(worker_free);
         let Some(cut) = cutter.next() else { break };
-        out.extend(cutter.gone.drain(..).map(|t| (t.id, None)));
+        out.extend(cutter.gone.drain(..).map(|t| (t, None)));
         let took = s.estimator.estimate(cut.shape);
         let leaves = if cut.full {
             now
@@ -129,18 +149,21 @@ fn completions(s: &Scheduler, new: Option<&Ticket>, now: Instant) -> Vec<(Reques
         };
         let start = worker_free.max(leaves);
         // As at dispatch: who cannot finish in time leaves the batch (expired), and the seat stays empty.
-        let (riding, doomed): (Vec<&Ticket>, Vec<&Ticket>) =
-            cut.tickets.iter().partition(|t| t.deadline >= start + took);
-        out.extend(doomed.iter().map(|t| (t.id, Some(start + took))));
-        if riding.is_empty() {
+        let rides = |t: &Ticket| t.deadline >= start + took;
+        let mut shape = cut.shape;
+        if !cut.tickets.iter().all(|t| rides(t)) {
+            shape = cut.tickets.iter().filter(|t| rides(t)).map(|t| t.shape()).sum();
+            out.extend(cut.tickets.iter().filter(|t| !rides(t)).map(|&t| (t, Some(start + took))));
+        }
+        if shape.rows == 0 {
             free.push(Reverse(worker_free));
             continue;
         }
-        let end = start + s.estimator.estimate(riding.iter().map(|t| t.shape()).sum());
+        let end = start + s.estimator.estimate(shape);
         free.push(Reverse(end));
-        out.extend(riding.iter().map(|t| (t.id, Some(end))));
+        out.extend(cut.tickets.iter().filter(|t| rides(t)).map(|&t| (t, Some(end))));
     }
-    out.extend(cutter.gone.drain(..).map(|t| (t.id, None)));
+    out.extend(cutter.gone.drain(..).map(|t| (t, None)));
     out
 }
 
