@@ -24,6 +24,8 @@ const QUANTILE: f64 = 0.97;
 #[derive(Debug, Clone, Default)]
 struct Window {
     samples: VecDeque<Duration>,
+    /// The quantile, recomputed when a sample comes (it is read far more often).
+    quantile: Duration,
 }
 
 impl Window {
@@ -32,17 +34,18 @@ impl Window {
             self.samples.pop_front();
         }
         self.samples.push_back(d);
+        let mut sorted: Vec<Duration> = self.samples.iter().copied().collect();
+        let rank = ((sorted.len() as f64 * QUANTILE).ceil() as usize).clamp(1, sorted.len());
+        self.quantile = *sorted.select_nth_unstable(rank - 1).1;
     }
 
     /// The window's [`QUANTILE`] (the largest sample while there are few); zero when empty.
     fn quantile(&self) -> Duration {
-        if self.samples.is_empty() {
-            return Duration::ZERO;
-        }
-        let mut sorted: Vec<Duration> = self.samples.iter().copied().collect();
-        sorted.sort_unstable();
-        let rank = ((sorted.len() as f64 * QUANTILE).ceil() as usize).clamp(1, sorted.len());
-        sorted[rank - 1]
+        self.quantile
+    }
+
+    fn is_empty(&self) -> bool {
+        self.samples.is_empty()
     }
 }
 
@@ -113,7 +116,7 @@ impl Margin {
     /// only the configured (or calibrated) guess.
     pub fn parts(&self) -> Parts {
         let lateness = self.lateness.quantile();
-        let overshoot = if self.overshoot.samples.is_empty() { lateness } else { self.overshoot.quantile() };
+        let overshoot = if self.overshoot.is_empty() { lateness } else { self.overshoot.quantile() };
         Parts { lateness, overshoot, trip: self.trip.quantile() }
     }
 
