@@ -138,6 +138,20 @@ fn check_invariants(c: &Case, t: &Trace) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Admission's promise: no admitted request of priority `up_to` or a higher one expired.
+fn no_admitted_request_expired(c: &Case, t: &Trace, up_to: Priority) -> Result<(), TestCaseError> {
+    for (i, fate) in t.fates.iter().enumerate() {
+        prop_assert!(
+            c.arrivals[i].priority > up_to || !matches!(fate, Some(Fate::Expired { .. })),
+            "request {} ({:?}) was admitted but expired: {:?}",
+            i,
+            c.arrivals[i],
+            fate
+        );
+    }
+    Ok(())
+}
+
 /// Whether worker `w` was running a batch during all of `[from, to)`.
 fn busy_throughout(t: &Trace, w: usize, from: Duration, to: Duration) -> bool {
     let mut at = from;
@@ -170,12 +184,7 @@ proptest! {
     fn with_exact_estimates_admitted_requests_meet_their_deadlines(c in case(false)) {
         let trace = run(&c, 1);
         check_invariants(&c, &trace)?;
-        for (i, fate) in trace.fates.iter().enumerate() {
-            prop_assert!(
-                !matches!(fate, Some(Fate::Expired { .. })),
-                "request {} ({:?}) was admitted but expired: {:?}", i, c.arrivals[i], fate
-            );
-        }
+        no_admitted_request_expired(&c, &trace, Priority::Batch)?;
     }
 
     /// Where the shortcut admits (every admission then also runs the whole forecast, in debug
@@ -184,12 +193,7 @@ proptest! {
     fn admission_into_long_queues_keeps_the_rule_and_the_promise(c in long_queues()) {
         let trace = run(&c, 1);
         check_invariants(&c, &trace)?;
-        for (i, fate) in trace.fates.iter().enumerate() {
-            prop_assert!(
-                c.arrivals[i].priority == Priority::Batch || !matches!(fate, Some(Fate::Expired { .. })),
-                "request {} ({:?}) was admitted but expired: {:?}", i, c.arrivals[i], fate
-            );
-        }
+        no_admitted_request_expired(&c, &trace, Priority::Interactive)?;
     }
 
     /// With priorities, the promise is kept to every interactive request: neither a batch-tier
@@ -200,11 +204,6 @@ proptest! {
     fn with_priorities_admitted_interactive_requests_meet_their_deadlines(c in case(true)) {
         let trace = run(&c, 1);
         check_invariants(&c, &trace)?;
-        for (i, fate) in trace.fates.iter().enumerate() {
-            prop_assert!(
-                c.arrivals[i].priority == Priority::Batch || !matches!(fate, Some(Fate::Expired { .. })),
-                "request {} ({:?}) was admitted but expired: {:?}", i, c.arrivals[i], fate
-            );
-        }
+        no_admitted_request_expired(&c, &trace, Priority::Interactive)?;
     }
 }
