@@ -93,7 +93,7 @@ pub enum Effect {
     /// Give the request its answer: output `index` of batch `seq`'s result.
     Answer { id: RequestId, seq: u64, index: usize, batch_rows: u32, queued: Duration, engine: Duration },
     /// End the request without an answer. `admitted` is false for a refusal at admission.
-    Refuse { id: RequestId, refusal: Refusal, admitted: bool, arrival: Instant },
+    Refuse { id: RequestId, refusal: Refusal, admitted: bool },
     /// Engine results were discarded: stale attempts, or requests already answered.
     Late(u64),
     /// A batch ended after `took` (successfully or not), for the batch-duration metric.
@@ -231,9 +231,7 @@ impl Ledger {
                 };
                 self.requests.insert(ticket.id, entry);
             }
-            Err(refusal) => {
-                effects.push(Effect::Refuse { id: ticket.id, refusal, admitted: false, arrival: ticket.arrival })
-            }
+            Err(refusal) => effects.push(Effect::Refuse { id: ticket.id, refusal, admitted: false }),
         }
     }
 
@@ -502,5 +500,5 @@ impl Ledger {
 }
 
 fn refuse(effects: &mut Vec<Effect>, ticket: &Ticket, refusal: Refusal) {
-    effects.push(Effect::Refuse { id: ticket.id, refusal, admitted: true, arrival: ticket.arrival });
+    effects.push(Effect::Refuse { id: ticket.id, refusal, admitted: true });
 }

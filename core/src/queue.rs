@@ -52,11 +52,6 @@ impl Queue {
         Some(ticket)
     }
 
-    pub fn get(&self, id: RequestId) -> Option<&Ticket> {
-        let (priority, deadline) = self.index.get(&id)?;
-        self.by_priority[priority.index()].get(&(*deadline, id))
-    }
-
     /// Tickets in the order batches take them.
     pub fn iter(&self) -> impl Iterator<Item = &Ticket> {
         self.by_priority.iter().flat_map(|m| m.values())

@@ -30,7 +30,7 @@ pub(crate) struct Cut<'a> {
     pub full: bool,
     /// For a batch that is not full, the earliest arrival and deadline among everything still
     /// waiting (its tickets and those passed over, which are all that is left): its `maxWait` and
-    /// deadline timers. Unset (the first ticket's) for a full batch, which leaves at once.
+    /// deadline timers. A full batch, which leaves at once, has its own tickets' here.
     pub oldest: Instant,
     pub earliest_deadline: Instant,
 }
@@ -106,53 +106,37 @@ impl<'a, I: Iterator<Item = &'a Ticket>, B: Iterator<Item = &'a Ticket>> Iterato
 
     fn next(&mut self) -> Option<Cut<'a>> {
         let cap = self.cap;
-        let first = self.next_interactive().or_else(|| self.passed.front().copied());
-        let first = match first {
-            Some(t) => t,
-            None => {
-                let t = self.next_batch_tier()?;
-                self.passed.push_front(t);
-                t
-            }
-        };
-        let mut cut = Cut {
-            tickets: Vec::new(),
-            shape: Shape::default(),
-            full: false,
-            oldest: first.arrival,
-            earliest_deadline: first.deadline,
-        };
-        let take = |cut: &mut Cut<'a>, t: &'a Ticket| {
-            cut.shape = cut.shape.join(t.shape());
-            cut.tickets.push(t);
+        let (mut tickets, mut shape) = (Vec::new(), Shape::default());
+        let take = |tickets: &mut Vec<&'a Ticket>, shape: &mut Shape, t: &'a Ticket| {
+            *shape = shape.join(t.shape());
+            tickets.push(t);
         };
         while let Some(t) = self.next_interactive() {
-            if cut.shape.rows + t.rows > cap {
-                cut.full = true;
-                return Some(cut);
+            if shape.rows + t.rows > cap {
+                return Some(self.cut(tickets, shape, true));
             }
             self.interactive.next();
-            take(&mut cut, t);
+            take(&mut tickets, &mut shape, t);
         }
         let mut passed_over = 0;
         let mut i = 0;
-        while i < self.passed.len() && cut.shape.rows < cap && passed_over <= FILL_LOOKAHEAD {
-            if cut.shape.rows + self.passed[i].rows <= cap {
+        while i < self.passed.len() && shape.rows < cap && passed_over <= FILL_LOOKAHEAD {
+            if shape.rows + self.passed[i].rows <= cap {
                 let t = self.passed.remove(i).expect("in range");
-                take(&mut cut, t);
+                take(&mut tickets, &mut shape, t);
             } else {
                 passed_over += 1;
                 i += 1;
             }
         }
         let mut exhausted = false;
-        while cut.shape.rows < cap && passed_over <= FILL_LOOKAHEAD {
+        while shape.rows < cap && passed_over <= FILL_LOOKAHEAD {
             let Some(t) = self.next_batch_tier() else {
                 exhausted = true;
                 break;
             };
-            if cut.shape.rows + t.rows <= cap {
-                take(&mut cut, t);
+            if shape.rows + t.rows <= cap {
+                take(&mut tickets, &mut shape, t);
             } else {
                 self.passed.push_back(t);
                 passed_over += 1;
@@ -161,12 +145,19 @@ impl<'a, I: Iterator<Item = &'a Ticket>, B: Iterator<Item = &'a Ticket>> Iterato
         // A batch that looked past FILL_LOOKAHEAD requests too large for its last seats is as
         // full as it will get; otherwise it is full at `maxBatchSize` rows, and one that is not
         // has taken everything that fits: only the passed-over requests are left.
-        cut.full = cut.shape.rows == cap || !exhausted;
-        if !cut.full {
-            let waiting = || cut.tickets.iter().chain(self.passed.iter());
-            cut.oldest = waiting().map(|t| t.arrival).min().expect("a cut holds a ticket");
-            cut.earliest_deadline = waiting().map(|t| t.deadline).min().expect("a cut holds a ticket");
-        }
-        Some(cut)
+        let full = shape.rows == cap || !exhausted;
+        (!tickets.is_empty()).then(|| self.cut(tickets, shape, full))
+    }
+}
+
+impl<'a, I: Iterator<Item = &'a Ticket>, B: Iterator<Item = &'a Ticket>> Cutter<'a, I, B> {
+    /// The cut of `tickets` (not empty), with its timers: of everything still waiting when it is
+    /// not full (itself and the passed-over), of its own tickets when it is.
+    fn cut(&self, tickets: Vec<&'a Ticket>, shape: Shape, full: bool) -> Cut<'a> {
+        let passed = if full { None } else { Some(self.passed.iter()) };
+        let waiting = || tickets.iter().chain(passed.clone().into_iter().flatten());
+        let oldest = waiting().map(|t| t.arrival).min().expect("a cut holds a ticket");
+        let earliest_deadline = waiting().map(|t| t.deadline).min().expect("a cut holds a ticket");
+        Cut { tickets, shape, full, oldest, earliest_deadline }
     }
 }
