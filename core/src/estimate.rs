@@ -73,54 +73,43 @@ impl CostModel {
     }
 }
 
+/// A tail-aware linear model of a duration over four features (the first is the constant 1):
+/// the fit and its correction, shared by the batch-time [`Estimator`] and the generation step's
+/// estimator ([`crate::generation::step::StepEstimator`]).
 #[derive(Debug, Clone)]
-pub struct Estimator {
+pub(crate) struct Linear {
     prior: [f64; 4],
     /// The fitted costs, in nanoseconds per unit of each feature.
     fit: [f64; 4],
-    window: VecDeque<(Shape, f64)>,
+    window: VecDeque<([f64; 4], f64)>,
     correction_ns: f64,
 }
 
-impl Estimator {
-    /// `fixed + perRow × rows`, for engines whose time does not depend on tokens.
-    pub fn new(fixed: Duration, per_row: Duration) -> Self {
-        Estimator::with_model(CostModel { fixed, per_row, ..CostModel::default() })
+impl Linear {
+    pub(crate) fn new(prior: [f64; 4]) -> Self {
+        Linear { prior, fit: prior, window: VecDeque::with_capacity(WINDOW), correction_ns: 0.0 }
     }
 
-    pub fn with_model(model: CostModel) -> Self {
-        let prior = model.coefficients();
-        Estimator { prior, fit: prior, window: VecDeque::with_capacity(WINDOW), correction_ns: 0.0 }
+    pub(crate) fn fitted(&self, x: [f64; 4]) -> f64 {
+        self.fit.iter().zip(x).map(|(c, x)| c * x).sum()
     }
 
-    fn fitted(&self, shape: Shape) -> f64 {
-        self.fit.iter().zip(shape.features()).map(|(c, x)| c * x).sum()
+    /// The fit plus the correction, in whole nanoseconds.
+    pub(crate) fn estimate(&self, x: [f64; 4]) -> Duration {
+        Duration::from_nanos((self.fitted(x) + self.correction_ns).max(0.0).round() as u64)
     }
 
-    /// Expected engine time for a batch of this shape.
-    pub fn estimate(&self, shape: Shape) -> Duration {
-        Duration::from_nanos((self.fitted(shape) + self.correction_ns).max(0.0).round() as u64)
+    pub(crate) fn correction_ns(&self) -> f64 {
+        self.correction_ns
     }
 
-    /// An upper bound on the estimated time of `batches` batches that hold `rows` rows and
-    /// `tokens` tokens in all, none with a row of more than `longest` tokens: a batch's estimate is
-    /// its fitted cost (linear, with costs that are never negative) plus the correction, which is
-    /// never more than its positive part; rounding adds at most a nanosecond a batch.
-    pub fn bound(&self, batches: u64, rows: u64, tokens: u64, longest: u32) -> Duration {
-        let features = [batches as f64, rows as f64, tokens as f64, rows as f64 * f64::from(longest)];
-        let fitted: f64 = self.fit.iter().zip(features).map(|(c, x)| c * x).sum();
-        let ns = fitted + batches as f64 * (self.correction_ns.max(0.0) + 1.0);
-        Duration::from_nanos(ns.ceil().min(u64::MAX as f64) as u64)
-    }
-
-    /// Feeds one measured batch.
-    pub fn observe(&mut self, shape: Shape, elapsed: Duration) {
+    pub(crate) fn observe(&mut self, x: [f64; 4], elapsed: Duration) {
         if self.window.len() == WINDOW {
             self.window.pop_front();
         }
-        self.window.push_back((shape, elapsed.as_nanos() as f64));
+        self.window.push_back((x, elapsed.as_nanos() as f64));
         self.fit = self.refit();
-        let mut residuals: Vec<f64> = self.window.iter().map(|(s, y)| y - self.fitted(*s)).collect();
+        let mut residuals: Vec<f64> = self.window.iter().map(|(x, y)| y - self.fitted(*x)).collect();
         residuals.sort_by(f64::total_cmp);
         let rank = ((residuals.len() as f64 * QUANTILE).ceil() as usize).clamp(1, residuals.len());
         self.correction_ns = residuals[rank - 1];
@@ -131,8 +120,8 @@ impl Estimator {
     fn refit(&self) -> [f64; 4] {
         let n = self.window.len() as f64;
         let mut scale = [0.0; 4];
-        for (s, _) in &self.window {
-            for (acc, x) in scale.iter_mut().zip(s.features()) {
+        for (x, _) in &self.window {
+            for (acc, x) in scale.iter_mut().zip(x) {
                 *acc += x * x / n;
             }
         }
@@ -140,8 +129,7 @@ impl Estimator {
         loop {
             let mut a = [[0.0; 4]; 4];
             let mut b = [0.0; 4];
-            for (s, y) in &self.window {
-                let x = s.features();
+            for (x, y) in &self.window {
                 for i in 0..4 {
                     b[i] += x[i] * y;
                     for j in 0..4 {
@@ -172,6 +160,42 @@ impl Estimator {
                 pinned[i] = true;
             }
         }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Estimator {
+    model: Linear,
+}
+
+impl Estimator {
+    /// `fixed + perRow × rows`, for engines whose time does not depend on tokens.
+    pub fn new(fixed: Duration, per_row: Duration) -> Self {
+        Estimator::with_model(CostModel { fixed, per_row, ..CostModel::default() })
+    }
+
+    pub fn with_model(model: CostModel) -> Self {
+        Estimator { model: Linear::new(model.coefficients()) }
+    }
+
+    /// Expected engine time for a batch of this shape.
+    pub fn estimate(&self, shape: Shape) -> Duration {
+        self.model.estimate(shape.features())
+    }
+
+    /// An upper bound on the estimated time of `batches` batches that hold `rows` rows and
+    /// `tokens` tokens in all, none with a row of more than `longest` tokens: a batch's estimate is
+    /// its fitted cost (linear, with costs that are never negative) plus the correction, which is
+    /// never more than its positive part; rounding adds at most a nanosecond a batch.
+    pub fn bound(&self, batches: u64, rows: u64, tokens: u64, longest: u32) -> Duration {
+        let features = [batches as f64, rows as f64, tokens as f64, rows as f64 * f64::from(longest)];
+        let ns = self.model.fitted(features) + batches as f64 * (self.model.correction_ns().max(0.0) + 1.0);
+        Duration::from_nanos(ns.ceil().min(u64::MAX as f64) as u64)
+    }
+
+    /// Feeds one measured batch.
+    pub fn observe(&mut self, shape: Shape, elapsed: Duration) {
+        self.model.observe(shape.features(), elapsed);
     }
 }
 
@@ -273,8 +297,8 @@ mod tests {
             assert!(
                 (got - want).abs() / want < 0.05,
                 "{s:?}: estimated {got:.6} s, truly {want:.6} s; fit {:?}, correction {}",
-                e.fit,
-                e.correction_ns
+                e.model.fit,
+                e.model.correction_ns
             );
         }
     }
@@ -287,6 +311,6 @@ mod tests {
             e.observe(rows(r), Duration::from_millis(u64::from(40 - r)));
         }
         assert!(e.estimate(rows(1000)) >= e.estimate(rows(1)) - 20 * MS, "no large negative slope");
-        assert!(e.fit.iter().all(|c| *c >= 0.0), "{:?}", e.fit);
+        assert!(e.model.fit.iter().all(|c| *c >= 0.0), "{:?}", e.model.fit);
     }
 }

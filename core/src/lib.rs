@@ -8,6 +8,8 @@
 //! - [`ticket`], [`queue`], [`estimate`], [`scheduler`]: the request-level scheduler. A
 //!   [`scheduler::Scheduler`] decides admission (queue bounds, deadline feasibility, its forecast)
 //!   and dispatch (full, `maxWait`, deadline), per model version.
+//! - [`generation`]: the token-level scheduler for LLM serving — the step rule, KV block
+//!   accounting, the step-time estimator, generation admission, its ledger and replay.
 //! - [`margin`]: how early a deadline-driven batch leaves: a floor plus the measured lateness of
 //!   the timer and overshoot of the engine.
 //! - [`ledger`]: the batcher's whole state (waiters, attempts and fencing, held groups, deadlines
@@ -22,6 +24,7 @@
 
 pub mod duration;
 pub mod estimate;
+pub mod generation;
 pub mod ledger;
 pub mod margin;
 pub mod metric;

@@ -1,0 +1,27 @@
+//! Generation (LLM) serving, scheduled per engine step: each step decodes one token for every
+//! running sequence and prefills chunks of waiting prompts; sequences join and leave between
+//! steps (continuous batching), KV-cache memory is paged, and the first token, the time between
+//! tokens and the whole answer are three promises (DESIGN.md, "Generation (LLM) serving").
+//!
+//! # Layout
+//! - [`sequence`]: what the scheduler knows of a request (sizes, deadlines, priority).
+//! - [`kv`]: KV-cache blocks: the pool and the sequences' block tables.
+//! - [`step`]: a step's shape and the step-time estimator learned online.
+//! - [`scheduler`]: the step rule — which sequences a step runs, and how much of each;
+//!   preemption by recompute; sequences that can no longer finish in time.
+//! - [`forecast`]: admission — the scheduler run forward in virtual time to see whether every
+//!   promise holds with the newcomer.
+//! - [`ledger`]: the state machine the sidecar's shell drives: events in with `now`, effects out.
+//! - [`replay`]: the ledger in virtual time with the `sim-llm` model, for exact tests, property
+//!   tests and the benchmark.
+
+pub mod forecast;
+pub mod kv;
+pub mod ledger;
+pub mod replay;
+pub mod scheduler;
+pub mod sequence;
+pub mod step;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,209 @@
+//! Admission for generation: would this request, and every one already admitted, keep its
+//! promises if it were taken in? Answered by running a copy of the scheduler forward in virtual
+//! time — the very step rule the engine will follow, with steps that take what the estimator
+//! says and sequences that run to `max_tokens` (the most they may take) — and reading off when
+//! each sequence gets its first token, how long the steps it decodes in are, and when it ends.
+//!
+//! With exact estimates the forecast is the future, except for what arrives later, and a later
+//! arrival is admitted only if the forecast with it keeps every promise: so no admitted sequence
+//! misses a deadline (the property tests check it). A sequence already admitted that would miss
+//! anyway (the estimates grew since it was admitted) does not count against the newcomer: the
+//! forecast without the newcomer is run to tell.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::scheduler::{Progress, Scheduler, StepPlan};
+use super::sequence::{Request, SeqId};
+use crate::outcome::{Outcome, Refusal};
+
+/// Steps a forecast may simulate; a future longer than this is not promised.
+const MAX_STEPS: usize = 200_000;
+
+/// What the forecast says of one sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Fate {
+    /// When its first token comes (already came, for a sequence that has one).
+    pub first: Option<Instant>,
+    /// When its last token comes; `None` when it does not finish (expired, or beyond the horizon).
+    pub end: Option<Instant>,
+    /// The longest step it decodes in.
+    pub longest_step: Duration,
+    /// Tokens it gets with the margin to spare before its deadline.
+    pub in_time: u32,
+}
+
+/// The step running on the engine, as the forecast continues it.
+#[derive(Debug, Clone, Copy)]
+pub struct InFlight<'a> {
+    pub plan: &'a StepPlan,
+    /// When it is expected to end.
+    pub end: Instant,
+}
+
+/// Runs the scheduler forward from `now` with nothing more arriving.
+pub fn simulate(
+    s: &Scheduler,
+    in_flight: Option<InFlight<'_>>,
+    now: Instant,
+    margin: Duration,
+) -> BTreeMap<SeqId, Fate> {
+    let mut sim = s.clone();
+    sim.forecasting = true;
+    let mut fates: BTreeMap<SeqId, Fate> =
+        s.seqs.iter().map(|(id, q)| (*id, Fate { first: q.first_token, ..Fate::default() })).collect();
+    let mut t = now;
+    let apply = |sim: &mut Scheduler, plan: &StepPlan, t: Instant, fates: &mut BTreeMap<SeqId, Fate>| {
+        for m in plan.members.iter().filter(|m| m.decode) {
+            if let Some(f) = fates.get_mut(&m.id) {
+                f.longest_step = f.longest_step.max(plan.expected);
+            }
+        }
+        let deadlines: Vec<(SeqId, Instant)> =
+            plan.members.iter().filter_map(|m| sim.seqs.get(&m.id).map(|q| (m.id, q.request.deadline))).collect();
+        let (progress, _) = sim.complete(plan, t, &|_| false);
+        for p in progress {
+            match p {
+                Progress::Token { id, first } => {
+                    let f = fates.get_mut(&id).expect("a fate per sequence");
+                    if first {
+                        f.first = Some(t);
+                    }
+                    if deadlines.iter().any(|(d, deadline)| *d == id && t + margin <= *deadline) {
+                        f.in_time += 1;
+                    }
+                }
+                Progress::Finished { id, .. } => fates.get_mut(&id).expect("a fate per sequence").end = Some(t),
+                Progress::Expired { .. } => {}
+            }
+        }
+    };
+    if let Some(f) = in_flight {
+        t = t.max(f.end);
+        apply(&mut sim, f.plan, t, &mut fates);
+    }
+    for _ in 0..MAX_STEPS {
+        if sim.is_empty() {
+            break;
+        }
+        let (plan, _) = sim.plan(t);
+        let Some(plan) = plan else { break };
+        t += plan.expected;
+        apply(&mut sim, &plan, t, &mut fates);
+    }
+    fates
+}
+
+/// Which promise a fate breaks, if any.
+fn broken(r: &Request, f: &Fate, margin: Duration, had_first: bool) -> Option<Broken> {
+    if !had_first {
+        match f.first {
+            Some(first) if first + margin <= r.ttft_deadline => {}
+            first => return Some(Broken::Ttft(first)),
+        }
+    }
+    if f.longest_step > r.itl {
+        return Some(Broken::Itl(f.longest_step));
+    }
+    match f.end {
+        Some(end) if end + margin <= r.deadline => None,
+        end => Some(Broken::Deadline(end)),
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Broken {
+    Ttft(Option<Instant>),
+    Itl(Duration),
+    Deadline(Option<Instant>),
+}
+
+/// Admits `r` if the forecast with it keeps its promises and those of every admitted sequence
+/// (that keeps them without it); otherwise says which promise breaks, with the numbers.
+pub fn admit(
+    s: &Scheduler,
+    in_flight: Option<InFlight<'_>>,
+    r: &Request,
+    now: Instant,
+    margin: Duration,
+) -> Result<(), Refusal> {
+    let mut with = s.clone();
+    with.insert(*r);
+    let fates = simulate(&with, in_flight, now, margin);
+    let fate = fates[&r.id];
+    let ms = |d: Duration| d.as_millis();
+    let after = |t: Option<Instant>| {
+        t.map_or("never (beyond the forecast)".to_owned(), |t| format!("{} ms", ms(t - r.arrival)))
+    };
+    let infeasible = |message: String, over: Duration| {
+        Refusal::new(Outcome::Infeasible, message).retry_after(over.max(Duration::from_secs(1)))
+    };
+    if let Some(broken) = broken(r, &fate, margin, false) {
+        return Err(match broken {
+            Broken::Ttft(first) => infeasible(
+                format!(
+                    "the first token is forecast {} after arrival ({} sequences running, {} waiting ahead, {} prompt tokens queued); the TTFT deadline is {} ms{}",
+                    after(first),
+                    s.running(),
+                    s.waiting(),
+                    s.queued_tokens(),
+                    ms(r.ttft_deadline - r.arrival),
+                    if margin.is_zero() { String::new() } else { format!(" less a margin of {} ms", ms(margin)) }
+                ),
+                first.map_or(Duration::ZERO, |f| f.saturating_duration_since(r.ttft_deadline)),
+            ),
+            Broken::Itl(step) => infeasible(
+                format!(
+                    "steps are forecast to take {:.1} ms while it decodes; its inter-token target is {} ms",
+                    step.as_secs_f64() * 1e3,
+                    ms(r.itl)
+                ),
+                Duration::ZERO,
+            ),
+            Broken::Deadline(end) => infeasible(
+                format!(
+                    "max_tokens {} is forecast to finish {} after arrival; the deadline is {} ms{}: a max_tokens of {} would fit",
+                    r.max_tokens,
+                    after(end),
+                    ms(r.deadline - r.arrival),
+                    if margin.is_zero() { String::new() } else { format!(" less a margin of {} ms", ms(margin)) },
+                    fate.in_time
+                ),
+                end.map_or(Duration::ZERO, |e| e.saturating_duration_since(r.deadline)),
+            ),
+        });
+    }
+    let victims: Vec<SeqId> = s
+        .seqs
+        .iter()
+        .filter(|(id, q)| broken(&q.request, &fates[*id], margin, q.first_token.is_some()).is_some())
+        .map(|(id, _)| *id)
+        .collect();
+    if victims.is_empty() {
+        return Ok(());
+    }
+    // Would they keep their promises without it?
+    let without = simulate(s, in_flight, now, margin);
+    let harmed: Vec<SeqId> = victims
+        .into_iter()
+        .filter(|id| {
+            let q = &s.seqs[id];
+            broken(&q.request, &without[id], margin, q.first_token.is_some()).is_none()
+        })
+        .collect();
+    if harmed.is_empty() {
+        return Ok(());
+    }
+    Err(infeasible(
+        format!(
+            "admitting it would make {} admitted sequence{} miss a deadline or inter-token target ({} running, {} waiting)",
+            harmed.len(),
+            if harmed.len() == 1 { "" } else { "s" },
+            s.running(),
+            s.waiting()
+        ),
+        Duration::ZERO,
+    ))
+}

@@ -1,0 +1,230 @@
+//! Everything one model version's generation shell knows about its sequences, as a synchronous
+//! state machine: events go in with `now`, effects come out (run this step, send this token,
+//! end this sequence). The sidecar's generation task only moves data — token ids to the engine,
+//! text to the callers — and [`super::replay`] drives this same ledger in virtual time.
+//!
+//! # The order of one instant
+//! [`Ledger::step`] applies an instant's events in one order: the step that ended (its tokens,
+//! then the sequences it finished), the margin's measurements, the deadlines that have come,
+//! the callers' commands in the order given (submissions, cancellations), then, if the engine is
+//! idle, the next step: sequences that can no longer finish in time end first (rule 4), then the
+//! step rule composes the step.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::forecast::{self, InFlight};
+use super::scheduler::{Progress, Scheduler, StepPlan};
+use super::sequence::{End, Request, SeqId};
+use super::step::StepCost;
+use crate::margin::Margin;
+use crate::outcome::{Outcome, Refusal};
+
+/// What happened, for the ledger to take into account.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A request arrives.
+    Submit(Request),
+    /// Its caller went away.
+    Cancel(SeqId),
+    /// Step `step` ended: the sequences the model ended with this step's token (end of sequence,
+    /// or a `stop` string in its text), or an error.
+    StepDone { step: u64, result: Result<Vec<SeqId>, String> },
+    /// The step-time estimator starts over from these costs (an engine that timed itself).
+    Calibrate(StepCost),
+    /// The shell's timer woke it this late (part of the deadline margin).
+    Woke(Duration),
+    /// A token took this long from the ledger's effect to its caller (part of the margin).
+    Trip(Duration),
+}
+
+/// What the shell must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// Run this step on the engine; report its end with [`Event::StepDone`] and this number.
+    Step { step: u64, plan: StepPlan },
+    /// Send the sequence the token this step sampled for it.
+    Token { id: SeqId, first: bool },
+    /// The sequence ended. `admitted` is false for a refusal at admission.
+    End { id: SeqId, end: End, admitted: bool },
+    /// A sequence started its first step after waiting this long.
+    Started { id: SeqId, waited: Duration },
+    /// A running sequence gave its KV blocks back, to be recomputed later.
+    Preempted(SeqId),
+    /// A step ended after `took`.
+    StepEnded { step: u64, plan: StepPlan, took: Duration },
+    /// Tokens computed for sequences already ended (cancelled, or past a deadline).
+    Late(u64),
+}
+
+/// One model version's generation state. See the module documentation.
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    scheduler: Scheduler,
+    margin: Margin,
+    /// Runs a sequence may be part of a failed step before it fails.
+    max_attempts: u32,
+    failures: std::collections::BTreeMap<SeqId, u32>,
+    running: Option<(u64, StepPlan, Instant)>,
+    next_step: u64,
+}
+
+impl Ledger {
+    /// `margin` is the deadline margin's floor.
+    pub fn new(scheduler: Scheduler, margin: Duration, max_attempts: u32) -> Self {
+        Ledger {
+            scheduler,
+            margin: Margin::new(margin),
+            max_attempts: max_attempts.max(1),
+            failures: Default::default(),
+            running: None,
+            next_step: 0,
+        }
+    }
+
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    pub fn margin(&self) -> Duration {
+        self.margin.get()
+    }
+
+    /// No sequence is held and no step runs.
+    pub fn is_idle(&self) -> bool {
+        self.scheduler.is_empty() && self.running.is_none()
+    }
+
+    pub fn step_running(&self) -> bool {
+        self.running.is_some()
+    }
+
+    /// When the ledger wants to be woken with no event: the next deadline.
+    pub fn next_wake(&self) -> Option<Instant> {
+        self.scheduler.next_due()
+    }
+
+    /// Applies the events of one instant and appends the effects to carry out.
+    pub fn step(&mut self, now: Instant, events: Vec<Event>, effects: &mut Vec<Effect>) {
+        let mut commands = Vec::new();
+        for event in events {
+            match event {
+                Event::StepDone { step, result } => self.step_done(step, result, now, effects),
+                Event::Calibrate(cost) => *self.scheduler.estimator_mut() = super::step::StepEstimator::new(cost),
+                Event::Woke(late) => self.margin.observe_wake(late),
+                Event::Trip(trip) => self.margin.observe_trip(trip),
+                command => commands.push(command),
+            }
+        }
+        for (id, refusal) in self.scheduler.due(now) {
+            self.end(id, End::Refused(refusal), effects);
+        }
+        for command in commands {
+            match command {
+                Event::Submit(r) => self.submit(r, now, effects),
+                Event::Cancel(id) => {
+                    self.scheduler.remove(id);
+                    self.failures.remove(&id);
+                }
+                _ => unreachable!("sorted above"),
+            }
+        }
+        if self.running.is_none() {
+            self.dispatch(now, effects);
+        }
+    }
+
+    fn submit(&mut self, r: Request, now: Instant, effects: &mut Vec<Effect>) {
+        let in_flight = self.running.as_ref().map(|(_, plan, at)| InFlight { plan, end: *at + plan.expected });
+        let admitted = self
+            .scheduler
+            .check_bounds(&r)
+            .and_then(|()| forecast::admit(&self.scheduler, in_flight, &r, now, self.margin.get()));
+        match admitted {
+            Ok(()) => self.scheduler.insert(r),
+            Err(refusal) => effects.push(Effect::End { id: r.id, end: End::Refused(refusal), admitted: false }),
+        }
+    }
+
+    fn end(&mut self, id: SeqId, end: End, effects: &mut Vec<Effect>) {
+        if self.scheduler.remove(id) {
+            self.failures.remove(&id);
+            effects.push(Effect::End { id, end, admitted: true });
+        }
+    }
+
+    fn step_done(&mut self, step: u64, result: Result<Vec<SeqId>, String>, now: Instant, effects: &mut Vec<Effect>) {
+        let Some((running, plan, at)) = self.running.take() else { return };
+        if running != step {
+            self.running = Some((running, plan, at));
+            return;
+        }
+        let took = now - at;
+        self.margin.observe_batch(plan.expected, took);
+        match result {
+            Ok(stopped) => {
+                self.scheduler.estimator_mut().observe(plan.shape, took);
+                let (progress, late) = self.scheduler.complete(&plan, now, &|id| stopped.contains(&id));
+                for p in progress {
+                    match p {
+                        Progress::Token { id, first } => effects.push(Effect::Token { id, first }),
+                        Progress::Finished { id, reason } => {
+                            self.failures.remove(&id);
+                            effects.push(Effect::End { id, end: End::Finished(reason), admitted: true })
+                        }
+                        Progress::Expired { id, refusal } => {
+                            self.failures.remove(&id);
+                            effects.push(Effect::End { id, end: End::Refused(refusal), admitted: true })
+                        }
+                    }
+                }
+                if late > 0 {
+                    effects.push(Effect::Late(late));
+                }
+            }
+            Err(error) => {
+                self.scheduler.fail(&plan);
+                for m in &plan.members {
+                    if !self.scheduler.contains(m.id) {
+                        continue;
+                    }
+                    let failures = self.failures.entry(m.id).or_insert(0);
+                    *failures += 1;
+                    if *failures >= self.max_attempts {
+                        let refusal = Refusal::new(
+                            Outcome::Failed,
+                            format!(
+                                "the engine failed {} step{} of this sequence: {error}",
+                                failures,
+                                if *failures == 1 { "" } else { "s" }
+                            ),
+                        );
+                        self.end(m.id, End::Refused(refusal), effects);
+                    }
+                }
+            }
+        }
+        effects.push(Effect::StepEnded { step, plan, took });
+    }
+
+    fn dispatch(&mut self, now: Instant, effects: &mut Vec<Effect>) {
+        for (id, refusal) in self.scheduler.hopeless(now) {
+            self.end(id, End::Refused(refusal), effects);
+        }
+        let starting: Vec<SeqId> =
+            self.scheduler.seqs.values().filter(|s| s.started.is_none()).map(|s| s.request.id).collect();
+        let (plan, preempted) = self.scheduler.plan(now);
+        effects.extend(preempted.into_iter().map(Effect::Preempted));
+        let Some(plan) = plan else { return };
+        for id in starting {
+            if let Some(s) = self.scheduler.seqs.get(&id).filter(|s| s.started.is_some()) {
+                effects.push(Effect::Started { id, waited: now - s.request.arrival });
+            }
+        }
+        let step = self.next_step;
+        self.next_step += 1;
+        effects.push(Effect::Step { step, plan: plan.clone() });
+        self.running = Some((step, plan, now));
+    }
+}

@@ -1,0 +1,282 @@
+//! Replays a trace of generation requests through the [`Ledger`] in virtual time, with an engine
+//! whose step time is a plain function of the step's shape and whose "model" is `sim-llm`'s: it
+//! answers with its own prompt, cycled, read back from the KV blocks the scheduler gave it. So a
+//! replay checks more than timing: a block handed to two sequences at once, a table that lost a
+//! block, a recompute that skipped a token — each shows as a sequence that received the wrong
+//! tokens. Tests use it for exact step timestamps and property tests; the benchmark's policies
+//! run on it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::kv::BlockPool;
+use super::ledger::{Effect, Event, Ledger};
+use super::scheduler::{Policy, Scheduler, StepPlan};
+use super::sequence::{End, FinishReason, Request, SeqId};
+use super::step::{StepCost, StepEstimator};
+use crate::outcome::Refusal;
+use crate::ticket::Priority;
+
+/// One request of a trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arrival {
+    /// Since the start of the trace.
+    pub at: Duration,
+    pub prompt: u32,
+    pub max_tokens: u32,
+    /// Relative deadlines.
+    pub ttft: Duration,
+    pub itl: Duration,
+    pub timeout: Duration,
+    pub priority: Priority,
+    /// The caller goes away this long after arrival.
+    pub cancel_after: Option<Duration>,
+}
+
+impl Arrival {
+    /// A request at `at_ms` with deadlines that never bind (an hour).
+    pub fn new(at_ms: u64, prompt: u32, max_tokens: u32) -> Self {
+        let hour = Duration::from_secs(3600);
+        Arrival {
+            at: Duration::from_millis(at_ms),
+            prompt,
+            max_tokens,
+            ttft: hour,
+            itl: hour,
+            timeout: hour,
+            priority: Priority::Interactive,
+            cancel_after: None,
+        }
+    }
+
+    pub fn ttft_ms(mut self, ms: u64) -> Self {
+        self.ttft = Duration::from_millis(ms);
+        self
+    }
+
+    pub fn itl_ms(mut self, ms: u64) -> Self {
+        self.itl = Duration::from_millis(ms);
+        self
+    }
+
+    pub fn timeout_ms(mut self, ms: u64) -> Self {
+        self.timeout = Duration::from_millis(ms);
+        self
+    }
+
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    pub fn cancel_after_ms(mut self, ms: u64) -> Self {
+        self.cancel_after = Some(Duration::from_millis(ms));
+        self
+    }
+}
+
+/// How one request of the trace ended, with times since the start of the trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fate {
+    /// When each token reached it.
+    pub tokens: Vec<Duration>,
+    /// The token ids it received.
+    pub ids: Vec<u32>,
+    /// The ids it should have received: its prompt, cycled.
+    pub expected: Vec<u32>,
+    pub end: Option<(Duration, Ending)>,
+    /// Whether it was admitted.
+    pub admitted: bool,
+    pub preempted: u32,
+}
+
+/// How a sequence ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    Finished(FinishReason),
+    Refused(Refusal),
+    Cancelled,
+}
+
+/// One step the engine ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepRecord {
+    pub started: Duration,
+    pub took: Duration,
+    pub plan: StepPlan,
+    /// Blocks in use when it started, and the blocks its members held.
+    pub used_blocks: u32,
+    pub held_blocks: u32,
+}
+
+/// What a replay saw.
+#[derive(Debug, Clone, Default)]
+pub struct Trace {
+    pub fates: Vec<Fate>,
+    pub steps: Vec<StepRecord>,
+    /// At each quiet point (after each instant's effects), (used blocks, blocks held by sequences).
+    pub quiet: Vec<(u32, u32)>,
+    /// Ends reported for a sequence that had already ended (a bug if ever more than zero).
+    pub double_ends: u32,
+}
+
+/// The engine and the service being replayed.
+#[derive(Debug, Clone, Copy)]
+pub struct Setup {
+    pub policy: Policy,
+    pub blocks: u32,
+    pub block_size: u32,
+    /// What a step truly takes.
+    pub cost: StepCost,
+    /// What the estimator starts from (the same as `cost` for exact estimates).
+    pub prior: StepCost,
+    pub margin: Duration,
+}
+
+/// The token ids of request `i`'s prompt: distinct from every other request's.
+fn prompt_ids(i: usize, len: u32) -> Vec<u32> {
+    (0..len).map(|p| (i as u32) * 100_000 + p).collect()
+}
+
+pub fn replay(setup: Setup, arrivals: &[Arrival]) -> Trace {
+    let start = Instant::now();
+    let scheduler =
+        Scheduler::new(setup.policy, BlockPool::new(setup.blocks, setup.block_size), StepEstimator::new(setup.prior));
+    let mut ledger = Ledger::new(scheduler, setup.margin, 3);
+    let mut order: Vec<usize> = (0..arrivals.len()).collect();
+    order.sort_by_key(|&i| (arrivals[i].at, i));
+    let mut trace = Trace {
+        fates: arrivals
+            .iter()
+            .enumerate()
+            .map(|(i, a)| Fate {
+                tokens: Vec::new(),
+                ids: Vec::new(),
+                expected: (0..a.max_tokens).map(|k| prompt_ids(i, a.prompt)[(k % a.prompt) as usize]).collect(),
+                end: None,
+                admitted: true,
+                preempted: 0,
+            })
+            .collect(),
+        ..Trace::default()
+    };
+    // The shell's side: every sequence's known tokens, and the engine's KV store.
+    let mut known: HashMap<SeqId, Vec<u32>> = HashMap::new();
+    let mut kv = vec![u32::MAX; (setup.blocks * setup.block_size) as usize];
+    let mut engine: Option<(u64, Instant, BTreeMap<SeqId, u32>)> = None;
+    let mut cancels: Vec<(Instant, SeqId)> = Vec::new();
+    let mut next = 0;
+    let mut effects = Vec::new();
+    loop {
+        let arrival_at = order.get(next).map(|&i| start + arrivals[i].at);
+        let candidates = [
+            arrival_at,
+            engine.as_ref().map(|(_, end, _)| *end),
+            ledger.next_wake(),
+            cancels.iter().map(|(at, _)| *at).min(),
+        ];
+        let Some(now) = candidates.into_iter().flatten().min() else { break };
+        let mut events = Vec::new();
+        let mut sampled = BTreeMap::new();
+        if let Some((step, _, _)) = engine.as_ref().filter(|(_, end, _)| *end == now) {
+            events.push(Event::StepDone { step: *step, result: Ok(Vec::new()) });
+            sampled = engine.take().expect("checked").2;
+        }
+        while let Some(&i) = order.get(next).filter(|&&i| start + arrivals[i].at == now) {
+            let a = arrivals[i];
+            let id = i as SeqId;
+            events.push(Event::Submit(Request {
+                id,
+                arrival: now,
+                priority: a.priority,
+                prompt: a.prompt,
+                max_tokens: a.max_tokens,
+                bytes: 64,
+                ttft_deadline: now + a.ttft,
+                itl: a.itl,
+                deadline: now + a.timeout,
+            }));
+            known.insert(id, prompt_ids(i, a.prompt));
+            if let Some(after) = a.cancel_after {
+                cancels.push((now + after, id));
+            }
+            next += 1;
+        }
+        cancels.retain(|(at, id)| {
+            if *at == now {
+                events.push(Event::Cancel(*id));
+                false
+            } else {
+                true
+            }
+        });
+        for e in &events {
+            if let Event::Cancel(id) = e {
+                let fate = &mut trace.fates[*id as usize];
+                if fate.end.is_none() && known.remove(id).is_some() {
+                    fate.end = Some((now - start, Ending::Cancelled));
+                }
+            }
+        }
+        ledger.step(now, events, &mut effects);
+        for effect in effects.drain(..) {
+            match effect {
+                Effect::Step { step, plan } => {
+                    // The engine: write each member's new tokens into its blocks, then sample
+                    // the cycled prompt from what the blocks hold.
+                    let b = setup.block_size as usize;
+                    let mut out = BTreeMap::new();
+                    for m in &plan.members {
+                        let tokens = &known[&m.id];
+                        for pos in m.start..m.start + m.len {
+                            let p = pos as usize;
+                            kv[m.blocks[p / b] as usize * b + p % b] = tokens[p];
+                        }
+                        if m.sample {
+                            let p = (m.start + m.len - m.prompt) as usize;
+                            out.insert(m.id, kv[m.blocks[p / b] as usize * b + p % b]);
+                        }
+                    }
+                    let took = setup.cost.time(plan.shape);
+                    trace.steps.push(StepRecord {
+                        started: now - start,
+                        took,
+                        used_blocks: ledger.scheduler().pool().used(),
+                        held_blocks: plan.members.iter().map(|m| m.blocks.len() as u32).sum(),
+                        plan,
+                    });
+                    engine = Some((step, now + took, out));
+                }
+                Effect::Token { id, .. } => {
+                    let token = sampled[&id];
+                    known.get_mut(&id).expect("a live sequence").push(token);
+                    let fate = &mut trace.fates[id as usize];
+                    fate.tokens.push(now - start);
+                    fate.ids.push(token);
+                }
+                Effect::End { id, end, admitted } => {
+                    known.remove(&id);
+                    let fate = &mut trace.fates[id as usize];
+                    if fate.end.is_some() {
+                        trace.double_ends += 1;
+                    }
+                    fate.admitted = admitted;
+                    fate.end = Some((
+                        now - start,
+                        match end {
+                            End::Finished(reason) => Ending::Finished(reason),
+                            End::Refused(refusal) => Ending::Refused(refusal),
+                        },
+                    ));
+                }
+                Effect::Preempted(id) => trace.fates[id as usize].preempted += 1,
+                Effect::Started { .. } | Effect::StepEnded { .. } | Effect::Late(_) => {}
+            }
+        }
+        let s = ledger.scheduler();
+        trace.quiet.push((s.pool().used(), s.held_blocks()));
+    }
+    trace
+}

@@ -1,0 +1,625 @@
+//! The step rule (DESIGN.md, "The step rule"): which sequences one engine step runs, and how
+//! much of each. A plain state machine over the sequences and the KV blocks, with the time passed
+//! in; the generation [`super::ledger`] drives it for the sidecar, and admission's
+//! [`super::forecast`] runs a copy of it forward in virtual time — one rule, two drivers.
+//!
+//! A step, while the engine is idle:
+//! 1. every running sequence decodes one token, unless it is preempted: when a decode needs a KV
+//!    block and none is free, the running sequence that costs least to redo relative to its slack
+//!    (batch tier first, then most slack, then fewest computed tokens) gives its blocks back and
+//!    waits again, to be recomputed (prompt and produced tokens) when it restarts;
+//! 2. prefill gets the rest of the token budget, cut so that the step's estimated time stays
+//!    within the tightest inter-token target of the decoding sequences;
+//! 3. sequences mid-prefill continue first, then waiting ones start in order of priority, then
+//!    TTFT deadline, each only when the blocks for its chunk (plus the watermark) are free and
+//!    `maxSequences` allows; the first that cannot start stops the others (no overtaking, so that
+//!    a long prompt is not starved by short ones), and a step that had to preempt starts none;
+//! 4. before that, a sequence that can no longer meet its deadline even if every step it still
+//!    needs were the shortest possible is ended at once ([`Scheduler::hopeless`]).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::kv::{Block, BlockPool};
+use super::sequence::{FinishReason, Request, SeqId};
+use super::step::{StepEstimator, StepShape};
+use crate::outcome::{Outcome, Refusal};
+use crate::ticket::Priority;
+
+/// The knobs of generation (DESIGN.md, "Generation knobs").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// Tokens one step may feed the model (`maxBatchTokens`).
+    pub max_batch_tokens: u32,
+    /// Sequences holding KV blocks at once (`maxSequences`).
+    pub max_sequences: u32,
+    /// Waiting sequences, by count, payload bytes and tokens to prefill.
+    pub max_queue: usize,
+    pub max_queue_bytes: u64,
+    pub max_queue_tokens: u64,
+    /// The model's context: prompt plus produced tokens.
+    pub max_context: u32,
+    /// Blocks a new sequence leaves free for the decodes of the running ones.
+    pub watermark: u32,
+}
+
+/// One sequence's part of a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub id: SeqId,
+    /// Position of its first token in this step (the tokens before it are in its KV blocks).
+    pub start: u32,
+    /// Tokens it feeds: 1 for a decode, a chunk for a prefill.
+    pub len: u32,
+    /// Whether the step samples a token for it: its chunk reaches its last known token.
+    pub sample: bool,
+    /// Whether this is a decode (it has produced tokens and feeds its last one).
+    pub decode: bool,
+    /// Its prompt's length (an engine may need to tell prompt from produced tokens).
+    pub prompt: u32,
+    /// Its KV block table, in order, covering `start + len` tokens.
+    pub blocks: Vec<Block>,
+}
+
+/// One engine step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepPlan {
+    pub members: Vec<Member>,
+    pub shape: StepShape,
+    pub expected: Duration,
+}
+
+/// What a finished step did to one of its sequences.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    /// Its new token is to be sent to its caller; `first` for its first token.
+    Token { id: SeqId, first: bool },
+    /// Its last token has been sent.
+    Finished { id: SeqId, reason: FinishReason },
+    /// It ended without its token (a deadline passed during the step).
+    Expired { id: SeqId, refusal: Refusal },
+}
+
+/// A sequence the scheduler holds.
+#[derive(Debug, Clone)]
+pub(crate) struct Seq {
+    pub request: Request,
+    pub generated: u32,
+    /// Tokens whose KV is in its blocks.
+    pub computed: u32,
+    pub table: Vec<Block>,
+    /// Holds blocks (running, possibly mid-prefill), rather than waiting.
+    pub running: bool,
+    pub first_token: Option<Instant>,
+    /// When it was first given a step (for the queue-wait metric).
+    pub started: Option<Instant>,
+}
+
+impl Seq {
+    /// Prompt and produced tokens.
+    pub fn known(&self) -> u32 {
+        self.request.prompt + self.generated
+    }
+
+    pub fn pending(&self) -> u32 {
+        self.known() - self.computed
+    }
+
+    /// It has produced tokens and only its last one is still to feed.
+    pub fn decoding(&self) -> bool {
+        self.running && self.generated > 0 && self.computed > 0 && self.pending() == 1
+    }
+
+    fn order(&self) -> (Priority, Instant, SeqId) {
+        (self.request.priority, self.request.ttft_deadline, self.request.id)
+    }
+}
+
+/// The generation scheduler of one model version: its sequences and its engine's KV blocks.
+#[derive(Debug, Clone)]
+pub struct Scheduler {
+    pub(crate) policy: Policy,
+    pub(crate) pool: BlockPool,
+    pub(crate) estimator: StepEstimator,
+    pub(crate) seqs: BTreeMap<SeqId, Seq>,
+    /// Waiting sequences in start order: priority, then TTFT deadline.
+    pub(crate) waiting: BTreeSet<(Priority, Instant, SeqId)>,
+    /// Sequences holding blocks, in the order they started.
+    pub(crate) running: Vec<SeqId>,
+    queued_bytes: u64,
+    queued_tokens: u64,
+    /// A forecast's copy: sequences are not ended at their deadlines (the forecast reads when
+    /// their tokens would come, however late).
+    pub(crate) forecasting: bool,
+}
+
+impl Scheduler {
+    pub fn new(policy: Policy, pool: BlockPool, estimator: StepEstimator) -> Self {
+        Scheduler {
+            policy,
+            pool,
+            estimator,
+            seqs: BTreeMap::new(),
+            waiting: BTreeSet::new(),
+            running: Vec::new(),
+            queued_bytes: 0,
+            queued_tokens: 0,
+            forecasting: false,
+        }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    pub fn estimator(&self) -> &StepEstimator {
+        &self.estimator
+    }
+
+    pub(crate) fn estimator_mut(&mut self) -> &mut StepEstimator {
+        &mut self.estimator
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn queued_bytes(&self) -> u64 {
+        self.queued_bytes
+    }
+
+    pub fn queued_tokens(&self) -> u64 {
+        self.queued_tokens
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    pub fn contains(&self, id: SeqId) -> bool {
+        self.seqs.contains_key(&id)
+    }
+
+    /// Tokens produced so far by a held sequence.
+    pub fn generated(&self, id: SeqId) -> Option<u32> {
+        self.seqs.get(&id).map(|s| s.generated)
+    }
+
+    /// The earliest arrival among waiting sequences.
+    pub fn oldest_waiting(&self) -> Option<Instant> {
+        self.waiting.iter().map(|(_, _, id)| self.seqs[id].request.arrival).min()
+    }
+
+    /// Blocks held by running sequences; equal to the pool's used blocks at every quiet point.
+    pub fn held_blocks(&self) -> u32 {
+        self.seqs.values().map(|s| s.table.len() as u32).sum()
+    }
+
+    /// Every held sequence's block table.
+    pub fn tables(&self) -> impl Iterator<Item = (SeqId, &[Block])> {
+        self.seqs.iter().map(|(id, s)| (*id, s.table.as_slice()))
+    }
+
+    /// The checks of a request's size against the model and the queue's bounds, before any
+    /// forecast: what can never fit (400 / 413), and what does not fit now (503 `queue_full`).
+    pub fn check_bounds(&self, r: &Request) -> Result<(), Refusal> {
+        let p = &self.policy;
+        let total = u64::from(r.prompt) + u64::from(r.max_tokens);
+        if total > u64::from(p.max_context) {
+            return Err(Refusal::invalid(format!(
+                "the prompt has {} tokens and max_tokens is {}: {total} tokens; this model's context holds {}",
+                r.prompt, r.max_tokens, p.max_context
+            )));
+        }
+        let blocks = total.div_ceil(u64::from(self.pool.block_size()));
+        if blocks > u64::from(self.pool.total()) {
+            return Err(Refusal::new(
+                Outcome::TooLarge,
+                format!(
+                    "the prompt and max_tokens need {total} tokens of KV cache ({blocks} blocks of {}); the whole cache holds {} blocks",
+                    self.pool.block_size(),
+                    self.pool.total()
+                ),
+            ));
+        }
+        let full = |what: String| Refusal::new(Outcome::QueueFull, what).retry_after(Duration::from_secs(1));
+        if self.waiting.len() >= p.max_queue {
+            return Err(full(format!(
+                "queue full: {} sequences waiting (--max-queue {})",
+                self.waiting.len(),
+                p.max_queue
+            )));
+        }
+        if self.queued_bytes + r.bytes > p.max_queue_bytes {
+            return Err(full(format!(
+                "queue full: {} bytes waiting and this request is {} (--max-queue-bytes {})",
+                self.queued_bytes, r.bytes, p.max_queue_bytes
+            )));
+        }
+        if self.queued_tokens + u64::from(r.prompt) > p.max_queue_tokens {
+            return Err(full(format!(
+                "queue full: {} prompt tokens waiting and this prompt has {} (--max-queue-tokens {})",
+                self.queued_tokens, r.prompt, p.max_queue_tokens
+            )));
+        }
+        Ok(())
+    }
+
+    /// Takes an admitted request in: it waits for its first step.
+    pub fn insert(&mut self, request: Request) {
+        let seq = Seq {
+            request,
+            generated: 0,
+            computed: 0,
+            table: Vec::new(),
+            running: false,
+            first_token: None,
+            started: None,
+        };
+        self.enqueue(&seq);
+        self.seqs.insert(request.id, seq);
+    }
+
+    fn enqueue(&mut self, seq: &Seq) {
+        self.waiting.insert(seq.order());
+        self.queued_bytes += seq.request.bytes;
+        self.queued_tokens += u64::from(seq.known());
+    }
+
+    fn dequeue(&mut self, id: SeqId) {
+        let seq = &self.seqs[&id];
+        if self.waiting.remove(&seq.order()) {
+            self.queued_bytes -= seq.request.bytes;
+            self.queued_tokens -= u64::from(seq.known());
+        }
+    }
+
+    /// Takes a sequence out (it ended, or its caller went away) and frees its blocks. False when
+    /// it was not held.
+    pub fn remove(&mut self, id: SeqId) -> bool {
+        if !self.seqs.contains_key(&id) {
+            return false;
+        }
+        self.dequeue(id);
+        let mut seq = self.seqs.remove(&id).expect("checked");
+        self.pool.release(&mut seq.table);
+        self.running.retain(|r| *r != id);
+        true
+    }
+
+    /// Gives a running sequence's blocks back; it waits again, to be recomputed.
+    pub(crate) fn preempt(&mut self, id: SeqId) {
+        let seq = self.seqs.get_mut(&id).expect("a held sequence");
+        debug_assert!(seq.running);
+        self.pool.release(&mut seq.table);
+        seq.computed = 0;
+        seq.running = false;
+        self.running.retain(|r| *r != id);
+        let seq = self.seqs[&id].clone();
+        self.enqueue(&seq);
+    }
+
+    /// The sequences whose deadline (or, before their first token, TTFT deadline) has come.
+    pub fn due(&self, now: Instant) -> Vec<(SeqId, Refusal)> {
+        self.seqs
+            .values()
+            .filter_map(|s| {
+                let r = &s.request;
+                if now >= r.deadline {
+                    Some((r.id, deadline_passed(s, now)))
+                } else if s.first_token.is_none() && now >= r.ttft_deadline {
+                    Some((r.id, ttft_passed(s, now)))
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// The earliest instant at which [`Scheduler::due`] will name a sequence.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.seqs
+            .values()
+            .map(|s| {
+                if s.first_token.is_none() {
+                    s.request.ttft_deadline.min(s.request.deadline)
+                } else {
+                    s.request.deadline
+                }
+            })
+            .min()
+    }
+
+    /// The shortest time a sequence still needs: its prefill (or recompute) in one step of its
+    /// own, then one decode step of its own per token left.
+    pub(crate) fn least_remaining(&self, s: &Seq) -> (Duration, Duration) {
+        let e = &self.estimator;
+        let left = s.request.max_tokens - s.generated;
+        let decode = e.estimate(StepShape { decodes: 1, prefill: 0, context: u64::from(s.known()) });
+        if s.decoding() {
+            return (Duration::ZERO, decode * left);
+        }
+        let prefill = e.estimate(StepShape { decodes: 0, prefill: s.pending(), context: u64::from(s.known()) });
+        (prefill, prefill + decode * (left - 1))
+    }
+
+    /// Rule 4: sequences that cannot meet their deadline (or first-token deadline) even if every
+    /// step they still need were as short as a step can be.
+    pub fn hopeless(&self, now: Instant) -> Vec<(SeqId, Refusal)> {
+        self.seqs
+            .values()
+            .filter_map(|s| {
+                let (first, all) = self.least_remaining(s);
+                let r = &s.request;
+                let ms = |d: Duration| d.as_millis();
+                if now + all > r.deadline {
+                    Some((
+                        r.id,
+                        Refusal::new(
+                            Outcome::Expired,
+                            format!(
+                                "deadline cannot be met: after {} of {} tokens and {} ms, the rest needs at least {} ms; the deadline is {} ms",
+                                s.generated,
+                                r.max_tokens,
+                                ms(now - r.arrival),
+                                ms(all),
+                                ms(r.deadline - r.arrival)
+                            ),
+                        ),
+                    ))
+                } else if s.first_token.is_none() && now + first > r.ttft_deadline {
+                    Some((
+                        r.id,
+                        Refusal::new(
+                            Outcome::Expired,
+                            format!(
+                                "first-token deadline cannot be met: after {} ms, the prefill needs at least {} ms; the TTFT deadline is {} ms",
+                                ms(now - r.arrival),
+                                ms(first),
+                                ms(r.ttft_deadline - r.arrival)
+                            ),
+                        ),
+                    ))
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// The preemption victim among the running sequences: batch tier first, then the most slack,
+    /// then the fewest computed tokens (the least work lost).
+    fn victim(&self, now: Instant) -> Option<SeqId> {
+        self.running.iter().copied().max_by_key(|id| {
+            let s = &self.seqs[id];
+            let slack = s.request.deadline.saturating_duration_since(now).saturating_sub(self.least_remaining(s).1);
+            (s.request.priority, slack, Reverse(s.computed), *id)
+        })
+    }
+
+    /// The next step under the rule, with the sequences preempted for it, or `None` when there is
+    /// nothing to run. Allocates the blocks the step needs.
+    pub fn plan(&mut self, now: Instant) -> (Option<StepPlan>, Vec<SeqId>) {
+        let mut preempted = Vec::new();
+        loop {
+            if let Some(plan) = self.compose(now, &mut preempted) {
+                return (Some(plan), preempted);
+            }
+            // Nothing could run although sequences hold blocks: each is mid-prefill and waits for
+            // blocks another holds. Preempt one and try again (a lone sequence always fits: the
+            // whole cache holds any admitted one).
+            if self.running.len() <= 1 {
+                return (None, preempted);
+            }
+            let victim = self.victim(now).expect("running sequences");
+            self.preempt(victim);
+            preempted.push(victim);
+        }
+    }
+
+    fn compose(&mut self, now: Instant, preempted: &mut Vec<SeqId>) -> Option<StepPlan> {
+        let block_size = self.pool.block_size();
+        // 1. Every decoding sequence gets its block for one more token, preempting as needed.
+        let mut decodes: Vec<SeqId> = self.running.iter().copied().filter(|id| self.seqs[id].decoding()).collect();
+        let mut i = 0;
+        while i < decodes.len() {
+            let id = decodes[i];
+            let seq = &self.seqs[&id];
+            let needed = self.pool.needed(seq.table.len(), seq.computed + 1);
+            if needed <= self.pool.free() {
+                let seq = self.seqs.get_mut(&id).expect("held");
+                let grown = self.pool.grow(&mut seq.table, seq.computed + 1);
+                debug_assert!(grown);
+                i += 1;
+                continue;
+            }
+            let victim = self.victim(now).expect("the decoding sequence itself runs");
+            self.preempt(victim);
+            preempted.push(victim);
+            if let Some(at) = decodes.iter().position(|d| *d == victim) {
+                decodes.remove(at);
+                if at < i {
+                    i -= 1;
+                }
+            }
+        }
+        let mut members: Vec<Member> = Vec::new();
+        let mut shape = StepShape::default();
+        let mut cap: Option<Duration> = None;
+        for id in &decodes {
+            let s = &self.seqs[id];
+            members.push(Member {
+                id: *id,
+                start: s.computed,
+                len: 1,
+                sample: true,
+                decode: true,
+                prompt: s.request.prompt,
+                blocks: s.table.clone(),
+            });
+            shape.decodes += 1;
+            shape.context += u64::from(s.computed + 1);
+            cap = Some(cap.map_or(s.request.itl, |c| c.min(s.request.itl)));
+        }
+
+        // 2 and 3. Prefill: sequences mid-prefill first, then waiting ones in order.
+        let mut budget = self.policy.max_batch_tokens.saturating_sub(shape.decodes);
+        let mut mid: Vec<SeqId> =
+            self.running.iter().copied().filter(|id| !decodes.contains(id) && self.seqs[id].pending() > 0).collect();
+        mid.sort_by_key(|id| self.seqs[id].order());
+        let waiting: Vec<SeqId> = self.waiting.iter().map(|(_, _, id)| *id).collect();
+        for (id, new) in mid.into_iter().map(|id| (id, false)).chain(waiting.into_iter().map(|id| (id, true))) {
+            if budget == 0 {
+                break;
+            }
+            // A step that had to preempt starts nothing new: the blocks it freed are for the
+            // decodes, and the victim must not be restarted (recomputed) in the very step that
+            // evicted it.
+            if new && (self.running.len() >= self.policy.max_sequences as usize || !preempted.is_empty()) {
+                break;
+            }
+            let s = &self.seqs[&id];
+            let (computed, held) = (s.computed, s.table.len() as u32);
+            let mut n = s.pending().min(budget);
+            if let Some(cap) = cap {
+                let base = StepShape { context: shape.context + u64::from(computed), ..shape };
+                n = self.estimator.prefill_within(base, cap, n);
+            }
+            let reserve = if new { self.policy.watermark } else { 0 };
+            let room = (held + self.pool.free().saturating_sub(reserve)) * block_size;
+            n = n.min(room.saturating_sub(computed));
+            if n == 0 {
+                if new {
+                    break;
+                }
+                continue;
+            }
+            if new {
+                self.dequeue(id);
+                self.running.push(id);
+            }
+            let seq = self.seqs.get_mut(&id).expect("held");
+            seq.running = true;
+            seq.started.get_or_insert(now);
+            let grown = self.pool.grow(&mut seq.table, computed + n);
+            debug_assert!(grown, "room was checked");
+            let sample = computed + n == seq.known();
+            members.push(Member {
+                id,
+                start: computed,
+                len: n,
+                sample,
+                decode: false,
+                prompt: seq.request.prompt,
+                blocks: seq.table.clone(),
+            });
+            shape.prefill += n;
+            shape.context += u64::from(computed + n);
+            budget -= n;
+        }
+        if members.is_empty() {
+            return None;
+        }
+        let expected = self.estimator.estimate(shape);
+        Some(StepPlan { members, shape, expected })
+    }
+
+    /// Applies a step that ended at `now`: each member's tokens are computed, those that sampled
+    /// have a new token; `stopped` says which the model ended (end-of-sequence, `stop` string).
+    /// Members no longer held (cancelled, or ended at a deadline during the step) are skipped and
+    /// counted in the returned number of late results.
+    pub fn complete(&mut self, plan: &StepPlan, now: Instant, stopped: &dyn Fn(SeqId) -> bool) -> (Vec<Progress>, u64) {
+        let mut progress = Vec::new();
+        let mut late = 0;
+        for m in &plan.members {
+            let Some(seq) = self.seqs.get_mut(&m.id) else {
+                late += u64::from(m.sample);
+                continue;
+            };
+            debug_assert!(seq.running && seq.computed == m.start, "a member runs as planned");
+            seq.computed += m.len;
+            if !m.sample {
+                continue;
+            }
+            seq.generated += 1;
+            let first = seq.first_token.is_none();
+            let r = seq.request;
+            let refusal = if self.forecasting {
+                None
+            } else if first && now > r.ttft_deadline {
+                Some(ttft_passed(seq, now))
+            } else if now > r.deadline {
+                Some(deadline_passed(seq, now))
+            } else {
+                None
+            };
+            if let Some(refusal) = refusal {
+                late += 1;
+                self.remove(m.id);
+                progress.push(Progress::Expired { id: m.id, refusal });
+                continue;
+            }
+            seq.first_token.get_or_insert(now);
+            progress.push(Progress::Token { id: m.id, first });
+            let reason = if stopped(m.id) {
+                Some(FinishReason::Stop)
+            } else if seq.generated == r.max_tokens {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                self.remove(m.id);
+                progress.push(Progress::Finished { id: m.id, reason });
+            }
+        }
+        (progress, late)
+    }
+
+    /// A step failed: its members' KV is in an unknown state, so each gives its blocks back and
+    /// waits to be recomputed (the tokens it produced are kept).
+    pub fn fail(&mut self, plan: &StepPlan) {
+        for m in &plan.members {
+            if self.seqs.get(&m.id).is_some_and(|s| s.running) {
+                self.preempt(m.id);
+            }
+        }
+    }
+}
+
+fn deadline_passed(s: &Seq, now: Instant) -> Refusal {
+    let r = &s.request;
+    Refusal::new(
+        Outcome::Expired,
+        format!(
+            "deadline passed after {} of {} tokens: {} ms after arrival; the deadline was {} ms",
+            s.generated,
+            r.max_tokens,
+            (now - r.arrival).as_millis(),
+            (r.deadline - r.arrival).as_millis()
+        ),
+    )
+}
+
+fn ttft_passed(s: &Seq, now: Instant) -> Refusal {
+    let r = &s.request;
+    Refusal::new(
+        Outcome::Expired,
+        format!(
+            "no first token by the TTFT deadline: {} ms after arrival; the TTFT deadline was {} ms",
+            (now - r.arrival).as_millis(),
+            (r.ttft_deadline - r.arrival).as_millis()
+        ),
+    )
+}

@@ -1,0 +1,59 @@
+//! What the generation scheduler knows of a request: its prompt's length, how many tokens it may
+//! produce, its three promises (first token, inter-token time, completion) and its priority —
+//! never its text, its tokens or its connection.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::outcome::Refusal;
+use crate::ticket::Priority;
+
+/// Sidecar-internal sequence number, assigned at arrival in increasing order.
+pub type SeqId = u64;
+
+/// One generation request as the scheduler sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    pub id: SeqId,
+    pub arrival: Instant,
+    pub priority: Priority,
+    /// Prompt tokens.
+    pub prompt: u32,
+    /// The most tokens it may produce (`max_tokens`).
+    pub max_tokens: u32,
+    /// Payload size, counted against the queue's byte bound.
+    pub bytes: u64,
+    /// Its first token by then, or 504 before any byte of the answer.
+    pub ttft_deadline: Instant,
+    /// The longest step the scheduler may run while it decodes.
+    pub itl: Duration,
+    /// The whole answer by then.
+    pub deadline: Instant,
+}
+
+/// Why a sequence finished successfully, as OpenAI's `finish_reason` says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// It produced `max_tokens` tokens.
+    Length,
+    /// The model ended it (an end-of-sequence token, or a `stop` string).
+    Stop,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Length => "length",
+            FinishReason::Stop => "stop",
+        }
+    }
+}
+
+/// How a sequence ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    Finished(FinishReason),
+    /// Refused at admission, or ended without finishing (deadline, failure).
+    Refused(Refusal),
+}

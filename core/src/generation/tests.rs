@@ -1,0 +1,187 @@
+//! The step rule to the millisecond, on a replayed engine whose step takes
+//! 10 ms + 1 ms per decoding sequence + 0.1 ms per prefill token.
+
+use std::time::Duration;
+
+use super::replay::{replay, Arrival, Ending, Setup, Trace};
+use super::scheduler::Policy;
+use super::sequence::FinishReason;
+use super::step::StepCost;
+use crate::outcome::Outcome;
+use crate::ticket::Priority;
+
+const MS: Duration = Duration::from_millis(1);
+const US: Duration = Duration::from_micros(1);
+
+fn cost() -> StepCost {
+    StepCost { fixed: 10 * MS, per_decode: MS, per_prefill_token: 100 * US, per_context_token: Duration::ZERO }
+}
+
+fn policy() -> Policy {
+    Policy {
+        max_batch_tokens: 2048,
+        max_sequences: 64,
+        max_queue: 1024,
+        max_queue_bytes: 1 << 30,
+        max_queue_tokens: 1 << 30,
+        max_context: 100_000,
+        watermark: 0,
+    }
+}
+
+fn setup() -> Setup {
+    Setup { policy: policy(), blocks: 10_000, block_size: 16, cost: cost(), prior: cost(), margin: Duration::ZERO }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn times(trace: &Trace, i: usize) -> Vec<f64> {
+    trace.fates[i].tokens.iter().map(|d| ms(*d)).collect()
+}
+
+fn finished(trace: &Trace, i: usize) -> bool {
+    matches!(trace.fates[i].end, Some((_, Ending::Finished(_))))
+}
+
+#[test]
+fn a_request_arriving_while_others_decode_gets_its_first_token_after_one_step() {
+    // A: its 10-token prefill takes 11 ms, then each decode 11 ms.
+    // B arrives at 30 during A's step 22..33; the next step (33..45) decodes A and prefills B.
+    let trace = replay(setup(), &[Arrival::new(0, 10, 20), Arrival::new(30, 10, 5)]);
+    let a = times(&trace, 0);
+    assert_eq!(&a[..4], &[11.0, 22.0, 33.0, 45.0]);
+    assert_eq!(times(&trace, 1)[0], 45.0, "B's first token one step after it could join, not after A ends");
+    let b = times(&trace, 1);
+    assert_eq!(b, vec![45.0, 57.0, 69.0, 81.0, 93.0], "then A and B decode together, 12 ms a step");
+    assert!(finished(&trace, 0) && finished(&trace, 1));
+    assert_eq!(trace.fates[1].ids, trace.fates[1].expected);
+    // After B leaves at 93, A's steps are 11 ms again.
+    assert_eq!(a[8], 104.0);
+    assert_eq!(*a.last().unwrap(), 104.0 + 11.0 * 11.0);
+}
+
+#[test]
+fn a_long_prompt_is_prefilled_in_chunks_while_short_sequences_keep_their_inter_token_target() {
+    // A decodes with a 20 ms inter-token target; B's 1000-token prompt arrives. A step with A's
+    // decode takes 11 ms, so 90 prefill tokens fit beside it (20 ms): 11 chunks of 90, then 10.
+    let trace = replay(setup(), &[Arrival::new(0, 10, 40).itl_ms(20), Arrival::new(11, 1000, 2)]);
+    let chunks: Vec<u32> =
+        trace.steps.iter().filter_map(|s| s.plan.members.iter().find(|m| m.id == 1).map(|m| m.len)).take(13).collect();
+    assert_eq!(chunks, [vec![90; 11], vec![10], vec![1]].concat());
+    for step in &trace.steps {
+        if step.plan.members.iter().any(|m| m.id == 0 && m.decode) {
+            assert!(step.took <= 20 * MS, "a step of {:?} while A decodes: {:?}", step.took, step.plan.shape);
+        }
+    }
+    let a = times(&trace, 0);
+    let gaps: Vec<f64> = a.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(gaps.iter().all(|g| *g <= 20.0), "{gaps:?}");
+    assert_eq!(&gaps[..11], &[20.0; 11], "every step with a chunk is cut to exactly the target");
+    // B's first token: the 12th chunk (10 tokens, 12 ms) ends at 11 + 11 × 20 + 12.
+    assert_eq!(times(&trace, 1)[0], 243.0);
+    assert!(finished(&trace, 0) && finished(&trace, 1));
+}
+
+#[test]
+fn kv_exhaustion_preempts_the_cheapest_sequence_which_later_finishes_with_exactly_its_tokens() {
+    // 8 blocks of 4 tokens; A and B each need 5 blocks at their longest, 10 together. B is
+    // batch-tier, so B gives its blocks back when a decode finds none free.
+    let s = Setup { blocks: 8, block_size: 4, ..setup() };
+    let trace = replay(s, &[Arrival::new(0, 8, 12), Arrival::new(0, 8, 12).priority(Priority::Batch)]);
+    assert_eq!((trace.fates[0].preempted, trace.fates[1].preempted), (0, 1));
+    for i in 0..2 {
+        assert_eq!(trace.fates[i].ids, trace.fates[i].expected, "sequence {i}'s tokens");
+        assert_eq!(trace.fates[i].end.as_ref().unwrap().1, Ending::Finished(FinishReason::Length));
+    }
+    // Both decoded side by side until, with 16 tokens computed each, A's decode found no fifth block: B,
+    // batch-tier, gave its 4 blocks back in that step, which ran A alone; the next step began
+    // B's recompute from its prompt and the 9 tokens it had produced, in the blocks still free.
+    let evicting = trace.steps.iter().position(|s| s.plan.members.iter().any(|m| m.id == 0 && m.start == 16)).unwrap();
+    let step = &trace.steps[evicting];
+    assert_eq!(step.plan.members.iter().map(|m| m.id).collect::<Vec<_>>(), vec![0], "the evicting step runs A alone");
+    let next = &trace.steps[evicting + 1];
+    let b = next.plan.members.iter().find(|m| m.id == 1).expect("B restarts in the next step");
+    assert_eq!((b.start, b.len), (0, 12), "from its first token, as much as the 3 free blocks hold");
+    assert_eq!(next.started, step.started + step.took);
+    assert_eq!(trace.fates[1].tokens.iter().filter(|t| **t <= step.started).count(), 9);
+    assert!(trace.steps.iter().all(|s| s.held_blocks <= 8));
+    assert!(trace.quiet.iter().all(|(used, held)| used == held));
+}
+
+#[test]
+fn an_infeasible_ttft_is_refused_at_arrival_with_the_estimate() {
+    // A 1000-token prefill takes 110 ms; the caller allows 50.
+    let trace = replay(setup(), &[Arrival::new(5, 1000, 10).ttft_ms(50)]);
+    let (at, ending) = trace.fates[0].end.clone().unwrap();
+    assert_eq!(at, 5 * MS);
+    assert!(!trace.fates[0].admitted);
+    let Ending::Refused(refusal) = ending else { panic!("refused") };
+    assert_eq!(refusal.outcome, Outcome::Infeasible);
+    assert!(refusal.message.contains("first token is forecast 110 ms after arrival"), "{}", refusal.message);
+    assert!(refusal.message.contains("the TTFT deadline is 50 ms"), "{}", refusal.message);
+    assert!(trace.steps.is_empty());
+}
+
+#[test]
+fn a_completion_that_cannot_fit_is_refused_with_the_max_tokens_that_would() {
+    // 11 ms for the prefill and the first token, then 11 ms a token: 100 ms hold 9 tokens.
+    let trace = replay(setup(), &[Arrival::new(0, 10, 50).timeout_ms(100)]);
+    let Some((_, Ending::Refused(refusal))) = trace.fates[0].end.clone() else { panic!("refused") };
+    assert_eq!(refusal.outcome, Outcome::Infeasible);
+    assert!(
+        refusal.message.contains("max_tokens 50 is forecast to finish 550 ms after arrival"),
+        "{}",
+        refusal.message
+    );
+    assert!(refusal.message.contains("a max_tokens of 9 would fit"), "{}", refusal.message);
+    let trace = replay(setup(), &[Arrival::new(0, 10, 9).timeout_ms(100)]);
+    assert!(finished(&trace, 0), "and 9 does");
+    assert_eq!(*times(&trace, 0).last().unwrap(), 99.0);
+}
+
+#[test]
+fn a_sequence_past_its_completion_deadline_ends_at_it() {
+    // The estimate says 10 ms a step; the engine takes 200. The deadline (100 ms) passes
+    // during the first step: the sequence ends at 100, and the step's token is late.
+    let slow = StepCost { fixed: 200 * MS, ..StepCost::default() };
+    let trace = replay(Setup { cost: slow, ..setup() }, &[Arrival::new(0, 4, 2).timeout_ms(100)]);
+    let (at, ending) = trace.fates[0].end.clone().unwrap();
+    assert_eq!(at, 100 * MS);
+    let Ending::Refused(refusal) = ending else { panic!("expired") };
+    assert_eq!(refusal.outcome, Outcome::Expired);
+    assert!(trace.fates[0].tokens.is_empty(), "no token after the deadline");
+}
+
+#[test]
+fn a_sequence_that_can_no_longer_finish_is_ended_at_once() {
+    // Admitted on a 10 ms estimate; the engine takes 30 ms a step, and the estimator learns it
+    // from the first one. At 30 ms, 9 tokens are left and need at least 9 × 30 ms: past the
+    // 150 ms deadline, so the sequence ends then rather than decoding in vain.
+    let slow = StepCost { fixed: 30 * MS, ..StepCost::default() };
+    let trace = replay(Setup { cost: slow, ..setup() }, &[Arrival::new(0, 4, 10).timeout_ms(150)]);
+    let (at, ending) = trace.fates[0].end.clone().unwrap();
+    assert_eq!(at, 30 * MS);
+    assert_eq!(times(&trace, 0), vec![30.0], "its first token was sent");
+    let Ending::Refused(refusal) = ending else { panic!("ended") };
+    assert_eq!(refusal.outcome, Outcome::Expired);
+    assert!(refusal.message.contains("deadline cannot be met: after 1 of 10 tokens"), "{}", refusal.message);
+}
+
+#[test]
+fn a_new_sequence_waits_for_a_seat() {
+    let s = Setup { policy: Policy { max_sequences: 1, ..policy() }, ..setup() };
+    let trace = replay(s, &[Arrival::new(0, 10, 3), Arrival::new(0, 10, 3)]);
+    assert_eq!(times(&trace, 0), vec![11.0, 22.0, 33.0]);
+    assert_eq!(times(&trace, 1), vec![44.0, 55.0, 66.0], "B starts when A leaves its seat");
+}
+
+#[test]
+fn a_cancelled_sequence_frees_its_blocks_at_once() {
+    let trace = replay(setup(), &[Arrival::new(0, 40, 100).cancel_after_ms(50), Arrival::new(0, 10, 5)]);
+    assert_eq!(trace.fates[0].end.as_ref().unwrap().1, Ending::Cancelled);
+    assert!(trace.steps.iter().filter(|s| s.started >= 50 * MS).all(|s| s.plan.members.iter().all(|m| m.id != 0)));
+    assert!(trace.quiet.iter().all(|(used, held)| used == held));
+    assert_eq!(trace.quiet.last(), Some(&(0, 0)));
+}

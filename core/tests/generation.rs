@@ -1,0 +1,163 @@
+//! Property tests of the generation scheduler over random traces, replayed in virtual time with
+//! the `sim-llm` model reading its tokens back from the KV blocks it was given.
+//! `PROPTEST_CASES` overrides the number of cases (300 by default).
+
+use std::time::Duration;
+
+use ferry_core::generation::replay::{replay, Arrival, Ending, Setup, Trace};
+use ferry_core::generation::scheduler::Policy;
+use ferry_core::generation::step::StepCost;
+use ferry_core::outcome::Outcome;
+use ferry_core::ticket::Priority;
+use proptest::prelude::*;
+
+const US: Duration = Duration::from_micros(1);
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300)
+}
+
+fn setup() -> impl Strategy<Value = Setup> {
+    (
+        16u32..600,
+        1u32..12,
+        4u32..120,
+        prop::sample::select(vec![1u32, 4, 16]),
+        0u32..3,
+        (2_000u64..20_000, 0u64..2_000, 0u64..200),
+    )
+        .prop_map(|(tokens, seqs, blocks, block_size, watermark, (fixed, decode, prefill))| {
+            let cost = StepCost {
+                fixed: US * fixed as u32,
+                per_decode: US * decode as u32,
+                per_prefill_token: US * prefill as u32,
+                per_context_token: Duration::ZERO,
+            };
+            Setup {
+                policy: Policy {
+                    max_batch_tokens: tokens,
+                    max_sequences: seqs,
+                    max_queue: 64,
+                    max_queue_bytes: 1 << 30,
+                    max_queue_tokens: 1 << 20,
+                    max_context: 4096,
+                    watermark: watermark.min(blocks - 1),
+                },
+                blocks,
+                block_size,
+                cost,
+                prior: cost,
+                margin: Duration::from_millis(1),
+            }
+        })
+}
+
+fn arrival(cancels: bool) -> impl Strategy<Value = Arrival> {
+    (
+        0u64..400,
+        1u32..200,
+        1u32..40,
+        (20u64..2_000, 5u64..500, 20u64..5_000),
+        prop::bool::weighted(0.3),
+        prop::option::weighted(0.2, 1u64..300),
+    )
+        .prop_map(move |(at, prompt, max_tokens, (ttft, itl, timeout), batch, cancel)| {
+            let mut a = Arrival::new(at, prompt, max_tokens).ttft_ms(ttft).itl_ms(itl).timeout_ms(timeout);
+            if batch {
+                a = a.priority(Priority::Batch);
+            }
+            if let Some(after) = cancel.filter(|_| cancels) {
+                a = a.cancel_after_ms(after);
+            }
+            a
+        })
+}
+
+/// What holds for every trace, whatever the estimates.
+fn invariants(setup: &Setup, arrivals: &[Arrival], trace: &Trace) -> Result<(), TestCaseError> {
+    for step in &trace.steps {
+        let shape = step.plan.shape;
+        prop_assert!(shape.tokens() <= setup.policy.max_batch_tokens, "a step of {} tokens", shape.tokens());
+        prop_assert!(step.plan.members.len() <= setup.policy.max_sequences as usize);
+        let mut blocks: Vec<u32> = step.plan.members.iter().flat_map(|m| m.blocks.iter().copied()).collect();
+        let n = blocks.len();
+        blocks.sort_unstable();
+        blocks.dedup();
+        prop_assert_eq!(blocks.len(), n, "a block in two tables of one step");
+        prop_assert!(blocks.iter().all(|b| *b < setup.blocks));
+        for m in &step.plan.members {
+            prop_assert!(
+                m.blocks.len() as u32 * setup.block_size >= m.start + m.len,
+                "a table too short for its tokens"
+            );
+        }
+    }
+    for (used, held) in &trace.quiet {
+        prop_assert_eq!(used, held, "KV blocks leaked or double-counted");
+    }
+    prop_assert_eq!(trace.quiet.last().copied(), Some((0, 0)), "blocks left held at the end");
+    prop_assert_eq!(trace.double_ends, 0, "a sequence ended twice");
+    let (mut admitted, mut ended) = (0, 0);
+    for (i, fate) in trace.fates.iter().enumerate() {
+        let Some((_, ending)) = &fate.end else {
+            return Err(TestCaseError::fail(format!("request {i} never ended")));
+        };
+        prop_assert_eq!(&fate.ids[..], &fate.expected[..fate.ids.len()], "request {} got tokens not its own", i);
+        if let Ending::Finished(_) = ending {
+            prop_assert_eq!(fate.ids.len(), arrivals[i].max_tokens as usize, "sim-llm answers exactly max_tokens");
+        }
+        if fate.admitted {
+            admitted += 1;
+            ended += u32::from(match ending {
+                Ending::Finished(_) | Ending::Cancelled => true,
+                Ending::Refused(r) => matches!(r.outcome, Outcome::Expired | Outcome::Failed),
+            });
+            if let (Some(first), Some(last)) = (fate.tokens.first(), fate.tokens.last()) {
+                prop_assert!(*first <= arrivals[i].at + arrivals[i].ttft, "a first token after its TTFT deadline");
+                prop_assert!(*last <= arrivals[i].at + arrivals[i].timeout, "a token after its deadline");
+            }
+        } else {
+            prop_assert!(fate.tokens.is_empty());
+        }
+    }
+    prop_assert_eq!(admitted, ended, "conservation: admitted = ok + expired + cancelled + failed");
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+    #[test]
+    fn steps_respect_the_budget_and_blocks_never_leak(
+        setup in setup(),
+        arrivals in prop::collection::vec(arrival(true), 1..40),
+        slower in 1u32..4,
+    ) {
+        // The engine is up to 3× slower than the estimator starts out believing.
+        let truth = StepCost { fixed: setup.cost.fixed * slower, ..setup.cost };
+        let s = Setup { cost: truth, ..setup };
+        let trace = replay(s, &arrivals);
+        invariants(&s, &arrivals, &trace)?;
+    }
+
+    #[test]
+    fn with_exact_estimates_no_admitted_sequence_misses_a_promise(
+        setup in setup(),
+        arrivals in prop::collection::vec(arrival(false), 1..40),
+    ) {
+        let trace = replay(setup, &arrivals);
+        invariants(&setup, &arrivals, &trace)?;
+        for (i, fate) in trace.fates.iter().enumerate().filter(|(_, f)| f.admitted) {
+            prop_assert!(
+                matches!(fate.end, Some((_, Ending::Finished(_)))),
+                "admitted request {} ({:?}) ended {:?}", i, arrivals[i], fate.end
+            );
+        }
+        for step in &trace.steps {
+            for m in step.plan.members.iter().filter(|m| m.decode) {
+                let itl = arrivals[m.id as usize].itl;
+                prop_assert!(step.took <= itl, "a {:?} step while request {} (target {:?}) decodes", step.took, m.id, itl);
+            }
+        }
+    }
+}
