@@ -32,7 +32,42 @@ pub const WORKERS: &str = "ferry_workers";
 /// Counter: engine results discarded (stale attempt, or after the deadline).
 pub const LATE_RESULTS: &str = "ferry_late_results_total";
 
-/// Every metric name above, for tests that check an exposition against the contract.
+/// Histogram: seconds from arrival to a generation's first token.
+pub const TIME_TO_FIRST_TOKEN: &str = "ferry_time_to_first_token_seconds";
+/// Histogram: seconds between consecutive tokens of a generation.
+pub const INTER_TOKEN_LATENCY: &str = "ferry_inter_token_latency_seconds";
+/// Gauge: generation sequences by [`STATE`] (`running`, holding KV blocks, or `waiting`).
+pub const SEQUENCES: &str = "ferry_sequences";
+/// Gauge: KV-cache blocks by [`STATE`] (`used` or `free`).
+pub const KV_BLOCKS: &str = "ferry_kv_blocks";
+/// Gauge: used KV blocks over all blocks.
+pub const KV_USAGE: &str = "ferry_kv_usage_ratio";
+/// Counter: sequences that gave their KV blocks back to be recomputed.
+pub const PREEMPTIONS: &str = "ferry_preemptions_total";
+/// Counter: prompt tokens of admitted generations.
+pub const PROMPT_TOKENS: &str = "ferry_prompt_tokens_total";
+/// Counter: tokens generated and sent.
+pub const GENERATION_TOKENS: &str = "ferry_generation_tokens_total";
+/// Histogram: tokens fed to the model per engine step.
+pub const STEP_TOKENS: &str = "ferry_step_tokens";
+/// Histogram: engine seconds per step.
+pub const STEP_DURATION: &str = "ferry_step_duration_seconds";
+
+/// The generation metrics above, for tests that check an exposition against the contract.
+pub const GENERATION: [&str; 10] = [
+    TIME_TO_FIRST_TOKEN,
+    INTER_TOKEN_LATENCY,
+    SEQUENCES,
+    KV_BLOCKS,
+    KV_USAGE,
+    PREEMPTIONS,
+    PROMPT_TOKENS,
+    GENERATION_TOKENS,
+    STEP_TOKENS,
+    STEP_DURATION,
+];
+
+/// Every request-level metric name above, for tests that check an exposition against the contract.
 pub const ALL: [&str; 10] = [
     REQUESTS,
     QUEUE_DEPTH,

@@ -62,6 +62,9 @@ pub struct InferenceServiceSpec {
     pub batching: BatchingSpec,
     #[serde(default)]
     pub scaling: ScalingSpec,
+    /// The knobs of generation engines (`sim-llm`, `llm`, `openai`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<GenerationSpec>,
 }
 
 /// Which model version is served, and where its files are.
@@ -98,6 +101,9 @@ pub enum EngineKind {
     Cuda,
     /// An inference server (Triton, vLLM, ...) beside the sidecar in the pod.
     Remote,
+    /// Simulated text generation, scheduled per engine step (tests, demos, capacity planning).
+    #[serde(rename = "sim-llm")]
+    SimLlm,
 }
 
 impl EngineKind {
@@ -106,7 +112,13 @@ impl EngineKind {
             EngineKind::Sim => "sim",
             EngineKind::Cuda => "cuda",
             EngineKind::Remote => "remote",
+            EngineKind::SimLlm => "sim-llm",
         }
+    }
+
+    /// Whether the engine generates text (scheduled per step) rather than running batches.
+    pub fn generates(self) -> bool {
+        matches!(self, EngineKind::SimLlm)
     }
 }
 
@@ -153,6 +165,15 @@ pub struct SimSpec {
     /// Extra time per row.
     #[serde(default = "zero")]
     pub per_item: GatewayDuration,
+    /// `sim-llm`: fixed time per step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_time: Option<FineDuration>,
+    /// `sim-llm`: extra time per prefill token (`50us`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_per_token: Option<FineDuration>,
+    /// `sim-llm`: extra time per decoding sequence (`200us`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_per_seq: Option<FineDuration>,
 }
 
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
@@ -241,6 +262,40 @@ impl Default for ScalingSpec {
     }
 }
 
+/// How a generation engine schedules its steps (DESIGN.md, "Generation knobs"). Absent fields
+/// take the sidecar's defaults.
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct GenerationSpec {
+    /// Tokens one engine step may feed the model (default 2048).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(range(min = 1, max = 1048576)))]
+    pub max_batch_tokens: Option<u32>,
+    /// Sequences running at once (default 64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(range(min = 1, max = 65536)))]
+    pub max_sequences: Option<u32>,
+    /// Default deadline of the first token (default 1s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_budget: Option<GatewayDuration>,
+    /// Default inter-token target: the longest step while a sequence decodes (default 200ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_inter_token_latency: Option<GatewayDuration>,
+    /// Tokens per KV-cache block (default 16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(range(min = 1, max = 1024)))]
+    pub kv_block_size: Option<u32>,
+    /// KV-cache blocks (`sim-llm`; default 4096).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(range(min = 1)))]
+    pub kv_blocks: Option<u32>,
+    /// Prompt tokens waiting to be prefilled, per worker pod (default 262144).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(range(min = 1)))]
+    pub max_queue_tokens: Option<u64>,
+}
+
 /// A duration in the Gateway API format (`10ms`, `1s`, `5m`, `1h`, `1m30s`), kept as written.
 /// Deserializing checks the format, so a manifest read locally is refused for the same text the
 /// CRD's pattern refuses in the cluster.
@@ -303,9 +358,59 @@ impl JsonSchema for GatewayDuration {
     }
 }
 
+/// A Gateway API duration or whole microseconds (`50us`), kept as written: the `sim-llm`
+/// engine's per-token costs are fractions of a millisecond.
+#[derive(Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct FineDuration(String);
+
+impl<'de> Deserialize<'de> for FineDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        crate::duration::parse_fine(&text).map_err(serde::de::Error::custom)?;
+        Ok(FineDuration(text))
+    }
+}
+
+impl FineDuration {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The duration (deserializing checked the text).
+    pub fn duration(&self) -> Duration {
+        crate::duration::parse_fine(&self.0).expect("a FineDuration holds a checked duration")
+    }
+}
+
+#[cfg(feature = "kube")]
+impl JsonSchema for FineDuration {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "FineDuration".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": crate::duration::FINE_PATTERN,
+            "description": "A duration in the Gateway API format (10ms, 1s) or whole microseconds (50us)",
+        })
+    }
+}
+
 impl Default for SimSpec {
     fn default() -> Self {
-        SimSpec { batch_time: default_batch_time(), per_item: zero() }
+        SimSpec {
+            batch_time: default_batch_time(),
+            per_item: zero(),
+            step_time: None,
+            prefill_per_token: None,
+            decode_per_seq: None,
+        }
     }
 }
 

@@ -189,6 +189,21 @@ pub fn sidecar_args(spec: &InferenceServiceSpec, checked: &Checked) -> Vec<Strin
             args.push(format!("--device={device}"));
         }
         EngineKind::Remote => args.push(format!("--upstream=http://127.0.0.1:{}", spec.engine.port)),
+        EngineKind::SimLlm => {
+            let sim = spec.engine.sim.clone().unwrap_or_default();
+            args.extend(sim.step_time.map(|d| format!("--sim-step-time={}", d.as_str())));
+            args.extend(sim.prefill_per_token.map(|d| format!("--sim-prefill-per-token={}", d.as_str())));
+            args.extend(sim.decode_per_seq.map(|d| format!("--sim-decode-per-seq={}", d.as_str())));
+        }
+    }
+    if let Some(g) = &spec.generation {
+        args.extend(g.max_batch_tokens.map(|n| format!("--max-batch-tokens={n}")));
+        args.extend(g.max_sequences.map(|n| format!("--max-sequences={n}")));
+        args.extend(g.ttft_budget.as_ref().map(|d| format!("--ttft-budget={}", d.as_str())));
+        args.extend(g.max_inter_token_latency.as_ref().map(|d| format!("--max-inter-token-latency={}", d.as_str())));
+        args.extend(g.kv_block_size.map(|n| format!("--kv-block-size={n}")));
+        args.extend(g.kv_blocks.map(|n| format!("--kv-blocks={n}")));
+        args.extend(g.max_queue_tokens.map(|n| format!("--max-queue-tokens={n}")));
     }
     args
 }
@@ -240,7 +255,7 @@ pub fn deployment(isvc: &InferenceService, images: &Images) -> Result<Deployment
     };
     let mut containers = Vec::new();
     match spec.engine.kind {
-        EngineKind::Sim => {}
+        EngineKind::Sim | EngineKind::SimLlm => {}
         EngineKind::Cuda => {
             sidecar.resources = Some(gpu_limits(gpus));
             sidecar.volume_mounts = mounts.clone();

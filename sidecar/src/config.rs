@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use crate::embed::{Device, Overflow};
 use crate::engine::sim::Faults;
+use crate::generation::sim::SimLlmTimes;
 use crate::idempotency;
 use ferry_core::duration;
 use ferry_core::ledger::RetryPolicy;
@@ -66,7 +67,7 @@ pub struct Cli {
     /// this much of every deadline for the answer's trip back. [default: 2ms]
     #[arg(long, env = "FERRY_DEADLINE_MARGIN", value_parser = duration::parse)]
     pub deadline_margin: Option<Duration>,
-    /// Engine kind (spec.engine.kind): sim, cuda or remote. [default: sim]
+    /// Engine kind (spec.engine.kind): sim, cuda, remote or sim-llm. [default: sim]
     #[arg(long, env = "FERRY_ENGINE")]
     pub engine: Option<String>,
     /// Fixed time per batch of the sim engine (spec.engine.sim.batchTime). [default: 100ms]
@@ -118,6 +119,49 @@ pub struct Cli {
     /// (cuda engine). [default: truncate]
     #[arg(long, env = "FERRY_LONG_INPUTS")]
     pub long_inputs: Option<String>,
+    /// Tokens one engine step may feed the model (spec.generation.maxBatchTokens). [default: 2048]
+    #[arg(long, env = "FERRY_MAX_BATCH_TOKENS")]
+    pub max_batch_tokens: Option<u32>,
+    /// Sequences running at once (spec.generation.maxSequences). [default: 64]
+    #[arg(long, env = "FERRY_MAX_SEQUENCES")]
+    pub max_sequences: Option<u32>,
+    /// Default deadline of a generation's first token (spec.generation.ttftBudget). [default: 1s]
+    #[arg(long, env = "FERRY_TTFT_BUDGET", value_parser = duration::parse)]
+    pub ttft_budget: Option<Duration>,
+    /// Default inter-token target: the longest step while a sequence decodes
+    /// (spec.generation.maxInterTokenLatency). [default: 200ms]
+    #[arg(long, env = "FERRY_MAX_INTER_TOKEN_LATENCY", value_parser = duration::parse)]
+    pub max_inter_token_latency: Option<Duration>,
+    /// KV-cache blocks of the sim-llm engine (spec.generation.kvBlocks). [default: 4096]
+    #[arg(long, env = "FERRY_KV_BLOCKS")]
+    pub kv_blocks: Option<u32>,
+    /// Tokens per KV-cache block (spec.generation.kvBlockSize). [default: 16]
+    #[arg(long, env = "FERRY_KV_BLOCK_SIZE")]
+    pub kv_block_size: Option<u32>,
+    /// Prompt tokens waiting to be prefilled (spec.generation.maxQueueTokens). [default: 262144]
+    #[arg(long, env = "FERRY_MAX_QUEUE_TOKENS")]
+    pub max_queue_tokens: Option<u64>,
+    /// Fixed time per step of the sim-llm engine (spec.engine.sim.stepTime). [default: 10ms]
+    #[arg(long, env = "FERRY_SIM_STEP_TIME", value_parser = duration::parse_fine)]
+    pub sim_step_time: Option<Duration>,
+    /// Time per prefill token of the sim-llm engine, e.g. 50us (spec.engine.sim.prefillPerToken). [default: 50us]
+    #[arg(long, env = "FERRY_SIM_PREFILL_PER_TOKEN", value_parser = duration::parse_fine)]
+    pub sim_prefill_per_token: Option<Duration>,
+    /// Time per decoding sequence of the sim-llm engine (spec.engine.sim.decodePerSeq). [default: 200us]
+    #[arg(long, env = "FERRY_SIM_DECODE_PER_SEQ", value_parser = duration::parse_fine)]
+    pub sim_decode_per_seq: Option<Duration>,
+}
+
+/// How generation is scheduled (engines `sim-llm`, `llm`, `openai`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GenerationSettings {
+    pub max_batch_tokens: u32,
+    pub max_sequences: u32,
+    pub ttft_budget: Duration,
+    pub max_inter_token_latency: Duration,
+    pub kv_blocks: u32,
+    pub kv_block_size: u32,
+    pub max_queue_tokens: u64,
 }
 
 /// The engine to run, with its settings.
@@ -139,6 +183,17 @@ pub enum EngineSettings {
         device: Device,
         long_inputs: Overflow,
     },
+    /// Simulated generation: the prompt cycled, steps of a configured time.
+    SimLlm {
+        times: SimLlmTimes,
+    },
+}
+
+impl EngineSettings {
+    /// Whether the engine generates text, scheduled per step.
+    pub fn generates(&self) -> bool {
+        matches!(self, EngineSettings::SimLlm { .. })
+    }
 }
 
 /// Everything resolved and checked.
@@ -160,6 +215,7 @@ pub struct Settings {
     pub retry: RetryPolicy,
     pub idempotency: idempotency::Limits,
     pub engine: EngineSettings,
+    pub generation: GenerationSettings,
 }
 
 /// A setting that cannot be used; the message names the field, the value and the rule.
@@ -200,7 +256,9 @@ impl Settings {
             engine: Default::default(),
             batching: Default::default(),
             scaling: Default::default(),
+            generation: None,
         });
+        let generation = spec.generation.unwrap_or_default();
         let (model, engine, batching) = (spec.model, spec.engine, spec.batching);
         let sim = engine.sim.unwrap_or_default();
         let latency_budget = cli.latency_budget.unwrap_or(batching.latency_budget.duration());
@@ -268,11 +326,42 @@ impl Settings {
                         })?,
                     },
                 },
+                "sim-llm" => EngineSettings::SimLlm {
+                    times: SimLlmTimes {
+                        step_time: cli
+                            .sim_step_time
+                            .or(sim.step_time.as_ref().map(|d| d.duration()))
+                            .unwrap_or(10 * MS),
+                        prefill_per_token: cli
+                            .sim_prefill_per_token
+                            .or(sim.prefill_per_token.as_ref().map(|d| d.duration()))
+                            .unwrap_or(Duration::from_micros(50)),
+                        decode_per_seq: cli
+                            .sim_decode_per_seq
+                            .or(sim.decode_per_seq.as_ref().map(|d| d.duration()))
+                            .unwrap_or(Duration::from_micros(200)),
+                    },
+                },
                 other => {
                     return Err(ConfigError(format!(
-                        "spec.engine.kind (--engine) is '{other}'; it must be one of sim, cuda, remote"
+                        "spec.engine.kind (--engine) is '{other}'; it must be one of sim, cuda, remote, sim-llm"
                     )))
                 }
+            },
+            generation: GenerationSettings {
+                max_batch_tokens: cli.max_batch_tokens.or(generation.max_batch_tokens).unwrap_or(2048),
+                max_sequences: cli.max_sequences.or(generation.max_sequences).unwrap_or(64),
+                ttft_budget: cli
+                    .ttft_budget
+                    .or(generation.ttft_budget.as_ref().map(|d| d.duration()))
+                    .unwrap_or(Duration::from_secs(1)),
+                max_inter_token_latency: cli
+                    .max_inter_token_latency
+                    .or(generation.max_inter_token_latency.as_ref().map(|d| d.duration()))
+                    .unwrap_or(200 * MS),
+                kv_blocks: cli.kv_blocks.or(generation.kv_blocks).unwrap_or(4096),
+                kv_block_size: cli.kv_block_size.or(generation.kv_block_size).unwrap_or(16),
+                max_queue_tokens: cli.max_queue_tokens.or(generation.max_queue_tokens).unwrap_or(1 << 18),
             },
         };
         s.check()?;
@@ -317,6 +406,24 @@ impl Settings {
         }
         if self.retry.watchdog_factor.is_nan() || self.retry.watchdog_factor < 1.0 {
             return fail(format!("--watchdog-factor is {}; it must be at least 1", self.retry.watchdog_factor));
+        }
+        let g = &self.generation;
+        for (field, value) in [
+            ("spec.generation.maxBatchTokens (--max-batch-tokens)", g.max_batch_tokens),
+            ("spec.generation.maxSequences (--max-sequences)", g.max_sequences),
+            ("spec.generation.kvBlocks (--kv-blocks)", g.kv_blocks),
+            ("spec.generation.kvBlockSize (--kv-block-size)", g.kv_block_size),
+        ] {
+            if value == 0 {
+                return fail(format!("{field} is 0; it must be at least 1"));
+            }
+        }
+        if g.ttft_budget.is_zero() || g.max_inter_token_latency.is_zero() {
+            return fail(format!(
+                "spec.generation.ttftBudget (--ttft-budget) is {} and maxInterTokenLatency (--max-inter-token-latency) is {}; both must be more than 0",
+                duration::format(g.ttft_budget),
+                duration::format(g.max_inter_token_latency)
+            ));
         }
         if self.max_request_bytes == 0 || self.max_queue_bytes < self.max_request_bytes {
             return fail(format!(

@@ -28,6 +28,7 @@ pub mod deadline;
 pub mod embed;
 pub mod engine;
 pub mod front;
+pub mod generation;
 pub mod idempotency;
 pub mod metrics;
 pub mod server;

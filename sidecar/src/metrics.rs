@@ -26,7 +26,21 @@ pub struct Metrics {
     batch_duration: HistogramVec,
     workers: IntGaugeVec,
     late_results: IntCounterVec,
+    ttft: HistogramVec,
+    itl: HistogramVec,
+    sequences: IntGaugeVec,
+    kv_blocks: IntGaugeVec,
+    kv_usage: prometheus::GaugeVec,
+    preemptions: IntCounterVec,
+    prompt_tokens: IntCounterVec,
+    generation_tokens: IntCounterVec,
+    step_tokens: HistogramVec,
+    step_duration: HistogramVec,
 }
+
+/// Inter-token latency buckets: 1 ms to 1 s.
+const ITL_SECONDS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0];
 
 const MV: &[&str] = &[metric::MODEL, metric::VERSION];
 
@@ -72,6 +86,32 @@ impl Metrics {
                 MV,
             )
             .expect("valid counter"),
+            ttft: hist(metric::TIME_TO_FIRST_TOKEN, "Time from arrival to the first token of a generation.", SECONDS.to_vec()),
+            itl: hist(metric::INTER_TOKEN_LATENCY, "Time between consecutive tokens of a generation.", ITL_SECONDS.to_vec()),
+            sequences: IntGaugeVec::new(
+                Opts::new(metric::SEQUENCES, "Generation sequences: running (holding KV blocks) or waiting."),
+                &with(metric::STATE),
+            )
+            .expect("valid gauge"),
+            kv_blocks: IntGaugeVec::new(Opts::new(metric::KV_BLOCKS, "KV-cache blocks by state."), &with(metric::STATE))
+                .expect("valid gauge"),
+            kv_usage: prometheus::GaugeVec::new(Opts::new(metric::KV_USAGE, "Used KV-cache blocks over all blocks."), MV)
+                .expect("valid gauge"),
+            preemptions: IntCounterVec::new(
+                Opts::new(metric::PREEMPTIONS, "Sequences that gave their KV blocks back, to be recomputed."),
+                MV,
+            )
+            .expect("valid counter"),
+            prompt_tokens: IntCounterVec::new(Opts::new(metric::PROMPT_TOKENS, "Prompt tokens of admitted generations."), MV)
+                .expect("valid counter"),
+            generation_tokens: IntCounterVec::new(Opts::new(metric::GENERATION_TOKENS, "Tokens generated and sent."), MV)
+                .expect("valid counter"),
+            step_tokens: hist(
+                metric::STEP_TOKENS,
+                "Tokens fed to the model per engine step.",
+                exponential_buckets(1.0, 2.0, 14).expect("valid buckets"),
+            ),
+            step_duration: hist(metric::STEP_DURATION, "Engine time per step.", SECONDS.to_vec()),
             registry,
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
@@ -85,6 +125,16 @@ impl Metrics {
             Box::new(m.batch_duration.clone()),
             Box::new(m.workers.clone()),
             Box::new(m.late_results.clone()),
+            Box::new(m.ttft.clone()),
+            Box::new(m.itl.clone()),
+            Box::new(m.sequences.clone()),
+            Box::new(m.kv_blocks.clone()),
+            Box::new(m.kv_usage.clone()),
+            Box::new(m.preemptions.clone()),
+            Box::new(m.prompt_tokens.clone()),
+            Box::new(m.generation_tokens.clone()),
+            Box::new(m.step_tokens.clone()),
+            Box::new(m.step_duration.clone()),
         ];
         for c in collectors {
             m.registry.register(c).expect("metric names are unique");
@@ -119,6 +169,34 @@ impl Metrics {
             busy: self.workers.with_label_values(&[model, version, "busy"]),
             idle: self.workers.with_label_values(&[model, version, "idle"]),
             late_results: self.late_results.with_label_values(&mv),
+        }
+    }
+
+    /// The handles of one generation model version: the request series it shares with
+    /// request-level services (outcomes, queue, durations) and the generation series.
+    pub fn generation(&self, model: &str, version: &str) -> GenerationMetrics {
+        let mv = [model, version];
+        let state = |v: &IntGaugeVec, s: &str| v.with_label_values(&[model, version, s]);
+        GenerationMetrics {
+            requests: self.outcomes(model, version),
+            queue_depth: self.queue_depth.with_label_values(&mv),
+            queue_bytes: self.queue_bytes.with_label_values(&mv),
+            oldest_age: self.oldest_age.with_label_values(&mv),
+            queue_wait: self.queue_wait.with_label_values(&mv),
+            request_duration: self.request_duration.with_label_values(&mv),
+            late_results: self.late_results.with_label_values(&mv),
+            ttft: self.ttft.with_label_values(&mv),
+            itl: self.itl.with_label_values(&mv),
+            running: state(&self.sequences, "running"),
+            waiting: state(&self.sequences, "waiting"),
+            kv_used: state(&self.kv_blocks, "used"),
+            kv_free: state(&self.kv_blocks, "free"),
+            kv_usage: self.kv_usage.with_label_values(&mv),
+            preemptions: self.preemptions.with_label_values(&mv),
+            prompt_tokens: self.prompt_tokens.with_label_values(&mv),
+            generation_tokens: self.generation_tokens.with_label_values(&mv),
+            step_tokens: self.step_tokens.with_label_values(&mv),
+            step_duration: self.step_duration.with_label_values(&mv),
         }
     }
 
@@ -170,6 +248,41 @@ pub struct ModelMetrics {
 }
 
 impl ModelMetrics {
+    /// Its `ferry_requests_total` series, for a request's [`crate::tally::Tally`].
+    pub fn outcomes(&self) -> &Outcomes {
+        &self.requests
+    }
+
+    pub fn outcome_total(&self, outcome: Outcome) -> u64 {
+        self.requests.total(outcome)
+    }
+}
+
+/// One generation model version's series.
+#[derive(Clone)]
+pub struct GenerationMetrics {
+    requests: Outcomes,
+    pub queue_depth: prometheus::IntGauge,
+    pub queue_bytes: prometheus::IntGauge,
+    pub oldest_age: prometheus::Gauge,
+    pub queue_wait: prometheus::Histogram,
+    pub request_duration: prometheus::Histogram,
+    pub late_results: prometheus::IntCounter,
+    pub ttft: prometheus::Histogram,
+    pub itl: prometheus::Histogram,
+    pub running: prometheus::IntGauge,
+    pub waiting: prometheus::IntGauge,
+    pub kv_used: prometheus::IntGauge,
+    pub kv_free: prometheus::IntGauge,
+    pub kv_usage: prometheus::Gauge,
+    pub preemptions: prometheus::IntCounter,
+    pub prompt_tokens: prometheus::IntCounter,
+    pub generation_tokens: prometheus::IntCounter,
+    pub step_tokens: prometheus::Histogram,
+    pub step_duration: prometheus::Histogram,
+}
+
+impl GenerationMetrics {
     /// Its `ferry_requests_total` series, for a request's [`crate::tally::Tally`].
     pub fn outcomes(&self) -> &Outcomes {
         &self.requests

@@ -17,9 +17,13 @@ use crate::engine::embedding::EmbeddingEngine;
 use crate::engine::remote::RemoteEngine;
 use crate::engine::sim::SimEngine;
 use crate::engine::Engine;
-use crate::front::{self, Front, Served};
+use crate::front::{self, Front, Generating, Served};
+use crate::generation::engine::{KvLayout, StepEngine};
+use crate::generation::shell::Generator;
+use crate::generation::sim::SimLlm;
 use crate::metrics::Metrics;
 use ferry_core::estimate::Estimator;
+use ferry_core::generation::{self, kv::BlockPool, step::StepEstimator};
 use ferry_core::scheduler::{Policy, Scheduler};
 
 /// How long, after the queue has drained, open connections get to finish before the process
@@ -73,6 +77,9 @@ pub async fn shutdown_signal() {
 /// cannot start (model files missing or malformed, the device asked for absent): the process
 /// should exit and say why rather than serve nothing.
 pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading), String> {
+    if settings.engine.generates() {
+        return Ok((build_generation(settings, metrics), Box::pin(std::future::pending())));
+    }
     let mut loading = None;
     let (engine, estimator): (Arc<dyn Engine>, Estimator) = match settings.engine {
         EngineSettings::Sim { batch_time, per_item, faults } => {
@@ -90,6 +97,7 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading),
             loading = Some((engine.clone(), loaded));
             (engine, Estimator::new(Duration::from_millis(100), Duration::ZERO))
         }
+        EngineSettings::SimLlm { .. } => unreachable!("generation engines are built by build_generation"),
     };
     let policy = Policy {
         max_batch_rows: settings.max_batch_size,
@@ -111,6 +119,7 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading),
     let batcher = served.batcher.clone();
     let front = Front::new(
         vec![Arc::new(served)],
+        Vec::new(),
         deadlines,
         settings.max_request_bytes,
         metrics.clone(),
@@ -151,6 +160,51 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading),
     Ok((front, loading))
 }
 
+/// The generation model version: its step engine, its ledger and the task around it.
+fn build_generation(settings: &Settings, metrics: &Metrics) -> Front {
+    let g = &settings.generation;
+    let engine: Arc<dyn StepEngine> = match settings.engine {
+        EngineSettings::SimLlm { times } => {
+            Arc::new(SimLlm::new(times, KvLayout { blocks: g.kv_blocks, block_size: g.kv_block_size }))
+        }
+        _ => unreachable!("only generation engines come here"),
+    };
+    let kv = engine.kv();
+    let policy = generation::scheduler::Policy {
+        max_batch_tokens: g.max_batch_tokens,
+        max_sequences: g.max_sequences,
+        max_queue: settings.max_queue,
+        max_queue_bytes: settings.max_queue_bytes,
+        max_queue_tokens: g.max_queue_tokens,
+        max_context: engine.model().context_length(),
+        // A new sequence leaves 1 % of the cache (at least a block) for the running decodes.
+        watermark: (kv.blocks / 100).max(1).min(kv.blocks - 1),
+    };
+    let scheduler = generation::scheduler::Scheduler::new(
+        policy,
+        BlockPool::new(kv.blocks, kv.block_size),
+        StepEstimator::new(engine.cost()),
+    );
+    let ledger = generation::ledger::Ledger::new(scheduler, settings.deadline_margin, settings.retry.max_attempts);
+    let served = Generating {
+        name: settings.model.clone(),
+        version: settings.version.clone(),
+        generator: Generator::spawn(ledger, engine.clone(), metrics.generation(&settings.model, &settings.version)),
+        engine,
+        ttft_budget: g.ttft_budget,
+        itl: g.max_inter_token_latency,
+    };
+    let deadlines = DeadlinePolicy { budget: settings.latency_budget, max_timeout: settings.max_timeout };
+    Front::new(
+        Vec::new(),
+        vec![Arc::new(served)],
+        deadlines,
+        settings.max_request_bytes,
+        metrics.clone(),
+        settings.idempotency,
+    )
+}
+
 /// Resolves, with the reason, only if the engine fails to load; pends forever otherwise.
 pub type Loading = std::pin::Pin<Box<dyn Future<Output = String> + Send>>;
 
@@ -187,7 +241,7 @@ pub async fn serve(
     let api = tokio::spawn(async move { api.await });
     let admin = tokio::spawn(async move { admin.await });
 
-    let died = futures::future::select_all(front.models.iter().map(|served| {
+    let batchers = front.models.iter().map(|served| {
         let served = served.clone();
         Box::pin(async move {
             served.batcher.stopped().await;
@@ -195,8 +249,19 @@ pub async fn serve(
                 "the batcher of model '{}' version '{}' stopped (a bug); exiting so that the pod restarts",
                 served.name, served.version
             )
-        })
-    }));
+        }) as std::pin::Pin<Box<dyn Future<Output = String> + Send>>
+    });
+    let generators = front.generators.iter().map(|served| {
+        let served = served.clone();
+        Box::pin(async move {
+            served.generator.stopped().await;
+            format!(
+                "the generator of model '{}' version '{}' stopped (a bug); exiting so that the pod restarts",
+                served.name, served.version
+            )
+        }) as std::pin::Pin<Box<dyn Future<Output = String> + Send>>
+    });
+    let died = futures::future::select_all(batchers.chain(generators));
     tokio::select! {
         () = shutdown => {}
         failure = loading => {
@@ -214,6 +279,9 @@ pub async fn serve(
     front.start_draining();
     for served in &front.models {
         served.batcher.drain().await;
+    }
+    for served in &front.generators {
+        served.generator.drain().await;
     }
     tracing::info!("queue drained; closing the listeners");
     let _ = stop_tx.send(true);

@@ -7,6 +7,9 @@
 //! - [`oip`]: the Open Inference Protocol's JSON (parse, encode, errors), with [`binary`], Triton's
 //!   binary tensor data extension.
 //! - [`openai`]: OpenAI's `POST /v1/embeddings` (parse, encode, errors in OpenAI's shape).
+//! - [`generate`]: OpenAI's `POST /v1/completions`, `POST /v1/chat/completions` (streamed as
+//!   server-sent events, or whole) and `GET /v1/models`, for generation models; [`prompt`] reads
+//!   their bodies.
 //! - [`admit`]: the pipeline every protocol shares: checks, deadline and priority, the engine's
 //!   own checks, submission to the batcher, and the answer's headers.
 //! - [`idempotent`]: the path of a request with an `idempotency-key`.
@@ -17,9 +20,11 @@
 
 mod admit;
 pub mod binary;
+pub mod generate;
 mod idempotent;
 pub mod oip;
 pub mod openai;
+pub mod prompt;
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,6 +41,8 @@ use serde_json::json;
 use crate::batcher::Batcher;
 use crate::deadline::DeadlinePolicy;
 use crate::engine::Engine;
+use crate::generation::engine::StepEngine;
+use crate::generation::shell::Generator;
 use crate::idempotency::{self, Store};
 use crate::metrics::{Metrics, Outcomes};
 use crate::tally::Tally;
@@ -63,9 +70,31 @@ impl Served {
     }
 }
 
+/// One generation model version served by this sidecar.
+pub struct Generating {
+    pub name: String,
+    pub version: String,
+    pub engine: Arc<dyn StepEngine>,
+    pub generator: Generator,
+    /// The default TTFT deadline and inter-token target.
+    pub ttft_budget: std::time::Duration,
+    pub itl: std::time::Duration,
+}
+
+impl Generating {
+    pub fn is_ready(&self) -> bool {
+        self.engine.ready() && self.generator.is_alive()
+    }
+}
+
 /// State shared by the handlers.
 pub struct Front {
+    /// Request-level (batched) model versions.
     pub models: Vec<Arc<Served>>,
+    /// Generation model versions.
+    pub generators: Vec<Arc<Generating>>,
+    /// When the process started, in Unix seconds (`created` of `/v1/models`).
+    pub started_unix: u64,
     pub deadlines: DeadlinePolicy,
     pub max_request_bytes: u64,
     pub metrics: Metrics,
@@ -79,14 +108,17 @@ pub struct Front {
 impl Front {
     pub fn new(
         models: Vec<Arc<Served>>,
+        generators: Vec<Arc<Generating>>,
         deadlines: DeadlinePolicy,
         max_request_bytes: u64,
         metrics: Metrics,
         idempotency: idempotency::Limits,
     ) -> Self {
-        assert!(!models.is_empty(), "a sidecar serves at least one model");
+        assert!(!models.is_empty() || !generators.is_empty(), "a sidecar serves at least one model");
         Front {
             models,
+            generators,
+            started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             deadlines,
             max_request_bytes,
             unknown: metrics.unknown_model(),
@@ -111,14 +143,49 @@ impl Front {
         Tally::new(self.unknown.clone())
     }
 
+    /// Every model name and version served, for messages.
+    fn served_list(&self) -> String {
+        let known: Vec<String> = self
+            .models
+            .iter()
+            .map(|m| (&m.name, &m.version))
+            .chain(self.generators.iter().map(|g| (&g.name, &g.version)))
+            .map(|(n, v)| format!("'{n}' (version {v})"))
+            .collect();
+        known.join(", ")
+    }
+
+    /// The generation model of that name.
+    fn find_generating(&self, name: &str) -> Result<&Arc<Generating>, Refusal> {
+        self.generators.iter().find(|g| g.name == name).ok_or_else(|| {
+            let what =
+                if self.models.iter().any(|m| m.name == name) { "is not a generation model" } else { "is unknown" };
+            Refusal::new(
+                Outcome::NotFound,
+                format!("model '{name}' {what}; this sidecar generates with {}", {
+                    let names: Vec<String> = self.generators.iter().map(|g| format!("'{}'", g.name)).collect();
+                    if names.is_empty() {
+                        "no model".to_owned()
+                    } else {
+                        names.join(", ")
+                    }
+                }),
+            )
+        })
+    }
+
     fn find(&self, name: &str, version: Option<&str>) -> Result<&Arc<Served>, Refusal> {
         let versions: Vec<&Arc<Served>> = self.models.iter().filter(|m| m.name == name).collect();
-        if versions.is_empty() {
-            let known: Vec<String> =
-                self.models.iter().map(|m| format!("'{}' (version {})", m.name, m.version)).collect();
+        if versions.is_empty() && self.generators.iter().any(|g| g.name == name) {
             return Err(Refusal::new(
                 Outcome::NotFound,
-                format!("unknown model '{name}'; this sidecar serves {}", known.join(", ")),
+                format!("model '{name}' is a generation model; use {} or {}", generate::COMPLETIONS, generate::CHAT),
+            ));
+        }
+        if versions.is_empty() {
+            return Err(Refusal::new(
+                Outcome::NotFound,
+                format!("unknown model '{name}'; this sidecar serves {}", self.served_list()),
             ));
         }
         match version {
@@ -149,6 +216,9 @@ pub fn api(front: Shared) -> Router {
         .route("/v2/models/{name}/infer", post(oip::infer))
         .route("/v2/models/{name}/versions/{version}/infer", post(oip::infer_version))
         .route(openai::PATH, post(openai::embeddings))
+        .route(generate::COMPLETIONS, post(generate::completions))
+        .route(generate::CHAT, post(generate::chat))
+        .route(generate::MODELS, get(generate::models))
         .fallback(no_route)
         .layer(middleware::from_fn_with_state(front.clone(), request_id))
         .with_state(front)
@@ -231,7 +301,9 @@ async fn live() -> Json<serde_json::Value> {
 }
 
 async fn ready(State(front): State<Shared>) -> Response {
-    let ready = !front.is_draining() && front.models.iter().all(|m| m.is_ready());
+    let ready = !front.is_draining()
+        && front.models.iter().all(|m| m.is_ready())
+        && front.generators.iter().all(|g| g.is_ready());
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(json!({ "ready": ready }))).into_response()
 }
@@ -288,6 +360,9 @@ fn readiness(front: &Front, name: &str, version: Option<&str>) -> Response {
 async fn metrics(State(front): State<Shared>) -> Response {
     for served in &front.models {
         served.batcher.refresh_age();
+    }
+    for served in &front.generators {
+        served.generator.refresh_age();
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], front.metrics.render()).into_response()
 }

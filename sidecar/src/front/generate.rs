@@ -1,0 +1,359 @@
+//! OpenAI's text generation endpoints on a generation model: `POST /v1/completions`,
+//! `POST /v1/chat/completions` (streamed as server-sent events ending in `data: [DONE]`, or
+//! whole), and `GET /v1/models`.
+//!
+//! The deadlines of DESIGN.md come from the headers: `x-ferry-ttft-ms` (or llm-d's
+//! `x-llm-d-slo-ttft-ms`) for the first token, `x-ferry-itl-ms` (or `x-llm-d-slo-tpot-ms`) for
+//! the inter-token target, `x-ferry-timeout-ms` for the whole answer. Nothing of the answer is
+//! sent before its first token: a refusal, or a first token that missed its deadline, is an
+//! error response with its status (503, 504). A stream that reaches its deadline ends with an
+//! error event and no `[DONE]`; a whole answer not finished by then is a 504.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use super::admit::read_body;
+use super::openai::error_body;
+use super::prompt::{self, Call, Kind, DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKENS};
+use super::{status_of, Front, Generating, Shared, PRIORITY, REQUEST_ID, SERVER_TIMING};
+use crate::deadline::TIMEOUT_HEADER;
+use crate::generation::shell::{Finished, Piece, Stream, Submission};
+use crate::tally::Tally;
+use ferry_core::outcome::{Outcome, Refusal};
+use ferry_core::ticket::Priority;
+
+pub const COMPLETIONS: &str = "/v1/completions";
+pub const CHAT: &str = "/v1/chat/completions";
+pub const MODELS: &str = "/v1/models";
+
+/// The deadline headers of a generation request, each with its alias from llm-d.
+pub const TTFT_HEADERS: [&str; 2] = ["x-ferry-ttft-ms", "x-llm-d-slo-ttft-ms"];
+pub const ITL_HEADERS: [&str; 2] = ["x-ferry-itl-ms", "x-llm-d-slo-tpot-ms"];
+
+/// Prompts larger than this are tokenized on the blocking pool.
+const OFFLOAD_BYTES: usize = 64 * 1024;
+
+pub(super) async fn completions(State(front): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    generate(front, headers, body, Kind::Completion).await
+}
+
+pub(super) async fn chat(State(front): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    generate(front, headers, body, Kind::Chat).await
+}
+
+/// `GET /v1/models`: every model this sidecar serves.
+pub(super) async fn models(State(front): State<Shared>) -> Json<Value> {
+    let created = front.started_unix;
+    let data: Vec<Value> = front
+        .generators
+        .iter()
+        .map(|g| (g.name.as_str(), g.engine.platform()))
+        .chain(front.models.iter().map(|m| (m.name.as_str(), m.engine.signature().platform.as_str())))
+        .map(|(id, owner)| json!({"id": id, "object": "model", "created": created, "owned_by": owner}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+/// An error in OpenAI's shape, with `Retry-After` where the refusal has one.
+fn error(refusal: &Refusal) -> Response {
+    let status = status_of(refusal.outcome);
+    let mut response = (status, Json(error_body(status, &refusal.message))).into_response();
+    if let Some(secs) = refusal.retry_after_secs() {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response
+}
+
+fn refuse(tally: Tally, refusal: Refusal) -> Response {
+    tally.count(refusal.outcome);
+    error(&refusal)
+}
+
+/// A header's whole milliseconds, more than zero.
+fn millis_header(headers: &HeaderMap, names: &[&str]) -> Result<Option<Duration>, Refusal> {
+    for name in names {
+        if let Some(value) = headers.get(*name) {
+            let text = value.to_str().map_err(|_| Refusal::invalid(format!("header {name} is not readable text")))?;
+            let ms: u64 = text.trim().parse().map_err(|_| {
+                Refusal::invalid(format!("{name} is '{text}'; it must be a whole number of milliseconds"))
+            })?;
+            if ms == 0 {
+                return Err(Refusal::invalid(format!("{name} is 0; a deadline must be in the future")));
+            }
+            return Ok(Some(Duration::from_millis(ms)));
+        }
+    }
+    Ok(None)
+}
+
+async fn generate(front: Shared, headers: HeaderMap, body: Body, kind: Kind) -> Response {
+    let arrival = Instant::now();
+    let mut tally = front.tally();
+    let bytes = match read_body(&front, &headers, body).await {
+        Ok(bytes) => bytes,
+        Err(refusal) => return refuse(tally, refusal),
+    };
+    let served = match prompt::model_of(&bytes).and_then(|model| front.find_generating(&model).cloned()) {
+        Ok(served) => served,
+        Err(refusal) => return refuse(tally, refusal),
+    };
+    tally.model(served.generator.metrics().outcomes());
+    match admit(&front, &served, &headers, bytes, kind, arrival).await {
+        Ok((submission, call)) => {
+            let stream = served.generator.submit(submission, tally);
+            answer(&served, &headers, call, kind, stream, arrival).await
+        }
+        Err(refusal) => refuse(tally, refusal),
+    }
+}
+
+/// Everything checked before the request reaches the generator.
+async fn admit(
+    front: &Front,
+    served: &Generating,
+    headers: &HeaderMap,
+    bytes: Bytes,
+    kind: Kind,
+    arrival: Instant,
+) -> Result<(Submission, Call), Refusal> {
+    if front.is_draining() {
+        return Err(Refusal::new(
+            Outcome::Draining,
+            "draining: this sidecar is shutting down and admits no new requests",
+        ));
+    }
+    if !served.engine.ready() {
+        return Err(Refusal::new(
+            Outcome::Unavailable,
+            format!("model '{}' is not ready: its engine is still loading", served.name),
+        )
+        .retry_after(Duration::from_secs(1)));
+    }
+    let size = bytes.len() as u64;
+    let engine = served.engine.clone();
+    let read = move || -> Result<(Call, Vec<u32>), Refusal> {
+        let model = engine.model();
+        let call = prompt::parse(&bytes, kind, model)?;
+        let tokens = model.encode(&call.prompt).map_err(Refusal::invalid)?;
+        if tokens.is_empty() {
+            return Err(Refusal::invalid("the prompt has no tokens"));
+        }
+        Ok((call, tokens))
+    };
+    // Tokenizing a large prompt takes a while: it runs on the blocking pool, not on the
+    // runtime's threads that every other request needs.
+    let (call, tokens) = if size as usize > OFFLOAD_BYTES {
+        tokio::task::spawn_blocking(read)
+            .await
+            .map_err(|e| Refusal::new(Outcome::Failed, format!("reading the request failed: {e}")))??
+    } else {
+        read()?
+    };
+    let text = |name: &str| -> Result<Option<&str>, Refusal> {
+        headers
+            .get(name)
+            .map(|v| v.to_str().map_err(|_| Refusal::invalid(format!("header {name} is not readable text"))))
+            .transpose()
+    };
+    let timeout = front.deadlines.timeout(text(TIMEOUT_HEADER)?, None)?;
+    let ttft = millis_header(headers, &TTFT_HEADERS)?.unwrap_or(served.ttft_budget).min(timeout);
+    let itl = millis_header(headers, &ITL_HEADERS)?.unwrap_or(served.itl);
+    let priority = match text(PRIORITY.as_str())? {
+        None => Priority::Interactive,
+        Some(t) => Priority::parse(t)
+            .ok_or_else(|| Refusal::invalid(format!("{PRIORITY} is '{t}'; it must be 'interactive' or 'batch'")))?,
+    };
+    let context = served.engine.model().context_length();
+    let default = match kind {
+        Kind::Completion => DEFAULT_MAX_TOKENS,
+        Kind::Chat => DEFAULT_CHAT_MAX_TOKENS,
+    };
+    let max_tokens = call.max_tokens.unwrap_or_else(|| default.min(context.saturating_sub(tokens.len() as u32).max(1)));
+    let submission = Submission {
+        prompt: tokens,
+        max_tokens,
+        sampling: call.sampling,
+        stop: call.stop.clone(),
+        priority,
+        bytes: size,
+        arrival,
+        ttft_deadline: arrival + ttft,
+        itl,
+        deadline: arrival + timeout,
+    };
+    Ok((submission, call))
+}
+
+/// What every chunk and answer of one request repeats.
+struct Frame {
+    id: String,
+    created: u64,
+    model: String,
+    kind: Kind,
+}
+
+impl Frame {
+    fn chunk(&self, text: &str, first: bool, finish: Option<&str>, usage: bool) -> Value {
+        let choice = match self.kind {
+            Kind::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish}),
+            Kind::Chat => {
+                let delta = match (first, finish) {
+                    (true, _) => json!({"role": "assistant", "content": text}),
+                    (false, Some(_)) => json!({}),
+                    (false, None) => json!({"content": text}),
+                };
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            }
+        };
+        let object = match self.kind {
+            Kind::Completion => "text_completion",
+            Kind::Chat => "chat.completion.chunk",
+        };
+        let mut chunk =
+            json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [choice]});
+        if usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+
+    fn usage_chunk(&self, f: &Finished) -> Value {
+        let object = match self.kind {
+            Kind::Completion => "text_completion",
+            Kind::Chat => "chat.completion.chunk",
+        };
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [], "usage": usage(f)})
+    }
+
+    fn whole(&self, text: String, f: &Finished) -> Value {
+        let (object, choice) = match self.kind {
+            Kind::Completion => (
+                "text_completion",
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": f.reason.as_str()}),
+            ),
+            Kind::Chat => (
+                "chat.completion",
+                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": f.reason.as_str()}),
+            ),
+        };
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [choice], "usage": usage(f)})
+    }
+}
+
+fn usage(f: &Finished) -> Value {
+    json!({"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens, "total_tokens": f.prompt_tokens + f.completion_tokens})
+}
+
+/// An SSE event carrying `value`.
+fn event(value: &Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+/// The event that ends a stream cut short: OpenAI's error shape, `deadline_exceeded` for a
+/// deadline; no `[DONE]` follows.
+fn error_event(refusal: &Refusal) -> Bytes {
+    let status = status_of(refusal.outcome);
+    let mut body = error_body(status, &refusal.message);
+    if refusal.outcome == Outcome::Expired {
+        body["error"]["type"] = Value::from("deadline_exceeded");
+    }
+    event(&body)
+}
+
+fn millis(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1000.0)
+}
+
+async fn answer(
+    served: &Generating,
+    headers: &HeaderMap,
+    call: Call,
+    kind: Kind,
+    mut stream: Stream,
+    arrival: Instant,
+) -> Response {
+    let request_id = headers.get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("0").to_owned();
+    let frame = Frame {
+        id: format!("{}-{request_id}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }),
+        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        model: served.name.clone(),
+        kind,
+    };
+    // Nothing is sent before the first token (or the end).
+    let first = match stream.next().await {
+        Some(Piece::Text(text)) => text,
+        Some(Piece::End(Ok(f))) => return whole(&frame, String::new(), &f, &stream, arrival),
+        Some(Piece::End(Err(refusal))) => return error(&refusal),
+        None => return error(&Refusal::new(Outcome::Failed, "the generator ended the stream without an answer")),
+    };
+    if !call.stream {
+        let mut text = first;
+        loop {
+            match stream.next().await {
+                Some(Piece::Text(t)) => text.push_str(&t),
+                Some(Piece::End(Ok(f))) => return whole(&frame, text, &f, &stream, arrival),
+                Some(Piece::End(Err(refusal))) => return error(&refusal),
+                None => {
+                    return error(&Refusal::new(Outcome::Failed, "the generator ended the stream without an answer"))
+                }
+            }
+        }
+    }
+    let timing = format!(
+        "queue;dur={}, ttft;dur={}",
+        millis(stream.queued().unwrap_or_default()),
+        millis(stream.first_token_at().map_or(Duration::ZERO, |t| t - arrival))
+    );
+    let include_usage = call.include_usage;
+    let opening = event(&frame.chunk(&first, true, None, include_usage));
+    let state = (stream, frame, false);
+    let rest = futures::stream::unfold(state, move |(mut stream, frame, done)| async move {
+        if done {
+            return None;
+        }
+        loop {
+            let (bytes, done) = match stream.next().await? {
+                Piece::Text(t) if t.is_empty() => continue,
+                Piece::Text(t) => (event(&frame.chunk(&t, false, None, include_usage)), false),
+                Piece::End(Ok(f)) => {
+                    let mut out = event(&frame.chunk("", false, Some(f.reason.as_str()), include_usage)).to_vec();
+                    if include_usage {
+                        out.extend_from_slice(&event(&frame.usage_chunk(&f)));
+                    }
+                    out.extend_from_slice(b"data: [DONE]\n\n");
+                    (Bytes::from(out), true)
+                }
+                Piece::End(Err(refusal)) => (error_event(&refusal), true),
+            };
+            return Some((Ok::<Bytes, std::io::Error>(bytes), (stream, frame, done)));
+        }
+    });
+    let body = futures::stream::once(async move { Ok::<Bytes, std::io::Error>(opening) });
+    let body = Body::from_stream(futures::StreamExt::chain(body, rest));
+    let mut response = Response::new(body);
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert(SERVER_TIMING, HeaderValue::from_str(&timing).expect("ASCII"));
+    response
+}
+
+/// A whole (not streamed) answer.
+fn whole(frame: &Frame, text: String, f: &Finished, stream: &Stream, arrival: Instant) -> Response {
+    let mut response = (StatusCode::OK, Json(frame.whole(text, f))).into_response();
+    let timing = format!(
+        "queue;dur={}, ttft;dur={}, total;dur={}",
+        millis(f.queued),
+        millis(stream.first_token_at().map_or(f.ttft, |t| t - arrival)),
+        millis(arrival.elapsed())
+    );
+    response.headers_mut().insert(SERVER_TIMING, HeaderValue::from_str(&timing).expect("ASCII"));
+    response
+}

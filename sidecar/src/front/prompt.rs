@@ -1,0 +1,291 @@
+//! The body of OpenAI's `POST /v1/completions` and `POST /v1/chat/completions`, read and checked:
+//! the prompt (or the conversation, rendered with the model's own chat template), `max_tokens`
+//! (or `max_completion_tokens`), sampling (`temperature`, `top_p`, `seed`), `stop`, `n` = 1,
+//! `stream` and `stream_options.include_usage`. Fields this server does not act on (`user`,
+//! `logit_bias`, ...) are accepted and ignored, as vLLM does; `logprobs` and `n` > 1 are refused,
+//! saying so, rather than answered without what they ask for.
+
+use serde::Deserialize;
+
+use crate::generation::engine::{LanguageModel, Message, Sampling};
+use ferry_core::outcome::Refusal;
+
+/// Which endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Completion,
+    Chat,
+}
+
+/// `max_tokens` when a completion names none (OpenAI's own default for completions).
+pub const DEFAULT_MAX_TOKENS: u32 = 16;
+/// `max_tokens` when a chat completion names none.
+pub const DEFAULT_CHAT_MAX_TOKENS: u32 = 256;
+/// `stop` strings a request may give (OpenAI's limit).
+pub const MAX_STOPS: usize = 4;
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    One(String),
+    Many(Vec<String>),
+    Other(serde::de::IgnoredAny),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Deserialize)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChatMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<Content>,
+}
+
+#[derive(Deserialize, Default)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+#[derive(Deserialize)]
+struct Body {
+    model: String,
+    #[serde(default)]
+    prompt: Option<Prompt>,
+    #[serde(default)]
+    messages: Option<Vec<ChatMessage>>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    temperature: Option<f64>,
+    #[serde(default)]
+    top_p: Option<f64>,
+    #[serde(default)]
+    seed: Option<u64>,
+    #[serde(default)]
+    stop: Option<Stop>,
+    #[serde(default)]
+    n: Option<u64>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    logprobs: Option<serde_json::Value>,
+}
+
+/// A request ready for the generator (its prompt still as text: tokenizing is the model's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    pub model: String,
+    pub prompt: String,
+    pub max_tokens: Option<u32>,
+    pub sampling: Sampling,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// The `model` field, read first so that the request can be routed.
+pub fn model_of(bytes: &[u8]) -> Result<String, Refusal> {
+    #[derive(Deserialize)]
+    struct Model {
+        model: String,
+    }
+    serde_json::from_slice::<Model>(bytes)
+        .map(|m| m.model)
+        .map_err(|e| Refusal::invalid(format!("the body is not a valid completion request: {e}")))
+}
+
+/// Reads and checks the body of `kind`'s endpoint; `model` renders a conversation.
+pub fn parse(bytes: &[u8], kind: Kind, model: &dyn LanguageModel) -> Result<Call, Refusal> {
+    let body: Body = serde_json::from_slice(bytes)
+        .map_err(|e| Refusal::invalid(format!("the body is not a valid completion request: {e}")))?;
+    let prompt = match kind {
+        Kind::Completion => match body.prompt {
+            Some(Prompt::One(text)) => text,
+            Some(Prompt::Many(mut texts)) if texts.len() == 1 => texts.remove(0),
+            Some(Prompt::Many(texts)) => {
+                return Err(Refusal::invalid(format!(
+                    "'prompt' is a list of {} prompts; this server takes one prompt per request",
+                    texts.len()
+                )))
+            }
+            Some(Prompt::Other(_)) => {
+                return Err(Refusal::invalid(
+                    "'prompt' must be a string; token ids are not accepted (the model tokenizes its own text)",
+                ))
+            }
+            None => return Err(Refusal::invalid("'prompt' is missing")),
+        },
+        Kind::Chat => {
+            let messages = body.messages.ok_or_else(|| Refusal::invalid("'messages' is missing"))?;
+            if messages.is_empty() {
+                return Err(Refusal::invalid("'messages' is empty; send at least one message"));
+            }
+            let messages = messages
+                .into_iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    let content = match m.content {
+                        None => String::new(),
+                        Some(Content::Text(text)) => text,
+                        Some(Content::Parts(parts)) => {
+                            let mut text = String::new();
+                            for (j, part) in parts.into_iter().enumerate() {
+                                match (part.kind.as_str(), part.text) {
+                                    ("text", Some(t)) => text.push_str(&t),
+                                    (other, _) => {
+                                        return Err(Refusal::invalid(format!(
+                                            "messages[{i}].content[{j}] is of type '{other}'; this model takes text parts only"
+                                        )))
+                                    }
+                                }
+                            }
+                            text
+                        }
+                    };
+                    Ok(Message { role: m.role, content })
+                })
+                .collect::<Result<Vec<_>, Refusal>>()?;
+            model.chat(&messages).map_err(|e| Refusal::invalid(format!("'messages' cannot be rendered: {e}")))?
+        }
+    };
+    let max_tokens = match (body.max_completion_tokens, body.max_tokens) {
+        (Some(n), _) => Some(("max_completion_tokens", n)),
+        (None, Some(n)) => Some(("max_tokens", n)),
+        (None, None) => None,
+    };
+    let max_tokens = match max_tokens {
+        Some((field, 0)) => return Err(Refusal::invalid(format!("'{field}' is 0; it must be at least 1"))),
+        Some((field, n)) if n > u64::from(u32::MAX) => {
+            return Err(Refusal::invalid(format!("'{field}' is {n}; it must be at most {}", u32::MAX)))
+        }
+        Some((_, n)) => Some(n as u32),
+        None => None,
+    };
+    let temperature = body.temperature.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(Refusal::invalid(format!("'temperature' is {temperature}; it must be between 0 and 2")));
+    }
+    let top_p = body.top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(Refusal::invalid(format!("'top_p' is {top_p}; it must be more than 0 and at most 1")));
+    }
+    if let Some(n) = body.n.filter(|n| *n != 1) {
+        return Err(Refusal::invalid(format!("'n' is {n}; this server generates one choice per request (n = 1)")));
+    }
+    if body.logprobs.as_ref().is_some_and(|v| !v.is_null() && *v != serde_json::Value::Bool(false)) {
+        return Err(Refusal::invalid("'logprobs' is not supported by this server"));
+    }
+    let stop = match body.stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(list)) if list.len() > MAX_STOPS => {
+            return Err(Refusal::invalid(format!("'stop' has {} strings; at most {MAX_STOPS} are allowed", list.len())))
+        }
+        Some(Stop::Many(list)) => list,
+    };
+    let stream = body.stream.unwrap_or(false);
+    Ok(Call {
+        model: body.model,
+        prompt,
+        max_tokens,
+        sampling: Sampling { temperature: temperature as f32, top_p: top_p as f32, seed: body.seed.unwrap_or(0) },
+        stop,
+        stream,
+        include_usage: stream && body.stream_options.unwrap_or_default().include_usage,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generation::engine::KvLayout;
+    use crate::generation::sim::{SimLlm, SimLlmTimes};
+    use serde_json::json;
+    use std::time::Duration;
+
+    fn model() -> SimLlm {
+        let t = Duration::from_millis(1);
+        SimLlm::new(
+            SimLlmTimes { step_time: t, prefill_per_token: t, decode_per_seq: t },
+            KvLayout { blocks: 4, block_size: 4 },
+        )
+    }
+
+    fn call(kind: Kind, body: serde_json::Value) -> Result<Call, Refusal> {
+        parse(body.to_string().as_bytes(), kind, &model())
+    }
+
+    #[test]
+    fn a_completion_and_a_chat_read_their_fields() {
+        let c = call(
+            Kind::Completion,
+            json!({"model": "m", "prompt": ["a b"], "max_tokens": 5, "temperature": 0, "seed": 7, "stop": "x",
+                   "stream": true, "stream_options": {"include_usage": true}, "user": "ignored"}),
+        )
+        .unwrap();
+        assert_eq!((c.prompt.as_str(), c.max_tokens, c.stop.clone()), ("a b", Some(5), vec!["x".to_owned()]));
+        assert_eq!((c.sampling.temperature, c.sampling.seed, c.stream, c.include_usage), (0.0, 7, true, true));
+        let c = call(
+            Kind::Chat,
+            json!({"model": "m", "messages": [{"role": "system", "content": "be brief"},
+                   {"role": "user", "content": [{"type": "text", "text": "hi there"}]}], "max_completion_tokens": 3}),
+        )
+        .unwrap();
+        assert_eq!((c.prompt.as_str(), c.max_tokens, c.stream), ("be brief hi there", Some(3), false));
+    }
+
+    #[test]
+    fn bad_fields_are_named_with_their_value_and_limit() {
+        let err = |kind, body| call(kind, body).unwrap_err().message;
+        assert_eq!(
+            err(Kind::Completion, json!({"model": "m", "prompt": "a", "n": 2})),
+            "'n' is 2; this server generates one choice per request (n = 1)"
+        );
+        assert_eq!(
+            err(Kind::Completion, json!({"model": "m", "prompt": "a", "max_tokens": 0})),
+            "'max_tokens' is 0; it must be at least 1"
+        );
+        assert!(err(Kind::Completion, json!({"model": "m", "prompt": "a", "temperature": 3}))
+            .contains("'temperature' is 3"));
+        assert!(err(Kind::Completion, json!({"model": "m", "prompt": "a", "top_p": 0})).contains("'top_p' is 0"));
+        assert!(err(Kind::Completion, json!({"model": "m", "prompt": [1, 2]})).contains("token ids are not accepted"));
+        assert!(err(Kind::Completion, json!({"model": "m", "prompt": ["a", "b"]})).contains("list of 2 prompts"));
+        assert!(err(Kind::Completion, json!({"model": "m", "prompt": "a", "stop": ["1", "2", "3", "4", "5"]}))
+            .contains("'stop' has 5"));
+        assert_eq!(
+            err(Kind::Chat, json!({"model": "m", "messages": []})),
+            "'messages' is empty; send at least one message"
+        );
+        assert!(err(
+            Kind::Chat,
+            json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
+        )
+        .contains("messages[0].content[0] is of type 'image_url'"));
+        assert!(err(Kind::Completion, json!({"model": "m", "prompt": "a", "logprobs": 2})).contains("'logprobs'"));
+    }
+}

@@ -1,0 +1,115 @@
+//! The contract between the generation shell and an engine that runs steps: the built-in
+//! decoder, the `sim-llm` engine, or an upstream server's adapter implement it.
+//!
+//! A step takes, for each of its sequences, the token ids it feeds (a prefill chunk, or the last
+//! token for a decode), their first position, the sequence's KV block table (the scheduler's
+//! pages: the engine writes the new tokens' keys and values there and attends over every block
+//! of the table) and, for the sequences whose chunk reaches their last known token, the sampling
+//! parameters; it returns one sampled token for each of those, in member order.
+//!
+//! The text side belongs to the model, behind [`LanguageModel`]: tokenization, the chat
+//! template, incremental detokenization that never splits a character, the end-of-sequence test.
+
+use ferry_core::generation::kv::Block;
+use ferry_core::generation::sequence::SeqId;
+use ferry_core::generation::step::{StepCost, StepShape};
+
+use crate::engine::{BoxFuture, EngineError};
+
+/// How a sequence's next token is drawn. Greedy at temperature 0.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    pub temperature: f32,
+    pub top_p: f32,
+    /// Draws are a function of the seed and the token's position, so that a sequence recomputed
+    /// after a preemption draws the same tokens again.
+    pub seed: u64,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling { temperature: 1.0, top_p: 1.0, seed: 0 }
+    }
+}
+
+/// One sequence's part of a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqInput {
+    pub id: SeqId,
+    /// The tokens it feeds, at positions `start..start + tokens.len()`.
+    pub tokens: Vec<u32>,
+    pub start: u32,
+    /// Its prompt's length: positions at and after it hold tokens the model produced.
+    pub prompt: u32,
+    /// Its KV block table, covering every position up to its last new token.
+    pub blocks: Vec<Block>,
+    /// Sample a token after the last one (its chunk reaches its last known token).
+    pub sample: Option<Sampling>,
+}
+
+/// One engine step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepInput {
+    pub shape: StepShape,
+    pub sequences: Vec<SeqInput>,
+}
+
+/// A message of a chat conversation.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+/// The model's text side.
+pub trait LanguageModel: Send + Sync + 'static {
+    /// Prompt plus produced tokens the model can attend over.
+    fn context_length(&self) -> u32;
+
+    /// The token ids of a text. The message (a 400 body) says what cannot be tokenized.
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String>;
+
+    /// The prompt of a conversation, rendered with the model's own chat template.
+    fn chat(&self, messages: &[Message]) -> Result<String, String>;
+
+    /// A fresh incremental detokenizer for one sequence's produced tokens.
+    fn detokenizer(&self) -> Box<dyn Detokenizer>;
+
+    /// Whether the token ends the sequence (end of sequence, end of turn).
+    fn is_end(&self, token: u32) -> bool;
+}
+
+/// Turns one sequence's produced tokens into text as they come, never splitting a UTF-8
+/// character (a token that ends mid-character gives its bytes with the next).
+pub trait Detokenizer: Send {
+    /// The text that token completes.
+    fn push(&mut self, token: u32) -> String;
+}
+
+/// KV cache layout the engine offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    pub blocks: u32,
+    pub block_size: u32,
+}
+
+pub trait StepEngine: Send + Sync + 'static {
+    fn model(&self) -> &dyn LanguageModel;
+
+    fn kv(&self) -> KvLayout;
+
+    /// What a step costs before any is measured.
+    fn cost(&self) -> StepCost;
+
+    /// Whether the engine can take steps.
+    fn ready(&self) -> bool {
+        true
+    }
+
+    /// OpenAI's `owned_by` and OIP's `platform`: what serves the model.
+    fn platform(&self) -> &str;
+
+    /// Runs one step: one sampled token per sequence with `sample`, in order. Its future must
+    /// not borrow the engine.
+    fn step(&self, step: StepInput) -> BoxFuture<Result<Vec<u32>, EngineError>>;
+}

@@ -1,0 +1,579 @@
+//! The async shell around one model version's generation [`Ledger`]: it keeps what the ledger
+//! must not hold — each sequence's tokens, its detokenizer and stop strings, its caller's stream
+//! — gathers the events of an instant, hands them to the ledger, and carries out its effects:
+//! one engine step at a time, each sequence's new text to its caller the moment the step ends,
+//! the ends, the metrics. Every decision (admission, the step rule, preemption, deadlines) is the
+//! ledger's.
+//!
+//! One task owns all of this state; callers talk to it over a channel. A caller holds a
+//! [`Stream`]: dropping it (the client went away) frees the sequence and its KV blocks before the
+//! next step.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use super::engine::{Detokenizer, Sampling, SeqInput, StepEngine, StepInput};
+use super::stop::StopMatcher;
+use crate::engine::EngineError;
+use crate::metrics::GenerationMetrics;
+use crate::tally::Tally;
+use ferry_core::generation::ledger::{Effect, Event, Ledger};
+use ferry_core::generation::scheduler::StepPlan;
+use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
+use ferry_core::outcome::{Outcome, Refusal};
+use ferry_core::ticket::Priority;
+
+/// A generation request for the shell: its prompt's tokens and what admission needs.
+#[derive(Debug)]
+pub struct Submission {
+    pub prompt: Vec<u32>,
+    pub max_tokens: u32,
+    pub sampling: Sampling,
+    pub stop: Vec<String>,
+    pub priority: Priority,
+    pub bytes: u64,
+    pub arrival: Instant,
+    pub ttft_deadline: Instant,
+    pub itl: Duration,
+    pub deadline: Instant,
+}
+
+/// How a generation finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Finished {
+    pub reason: FinishReason,
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    /// Arrival to its first step.
+    pub queued: Duration,
+    /// Arrival to its first token.
+    pub ttft: Duration,
+}
+
+/// What a caller receives: pieces of text, then one end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    Text(String),
+    End(Result<Finished, Refusal>),
+}
+
+/// A piece on its way, with the instant the shell sent it.
+struct Sent {
+    piece: Piece,
+    at: Instant,
+    /// With the first token: arrival to the sequence's first step.
+    queued: Option<Duration>,
+}
+
+enum Command {
+    Submit { id: SeqId, submission: Submission, stream: mpsc::UnboundedSender<Sent> },
+    Cancel(SeqId),
+    Drain(oneshot::Sender<()>),
+    Trip(Duration),
+}
+
+/// A handle to one model version's generation task. Cheap to clone.
+#[derive(Clone)]
+pub struct Generator {
+    commands: mpsc::UnboundedSender<Command>,
+    next_id: Arc<AtomicU64>,
+    oldest_ns: Arc<AtomicU64>,
+    epoch: Instant,
+    metrics: GenerationMetrics,
+    stopped: watch::Receiver<bool>,
+}
+
+/// Marks the generator stopped when its task ends, however it ends.
+struct Stopped(watch::Sender<bool>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
+    }
+}
+
+impl Generator {
+    /// Starts the task on the current tokio runtime.
+    pub fn spawn(ledger: Ledger, engine: Arc<dyn StepEngine>, metrics: GenerationMetrics) -> Generator {
+        let (commands, rx) = mpsc::unbounded_channel();
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let oldest_ns = Arc::new(AtomicU64::new(u64::MAX));
+        let epoch = Instant::now();
+        let task = Task {
+            ledger,
+            engine,
+            metrics: metrics.clone(),
+            callers: HashMap::new(),
+            sampled: HashMap::new(),
+            running: None,
+            done_tx,
+            drains: Vec::new(),
+            oldest_ns: oldest_ns.clone(),
+            epoch,
+        };
+        let (stopped_tx, stopped) = watch::channel(false);
+        tokio::spawn(async move {
+            let _stopped = Stopped(stopped_tx);
+            task.run(rx, done_rx).await;
+        });
+        Generator { commands, next_id: Arc::new(AtomicU64::new(0)), oldest_ns, epoch, metrics, stopped }
+    }
+
+    /// Hands a request to the ledger; the [`Stream`] gives its text and its end, and counts how it
+    /// ended in `tally` (`cancelled` if it is dropped before).
+    pub fn submit(&self, submission: Submission, tally: Tally) -> Stream {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (arrival, ttft_deadline, deadline) = (submission.arrival, submission.ttft_deadline, submission.deadline);
+        let mut stream = Stream {
+            id,
+            rx,
+            commands: self.commands.clone(),
+            tally: Some(tally),
+            metrics: self.metrics.clone(),
+            arrival,
+            ttft_deadline,
+            deadline,
+            seen_first: false,
+            ended: false,
+            queued: None,
+            first_at: None,
+        };
+        if self.commands.send(Command::Submit { id, submission, stream: tx }).is_err() {
+            // The task is gone (a bug stopped it): the request fails here.
+            stream.count(Outcome::Failed);
+            stream.ended = true;
+        }
+        stream
+    }
+
+    /// Resolves once every sequence has ended.
+    pub async fn drain(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.commands.send(Command::Drain(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    pub fn metrics(&self) -> &GenerationMetrics {
+        &self.metrics
+    }
+
+    pub fn is_alive(&self) -> bool {
+        !*self.stopped.borrow()
+    }
+
+    pub async fn stopped(&self) {
+        let mut stopped = self.stopped.clone();
+        let _ = stopped.wait_for(|s| *s).await;
+    }
+
+    /// Sets `ferry_queue_oldest_age_seconds` from the current time.
+    pub fn refresh_age(&self) {
+        let oldest = self.oldest_ns.load(Ordering::Relaxed);
+        let age = if oldest == u64::MAX {
+            0.0
+        } else {
+            Instant::now().saturating_duration_since(self.epoch + Duration::from_nanos(oldest)).as_secs_f64()
+        };
+        self.metrics.oldest_age.set(age);
+    }
+}
+
+/// A caller's view of its generation. Each piece is checked against the deadlines when it is
+/// taken: a token taken after its deadline (or a first token after the TTFT deadline) is never
+/// given; the stream ends with the deadline's refusal instead. Dropping the stream before its end
+/// cancels the sequence.
+pub struct Stream {
+    id: SeqId,
+    rx: mpsc::UnboundedReceiver<Sent>,
+    commands: mpsc::UnboundedSender<Command>,
+    /// Counts the request's outcome once; dropped uncounted, it counts `cancelled`.
+    tally: Option<Tally>,
+    metrics: GenerationMetrics,
+    arrival: Instant,
+    ttft_deadline: Instant,
+    deadline: Instant,
+    seen_first: bool,
+    ended: bool,
+    queued: Option<Duration>,
+    first_at: Option<Instant>,
+}
+
+impl Stream {
+    /// Arrival to the sequence's first step, once its first token has been taken.
+    pub fn queued(&self) -> Option<Duration> {
+        self.queued
+    }
+
+    /// When its first token was taken.
+    pub fn first_token_at(&self) -> Option<Instant> {
+        self.first_at
+    }
+
+    /// The next piece; `None` after the end.
+    pub async fn next(&mut self) -> Option<Piece> {
+        if self.ended {
+            return None;
+        }
+        let Some(sent) = self.rx.recv().await else {
+            self.ended = true;
+            // The task is gone (a bug).
+            self.count(Outcome::Failed);
+            return Some(Piece::End(Err(Refusal::new(Outcome::Failed, "the generator stopped before answering"))));
+        };
+        let now = Instant::now();
+        let late = match &sent.piece {
+            Piece::Text(_) if !self.seen_first => now > self.ttft_deadline || now > self.deadline,
+            Piece::Text(_) | Piece::End(Ok(_)) => now > self.deadline,
+            Piece::End(Err(_)) => false,
+        };
+        if late {
+            self.ended = true;
+            self.metrics.late_results.inc();
+            let _ = self.commands.send(Command::Cancel(self.id));
+            let (what, limit) = if self.seen_first {
+                ("deadline", self.deadline)
+            } else {
+                ("TTFT deadline", self.ttft_deadline.min(self.deadline))
+            };
+            let refusal = Refusal::new(
+                Outcome::Expired,
+                format!(
+                    "{what} passed while the answer was on its way: {} ms after arrival; the {what} was {} ms",
+                    (now - self.arrival).as_millis(),
+                    (limit - self.arrival).as_millis()
+                ),
+            );
+            self.count(Outcome::Expired);
+            return Some(Piece::End(Err(refusal)));
+        }
+        match &sent.piece {
+            Piece::Text(_) => {
+                if !self.seen_first {
+                    self.seen_first = true;
+                    self.queued = sent.queued;
+                    self.first_at = Some(now);
+                    let _ = self.commands.send(Command::Trip(now.saturating_duration_since(sent.at)));
+                }
+            }
+            Piece::End(end) => {
+                self.ended = true;
+                self.count(end.as_ref().map_or_else(|r| r.outcome, |_| Outcome::Ok));
+            }
+        }
+        Some(sent.piece)
+    }
+
+    fn count(&mut self, outcome: Outcome) {
+        if let Some(tally) = self.tally.take() {
+            tally.count(outcome);
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if !self.ended {
+            let _ = self.commands.send(Command::Cancel(self.id));
+        }
+    }
+}
+
+/// A sequence's caller and what the shell keeps for it.
+struct Caller {
+    stream: mpsc::UnboundedSender<Sent>,
+    /// Prompt and produced tokens.
+    tokens: Vec<u32>,
+    prompt: u32,
+    sampling: Sampling,
+    detokenizer: Box<dyn Detokenizer>,
+    stop: StopMatcher,
+    arrival: Instant,
+    started: Option<Instant>,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+}
+
+impl Caller {
+    fn send(&self, piece: Piece, now: Instant) {
+        let _ = self.stream.send(Sent { piece, at: now, queued: None });
+    }
+}
+
+struct StepDone {
+    step: u64,
+    result: Result<Vec<u32>, EngineError>,
+}
+
+struct Task {
+    ledger: Ledger,
+    engine: Arc<dyn StepEngine>,
+    metrics: GenerationMetrics,
+    callers: HashMap<SeqId, Caller>,
+    /// The token and text each sequence got from the step that just ended, until the ledger
+    /// says whether it is sent.
+    sampled: HashMap<SeqId, (u32, String)>,
+    /// The step on the engine.
+    running: Option<(u64, StepPlan)>,
+    done_tx: mpsc::UnboundedSender<StepDone>,
+    drains: Vec<oneshot::Sender<()>>,
+    oldest_ns: Arc<AtomicU64>,
+    epoch: Instant,
+}
+
+/// The task wakes at least this often while it serves, so that its timer's lateness (part of the
+/// deadline margin) is measured whatever the load.
+const TIMER_PROBE: Duration = Duration::from_millis(50);
+
+impl Task {
+    async fn run(
+        mut self,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+        mut done: mpsc::UnboundedReceiver<StepDone>,
+    ) {
+        let mut open = true;
+        let mut probe = Instant::now() + TIMER_PROBE;
+        let mut waiting_for: Option<Instant> = None;
+        let mut events = Vec::new();
+        let mut effects = Vec::new();
+        loop {
+            let now = Instant::now();
+            if let Some(due) = waiting_for.filter(|due| *due <= now) {
+                events.push(Event::Woke(now - due));
+            }
+            if now >= probe {
+                probe = now + TIMER_PROBE;
+            }
+            self.ledger.step(now, std::mem::take(&mut events), &mut effects);
+            for effect in effects.drain(..) {
+                self.carry_out(effect, now);
+            }
+            self.sampled.clear();
+            self.publish();
+            if self.ledger.is_idle() {
+                self.drains.drain(..).for_each(|d| {
+                    let _ = d.send(());
+                });
+                if !open {
+                    return;
+                }
+            }
+            let wake = [self.ledger.next_wake(), open.then_some(probe)].into_iter().flatten().min();
+            waiting_for = wake;
+            tokio::select! {
+                biased;
+                Some(step) = done.recv() => self.step_done(step, &mut events),
+                command = commands.recv(), if open => match command {
+                    Some(command) => self.command(command, &mut events),
+                    None => open = false,
+                },
+                () = sleep_until(wake) => {}
+            }
+            // Everything else ready at this instant joins the same step (as in the batcher).
+            for _ in 0..64 {
+                tokio::task::yield_now().await;
+                let before = events.len();
+                while let Ok(step) = done.try_recv() {
+                    self.step_done(step, &mut events);
+                }
+                while open {
+                    match commands.try_recv() {
+                        Ok(command) => self.command(command, &mut events),
+                        Err(mpsc::error::TryRecvError::Empty) => break,
+                        Err(mpsc::error::TryRecvError::Disconnected) => open = false,
+                    }
+                }
+                if events.len() == before || Instant::now() != now {
+                    break;
+                }
+            }
+        }
+    }
+
+    fn command(&mut self, command: Command, events: &mut Vec<Event>) {
+        match command {
+            Command::Submit { id, submission: s, stream } => {
+                let request = Request {
+                    id,
+                    arrival: s.arrival,
+                    priority: s.priority,
+                    prompt: s.prompt.len() as u32,
+                    max_tokens: s.max_tokens,
+                    bytes: s.bytes,
+                    ttft_deadline: s.ttft_deadline,
+                    itl: s.itl,
+                    deadline: s.deadline,
+                };
+                let caller = Caller {
+                    stream,
+                    prompt: s.prompt.len() as u32,
+                    tokens: s.prompt,
+                    sampling: s.sampling,
+                    detokenizer: self.engine.model().detokenizer(),
+                    stop: StopMatcher::new(s.stop),
+                    arrival: s.arrival,
+                    started: None,
+                    first_token: None,
+                    last_token: None,
+                };
+                self.callers.insert(id, caller);
+                events.push(Event::Submit(request));
+            }
+            Command::Cancel(id) => {
+                self.callers.remove(&id);
+                events.push(Event::Cancel(id));
+            }
+            Command::Drain(tx) => self.drains.push(tx),
+            Command::Trip(trip) => events.push(Event::Trip(trip)),
+        }
+    }
+
+    fn step_done(&mut self, done: StepDone, events: &mut Vec<Event>) {
+        let Some((step, plan)) = self.running.take() else { return };
+        debug_assert_eq!(step, done.step);
+        let result = match done.result {
+            Ok(tokens) => {
+                let model = self.engine.model();
+                let mut stopped = Vec::new();
+                let sampling = plan.members.iter().filter(|m| m.sample);
+                for (m, token) in sampling.zip(tokens) {
+                    let Some(caller) = self.callers.get_mut(&m.id) else { continue };
+                    let end = model.is_end(token);
+                    let text = if end { String::new() } else { caller.detokenizer.push(token) };
+                    let released = caller.stop.push(&text);
+                    if end || released.stopped {
+                        stopped.push(m.id);
+                    }
+                    self.sampled.insert(m.id, (token, released.text));
+                }
+                Ok(stopped)
+            }
+            Err(e) => Err(e.0),
+        };
+        events.push(Event::StepDone { step, result });
+    }
+
+    fn carry_out(&mut self, effect: Effect, now: Instant) {
+        match effect {
+            Effect::Step { step, plan } => self.start(step, plan),
+            Effect::Token { id, first } => {
+                let (Some(caller), Some((token, text))) = (self.callers.get_mut(&id), self.sampled.remove(&id)) else {
+                    return;
+                };
+                caller.tokens.push(token);
+                self.metrics.generation_tokens.inc();
+                if first {
+                    self.metrics.ttft.observe((now - caller.arrival).as_secs_f64());
+                    caller.first_token = Some(now);
+                } else if let Some(last) = caller.last_token {
+                    self.metrics.itl.observe((now - last).as_secs_f64());
+                }
+                caller.last_token = Some(now);
+                // Sent even when empty (a token that ends mid-character): the caller checks each
+                // token against its deadlines, the first against the TTFT deadline.
+                let queued = first.then(|| caller.started.map_or(Duration::ZERO, |s| s - caller.arrival));
+                let _ = caller.stream.send(Sent { piece: Piece::Text(text), at: now, queued });
+            }
+            Effect::End { id, end, admitted } => {
+                let Some(mut caller) = self.callers.remove(&id) else { return };
+                if admitted {
+                    self.metrics.request_duration.observe((now - caller.arrival).as_secs_f64());
+                }
+                match end {
+                    End::Finished(reason) => {
+                        if reason == FinishReason::Length {
+                            let rest = caller.stop.finish();
+                            if !rest.is_empty() {
+                                caller.send(Piece::Text(rest), now);
+                            }
+                        }
+                        let finished = Finished {
+                            reason,
+                            prompt_tokens: caller.prompt,
+                            completion_tokens: caller.tokens.len() as u32 - caller.prompt,
+                            queued: caller.started.map_or(Duration::ZERO, |s| s - caller.arrival),
+                            ttft: caller.first_token.map_or(Duration::ZERO, |f| f - caller.arrival),
+                        };
+                        caller.send(Piece::End(Ok(finished)), now);
+                    }
+                    End::Refused(refusal) => caller.send(Piece::End(Err(refusal)), now),
+                }
+            }
+            Effect::Started { id, waited } => {
+                self.metrics.queue_wait.observe(waited.as_secs_f64());
+                if let Some(caller) = self.callers.get_mut(&id) {
+                    caller.started = Some(now);
+                    self.metrics.prompt_tokens.inc_by(u64::from(caller.prompt));
+                }
+            }
+            Effect::Preempted(_) => self.metrics.preemptions.inc(),
+            Effect::StepEnded { plan, took, .. } => {
+                self.metrics.step_duration.observe(took.as_secs_f64());
+                self.metrics.step_tokens.observe(f64::from(plan.shape.tokens()));
+            }
+            Effect::Late(n) => self.metrics.late_results.inc_by(n),
+        }
+    }
+
+    fn start(&mut self, step: u64, plan: StepPlan) {
+        let sequences = plan
+            .members
+            .iter()
+            .map(|m| {
+                // The ledger never plans a sequence whose caller went away.
+                let caller = &self.callers[&m.id];
+                SeqInput {
+                    id: m.id,
+                    tokens: caller.tokens[m.start as usize..(m.start + m.len) as usize].to_vec(),
+                    start: m.start,
+                    prompt: m.prompt,
+                    blocks: m.blocks.clone(),
+                    sample: m.sample.then_some(caller.sampling),
+                }
+            })
+            .collect();
+        let run = self.engine.step(StepInput { shape: plan.shape, sequences });
+        self.running = Some((step, plan));
+        let done = self.done_tx.clone();
+        tokio::spawn(async move {
+            let result = match AssertUnwindSafe(run).catch_unwind().await {
+                Ok(result) => result,
+                Err(_) => Err(EngineError("the engine panicked during a step".into())),
+            };
+            let _ = done.send(StepDone { step, result });
+        });
+    }
+
+    fn publish(&self) {
+        let s = self.ledger.scheduler();
+        self.metrics.running.set(s.running() as i64);
+        self.metrics.waiting.set(s.waiting() as i64);
+        self.metrics.queue_depth.set(s.waiting() as i64);
+        self.metrics.queue_bytes.set(s.queued_bytes() as i64);
+        let pool = s.pool();
+        self.metrics.kv_used.set(i64::from(pool.used()));
+        self.metrics.kv_free.set(i64::from(pool.free()));
+        self.metrics.kv_usage.set(if pool.total() == 0 {
+            0.0
+        } else {
+            f64::from(pool.used()) / f64::from(pool.total())
+        });
+        let oldest = s.oldest_waiting().map_or(u64::MAX, |a| (a - self.epoch).as_nanos() as u64);
+        self.oldest_ns.store(oldest, Ordering::Relaxed);
+    }
+}
+
+async fn sleep_until(wake: Option<Instant>) {
+    match wake {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
