@@ -51,4 +51,4 @@ cargo test --workspace --locked
 # The CUDA build: it compiles and links without a CUDA toolkit, and NVRTC compiles its kernels.
 cargo build -p ferry-sidecar --features cuda --bin ferry-embed --locked
 LD_LIBRARY_PATH="$PWD/$NVRTC" "$TARGET/debug/ferry-embed" kernels
-FERRY_SIDECAR_BIN="$TARGET/debug/ferry-sidecar" .venv/bin/pytest -q tests/chart tests/embedding
+FERRY_SIDECAR_BIN="$TARGET/debug/ferry-sidecar" .venv/bin/pytest -q tests/chart tests/embedding tests/generation

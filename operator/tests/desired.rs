@@ -67,7 +67,7 @@ fn the_quickstart_runs_the_sim_engine_with_its_numbers() {
 /// arguments, parsed by the sidecar's own command-line parser and resolved as it resolves them.
 #[test]
 fn the_sidecar_reads_its_arguments_as_the_spec_says() {
-    for name in ["quickstart.yaml", "cuda.yaml", "remote.yaml"] {
+    for name in ["quickstart.yaml", "cuda.yaml", "remote.yaml", "generation.yaml"] {
         let isvc = example(name);
         let args = containers(&isvc)[0].args.clone().unwrap();
         let cli = Cli::try_parse_from(std::iter::once("ferry-sidecar".to_owned()).chain(args.clone()))
@@ -92,6 +92,21 @@ fn the_sidecar_reads_its_arguments_as_the_spec_says() {
             }
             (EngineKind::Remote, EngineSettings::Remote { upstream, .. }) => {
                 assert_eq!(upstream, &format!("http://127.0.0.1:{}", spec.engine.port))
+            }
+            (EngineKind::SimLlm, EngineSettings::SimLlm { times }) => {
+                let sim = spec.engine.sim.clone().unwrap_or_default();
+                let fine = |d: &Option<ferry_core::spec::FineDuration>| d.as_ref().map(|d| d.duration());
+                assert_eq!(Some(times.step_time), fine(&sim.step_time), "{name}");
+                assert_eq!(Some(times.prefill_per_token), fine(&sim.prefill_per_token), "{name}");
+                assert_eq!(Some(times.decode_per_seq), fine(&sim.decode_per_seq), "{name}");
+                let g = spec.generation.clone().expect("the example sets spec.generation");
+                let s = &settings.generation;
+                assert_eq!(Some(s.max_batch_tokens), g.max_batch_tokens, "{name}");
+                assert_eq!(Some(s.max_sequences), g.max_sequences, "{name}");
+                assert_eq!(Some(s.ttft_budget), g.ttft_budget.map(|d| d.duration()), "{name}");
+                assert_eq!(Some(s.max_inter_token_latency), g.max_inter_token_latency.map(|d| d.duration()), "{name}");
+                assert_eq!(Some(s.kv_block_size), g.kv_block_size, "{name}");
+                assert_eq!(Some(s.kv_blocks), g.kv_blocks, "{name}");
             }
             (kind, engine) => panic!("{name}: spec.engine.kind {kind:?} became {engine:?}"),
         }

@@ -1,0 +1,94 @@
+"""Fixtures of the generation tests: a real ferry-sidecar process serving the sim-llm engine over
+real HTTP on 127.0.0.1, and OpenAI's own Python client pointed at it."""
+
+import os
+import re
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "smollm2"
+
+
+def sidecar_binary():
+    path = Path(os.environ.get("FERRY_SIDECAR_BIN", ROOT / "target/debug/ferry-sidecar"))
+    if not path.exists():
+        pytest.fail(f"{path} not found: build it with `cargo build -p ferry-sidecar` (scripts/test.sh does)")
+    return path
+
+
+class Sidecar:
+    """A ferry-sidecar process on the sim-llm engine; `flags` override the defaults."""
+
+    def __init__(self, **flags):
+        settings = {
+            "engine": "sim-llm",
+            "model": MODEL,
+            "listen": "127.0.0.1:0",
+            "metrics_listen": "127.0.0.1:0",
+            "sim_step_time": "5ms",
+            "sim_prefill_per_token": "20us",
+            "sim_decode_per_seq": "100us",
+            # Generous: CI machines are noisy, and most of these tests check answers, not speed.
+            "latency_budget": "30s",
+            "ttft_budget": "10s",
+            "max_inter_token_latency": "1s",
+            **flags,
+        }
+        args = [str(sidecar_binary())] + [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
+        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.process.stdout.readline()
+        match = re.search(r"listening on http://([\d.:]+) \(metrics on http://([\d.:]+)\)", line)
+        if not match:
+            self.process.kill()
+            raise RuntimeError(f"ferry-sidecar did not start: {line!r} {self.process.stderr.read()}")
+        self.address, self.metrics_address = match.groups()
+        self.url = f"http://{self.address}"
+        threading.Thread(target=self.process.stderr.read, daemon=True).start()
+        with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=30) as r:
+            assert r.status == 200
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def metrics(self):
+        """The sidecar's metrics of the served model, as {name{labels}: value} without the model labels."""
+        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        values = {}
+        for line in text.splitlines():
+            if line.startswith("#") or f'model="{MODEL}"' not in line:
+                continue
+            name, value = line.rsplit(" ", 1)
+            name = re.sub(r'(model|version)="[^"]*",?', "", name).replace(",}", "}").replace("{}", "")
+            values[name] = float(value)
+        return values
+
+    def wait_for(self, condition, what, timeout=20.0):
+        """Polls the metrics until `condition(metrics)` holds; the sidecar's own figures say when."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            if condition(m):
+                return m
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: not reached in {timeout} s; metrics {m}")
+            time.sleep(0.05)
+
+    def stop(self):
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+@pytest.fixture(scope="module")
+def sidecar():
+    s = Sidecar()
+    yield s
+    s.stop()

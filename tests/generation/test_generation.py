@@ -1,0 +1,153 @@
+"""Black-box tests of generation serving: the real ferry-sidecar binary on the sim-llm engine,
+driven by OpenAI's own Python client (streaming and not). The sim engine answers with its
+prompt's words, cycled, so every answer is known in advance."""
+
+import os
+import signal
+import time
+
+import http.client
+import json
+import openai
+import pytest
+
+from conftest import MODEL, Sidecar
+
+
+def open_stream(sidecar, body, headers=None):
+    """A raw streamed POST /v1/completions: the connection and its response, read line by line."""
+    conn = http.client.HTTPConnection(sidecar.address, timeout=30)
+    conn.request(
+        "POST",
+        "/v1/completions",
+        json.dumps({"model": MODEL, "stream": True, **body}),
+        {"content-type": "application/json", **(headers or {})},
+    )
+    return conn, conn.getresponse()
+
+
+def events(response):
+    """The `data:` lines of an SSE response, as they come, until it closes."""
+    while True:
+        line = response.readline()
+        if not line:
+            return
+        line = line.decode().strip()
+        if line.startswith("data:"):
+            yield line
+
+
+def cycled(prompt, n):
+    words = prompt.split()
+    return " ".join(words[i % len(words)] for i in range(n))
+
+
+def test_a_completion_is_the_prompt_cycled_with_its_usage(sidecar):
+    r = sidecar.client.completions.create(model=MODEL, prompt="one two three", max_tokens=7)
+    assert r.choices[0].text == cycled("one two three", 7)
+    assert r.choices[0].finish_reason == "length"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (3, 7, 10)
+    assert r.model == MODEL and r.object == "text_completion"
+
+
+def test_a_streamed_chat_sends_each_token_then_usage_then_done(sidecar):
+    chunks = list(
+        sidecar.client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "system", "content": "alpha beta"}, {"role": "user", "content": "gamma"}],
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == cycled("alpha beta gamma", 5)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
+    assert chunks[-1].usage.prompt_tokens == 3
+    # One chunk per token, then the finish and the usage.
+    assert len(chunks) == 5 + 2
+
+
+def test_a_stop_string_ends_the_answer_and_is_never_sent(sidecar):
+    r = sidecar.client.completions.create(model=MODEL, prompt="a b c d", max_tokens=20, stop=["c d"])
+    assert r.choices[0].text == "a b "
+    assert r.choices[0].finish_reason == "stop"
+    chunks = list(sidecar.client.completions.create(model=MODEL, prompt="a b c d", max_tokens=20, stop="c", stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == "a b "
+
+
+def test_models_lists_the_served_model(sidecar):
+    assert [m.id for m in sidecar.client.models.list()] == [MODEL]
+
+
+def test_bad_requests_get_openai_errors_that_name_the_field(sidecar):
+    with pytest.raises(openai.BadRequestError) as e:
+        sidecar.client.completions.create(model=MODEL, prompt="a", n=2)
+    assert "'n' is 2" in e.value.message
+    with pytest.raises(openai.NotFoundError) as e:
+        sidecar.client.completions.create(model="gpt-4", prompt="a")
+    assert "'gpt-4' is unknown" in e.value.message
+
+
+def test_an_answer_that_cannot_meet_its_deadline_is_refused_at_once_with_the_max_tokens_that_fit(sidecar):
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as e:
+        sidecar.client.completions.create(
+            model=MODEL, prompt="a b", max_tokens=5000, extra_headers={"x-ferry-timeout-ms": "500"}
+        )
+    assert e.value.status_code == 503
+    assert "would fit" in e.value.message and "max_tokens 5000" in e.value.message
+    assert e.value.response.headers["retry-after"]
+    assert time.monotonic() - started < 0.5, "refused at admission, not at the deadline"
+
+
+def test_a_caller_that_disconnects_mid_stream_frees_its_sequence(sidecar):
+    before = sidecar.metrics()
+    conn, r = open_stream(sidecar, {"prompt": "x y", "max_tokens": 2000})
+    assert r.status == 200
+    stream = events(r)
+    for _ in range(3):
+        next(stream)
+    assert sidecar.metrics()['ferry_sequences{state="running"}'] == 1
+    conn.close()
+    m = sidecar.wait_for(
+        lambda m: m['ferry_requests_total{outcome="cancelled"}'] == before['ferry_requests_total{outcome="cancelled"}'] + 1,
+        "the disconnect counted cancelled",
+    )
+    assert m['ferry_sequences{state="running"}'] == 0
+    assert m['ferry_kv_blocks{state="used"}'] == 0, "its KV blocks are free"
+
+
+def test_a_stream_cut_by_its_deadline_ends_with_an_error_event_and_no_done():
+    # A paused process (SIGSTOP) resumes past the stream's deadline: the stream must end with the
+    # deadline error event, never with [DONE] or a silent close.
+    s = Sidecar()
+    try:
+        conn, r = open_stream(s, {"prompt": "p q", "max_tokens": 40}, {"x-ferry-timeout-ms": "2000"})
+        assert r.status == 200
+        stream = events(r)
+        assert '"text":"p"' in next(stream)
+        os.kill(s.process.pid, signal.SIGSTOP)
+        time.sleep(2.5)
+        os.kill(s.process.pid, signal.SIGCONT)
+        rest = list(stream)
+        conn.close()
+        assert rest, "the stream ends with an event"
+        assert "[DONE]" not in " ".join(rest)
+        assert '"type":"deadline_exceeded"' in rest[-1], rest[-1]
+        s.wait_for(lambda m: m['ferry_requests_total{outcome="expired"}'] == 1, "counted expired")
+        # And the openai client raises on it rather than ending quietly.
+        with pytest.raises(openai.APIError) as e:
+            stream = s.client.completions.create(
+                model=MODEL, prompt="p q", max_tokens=40, stream=True, extra_headers={"x-ferry-timeout-ms": "2000"}
+            )
+            for i, _ in enumerate(stream):
+                if i == 0:
+                    os.kill(s.process.pid, signal.SIGSTOP)
+                    time.sleep(2.5)
+                    os.kill(s.process.pid, signal.SIGCONT)
+        assert "deadline" in str(e.value)
+    finally:
+        s.stop()
