@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use ferry_core::generation::replay::{replay, Arrival, Ending, Setup, Trace};
-use ferry_core::generation::scheduler::Policy;
+use ferry_core::generation::scheduler::{Discipline, Policy};
 use ferry_core::generation::step::StepCost;
 use ferry_core::outcome::Outcome;
 use ferry_core::ticket::Priority;
@@ -42,6 +42,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                     max_queue_tokens: 1 << 20,
                     max_context: 4096,
                     watermark: watermark.min(blocks - 1),
+                    discipline: Discipline::Deadlines,
                 },
                 blocks,
                 block_size,
@@ -112,7 +113,8 @@ fn invariants(setup: &Setup, arrivals: &[Arrival], trace: &Trace) -> Result<(), 
                 Ending::Finished(_) | Ending::Cancelled => true,
                 Ending::Refused(r) => matches!(r.outcome, Outcome::Expired | Outcome::Failed),
             });
-            if let (Some(first), Some(last)) = (fate.tokens.first(), fate.tokens.last()) {
+            let keeps_deadlines = setup.policy.discipline == Discipline::Deadlines;
+            if let (Some(first), Some(last), true) = (fate.tokens.first(), fate.tokens.last(), keeps_deadlines) {
                 prop_assert!(*first <= arrivals[i].at + arrivals[i].ttft, "a first token after its TTFT deadline");
                 prop_assert!(*last <= arrivals[i].at + arrivals[i].timeout, "a token after its deadline");
             }
@@ -132,10 +134,11 @@ proptest! {
         setup in setup(),
         arrivals in prop::collection::vec(arrival(true), 1..40),
         slower in 1u32..4,
+        discipline in prop::sample::select(vec![Discipline::Deadlines, Discipline::Fcfs, Discipline::Static]),
     ) {
         // The engine is up to 3× slower than the estimator starts out believing.
         let truth = StepCost { fixed: setup.cost.fixed * slower, ..setup.cost };
-        let s = Setup { cost: truth, ..setup };
+        let s = Setup { cost: truth, policy: Policy { discipline, ..setup.policy }, ..setup };
         let trace = replay(s, &arrivals);
         invariants(&s, &arrivals, &trace)?;
     }

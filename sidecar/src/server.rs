@@ -179,6 +179,7 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Front {
         max_context: engine.model().context_length(),
         // A new sequence leaves 1 % of the cache (at least a block) for the running decodes.
         watermark: (kv.blocks / 100).max(1).min(kv.blocks - 1),
+        discipline: generation::scheduler::Discipline::Deadlines,
     };
     let scheduler = generation::scheduler::Scheduler::new(
         policy,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ferry_core::generation::kv::BlockPool;
 use ferry_core::generation::ledger::Ledger;
-use ferry_core::generation::scheduler::{Policy, Scheduler};
+use ferry_core::generation::scheduler::{Discipline, Policy, Scheduler};
 use ferry_core::generation::sequence::FinishReason;
 use ferry_core::generation::step::{StepCost, StepEstimator};
 use ferry_core::outcome::Outcome;
@@ -45,6 +45,7 @@ fn service(blocks: u32, prior: Option<StepCost>) -> Service {
         max_queue_tokens: 1 << 20,
         max_context: 4096,
         watermark: 0,
+        discipline: Discipline::Deadlines,
     };
     let cost = prior.unwrap_or_else(|| engine.cost());
     let scheduler = Scheduler::new(policy, BlockPool::new(blocks, 4), StepEstimator::new(cost));

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::forecast::{self, InFlight};
-use super::scheduler::{Progress, Scheduler, StepPlan};
+use super::scheduler::{Discipline, Progress, Scheduler, StepPlan};
 use super::sequence::{End, Request, SeqId};
 use super::step::StepCost;
 use crate::margin::Margin;
@@ -102,7 +102,11 @@ impl Ledger {
 
     /// When the ledger wants to be woken with no event: the next deadline.
     pub fn next_wake(&self) -> Option<Instant> {
-        self.scheduler.next_due()
+        if self.enforces_deadlines() {
+            self.scheduler.next_due()
+        } else {
+            None
+        }
     }
 
     /// Applies the events of one instant and appends the effects to carry out.
@@ -117,8 +121,10 @@ impl Ledger {
                 command => commands.push(command),
             }
         }
-        for (id, refusal) in self.scheduler.due(now) {
-            self.end(id, End::Refused(refusal), effects);
+        if self.enforces_deadlines() {
+            for (id, refusal) in self.scheduler.due(now) {
+                self.end(id, End::Refused(refusal), effects);
+            }
         }
         for command in commands {
             match command {
@@ -135,12 +141,20 @@ impl Ledger {
         }
     }
 
+    /// Whether deadlines are promised and kept (Ferry's discipline), or ignored (the others).
+    fn enforces_deadlines(&self) -> bool {
+        self.scheduler.policy().discipline == Discipline::Deadlines
+    }
+
     fn submit(&mut self, r: Request, now: Instant, effects: &mut Vec<Effect>) {
         let in_flight = self.running.as_ref().map(|(_, plan, at)| InFlight { plan, end: *at + plan.expected });
-        let admitted = self
-            .scheduler
-            .check_bounds(&r)
-            .and_then(|()| forecast::admit(&self.scheduler, in_flight, &r, now, self.margin.get()));
+        let admitted = self.scheduler.check_bounds(&r).and_then(|()| {
+            if self.enforces_deadlines() {
+                forecast::admit(&self.scheduler, in_flight, &r, now, self.margin.get())
+            } else {
+                Ok(())
+            }
+        });
         match admitted {
             Ok(()) => self.scheduler.insert(r),
             Err(refusal) => effects.push(Effect::End { id: r.id, end: End::Refused(refusal), admitted: false }),
@@ -209,8 +223,10 @@ impl Ledger {
     }
 
     fn dispatch(&mut self, now: Instant, effects: &mut Vec<Effect>) {
-        for (id, refusal) in self.scheduler.hopeless(now) {
-            self.end(id, End::Refused(refusal), effects);
+        if self.enforces_deadlines() {
+            for (id, refusal) in self.scheduler.hopeless(now) {
+                self.end(id, End::Refused(refusal), effects);
+            }
         }
         let starting: Vec<SeqId> =
             self.scheduler.seqs.values().filter(|s| s.started.is_none()).map(|s| s.request.id).collect();

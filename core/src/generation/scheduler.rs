@@ -29,6 +29,22 @@ use super::step::{StepEstimator, StepShape};
 use crate::outcome::{Outcome, Refusal};
 use crate::ticket::Priority;
 
+/// How steps are composed. Ferry's rule is [`Discipline::Deadlines`]; the others are what other
+/// servers do, kept so that the benchmark compares them on the same trace with the same engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Discipline {
+    /// The step rule of this module, with admission's forecast and deadlines enforced.
+    #[default]
+    Deadlines,
+    /// Continuous batching without deadlines, as vLLM schedules: first come, first served,
+    /// everything within the queue bounds admitted, prefill bounded by the token budget only,
+    /// the latest arrival preempted, no sequence ended before it finishes.
+    Fcfs,
+    /// Static batching: a batch of up to `maxSequences` starts when the engine is free of the
+    /// last one and runs until its longest sequence ends; nobody joins meanwhile.
+    Static,
+}
+
 /// The knobs of generation (DESIGN.md, "Generation knobs").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
@@ -44,6 +60,7 @@ pub struct Policy {
     pub max_context: u32,
     /// Blocks a new sequence leaves free for the decodes of the running ones.
     pub watermark: u32,
+    pub discipline: Discipline,
 }
 
 /// One sequence's part of a step.
@@ -113,8 +130,11 @@ impl Seq {
         self.running && self.generated > 0 && self.computed > 0 && self.pending() == 1
     }
 
-    fn order(&self) -> (Priority, Instant, SeqId) {
-        (self.request.priority, self.request.ttft_deadline, self.request.id)
+    fn order(&self, discipline: Discipline) -> (Priority, Instant, SeqId) {
+        match discipline {
+            Discipline::Deadlines => (self.request.priority, self.request.ttft_deadline, self.request.id),
+            Discipline::Fcfs | Discipline::Static => (Priority::Interactive, self.request.arrival, self.request.id),
+        }
     }
 }
 
@@ -272,14 +292,14 @@ impl Scheduler {
     }
 
     fn enqueue(&mut self, seq: &Seq) {
-        self.waiting.insert(seq.order());
+        self.waiting.insert(seq.order(self.policy.discipline));
         self.queued_bytes += seq.request.bytes;
         self.queued_tokens += u64::from(seq.known());
     }
 
     fn dequeue(&mut self, id: SeqId) {
         let seq = &self.seqs[&id];
-        if self.waiting.remove(&seq.order()) {
+        if self.waiting.remove(&seq.order(self.policy.discipline)) {
             self.queued_bytes -= seq.request.bytes;
             self.queued_tokens -= u64::from(seq.known());
         }
@@ -401,6 +421,9 @@ impl Scheduler {
     /// The preemption victim among the running sequences: batch tier first, then the most slack,
     /// then the fewest computed tokens (the least work lost).
     fn victim(&self, now: Instant) -> Option<SeqId> {
+        if self.policy.discipline != Discipline::Deadlines {
+            return self.running.iter().copied().max_by_key(|id| (self.seqs[id].request.arrival, *id));
+        }
         self.running.iter().copied().max_by_key(|id| {
             let s = &self.seqs[id];
             let slack = s.request.deadline.saturating_duration_since(now).saturating_sub(self.least_remaining(s).1);
@@ -457,6 +480,9 @@ impl Scheduler {
         let mut members: Vec<Member> = Vec::new();
         let mut shape = StepShape::default();
         let mut cap: Option<Duration> = None;
+        let deadlines = self.policy.discipline == Discipline::Deadlines;
+        // Static batching forms a batch only when the last one has left the engine.
+        let batch_open = self.policy.discipline != Discipline::Static || self.running.is_empty();
         for id in &decodes {
             let s = &self.seqs[id];
             members.push(Member {
@@ -470,14 +496,16 @@ impl Scheduler {
             });
             shape.decodes += 1;
             shape.context += u64::from(s.computed + 1);
-            cap = Some(cap.map_or(s.request.itl, |c| c.min(s.request.itl)));
+            if deadlines {
+                cap = Some(cap.map_or(s.request.itl, |c| c.min(s.request.itl)));
+            }
         }
 
         // 2 and 3. Prefill: sequences mid-prefill first, then waiting ones in order.
         let mut budget = self.policy.max_batch_tokens.saturating_sub(shape.decodes);
         let mut mid: Vec<SeqId> =
             self.running.iter().copied().filter(|id| !decodes.contains(id) && self.seqs[id].pending() > 0).collect();
-        mid.sort_by_key(|id| self.seqs[id].order());
+        mid.sort_by_key(|id| self.seqs[id].order(self.policy.discipline));
         let waiting: Vec<SeqId> = self.waiting.iter().map(|(_, _, id)| *id).collect();
         for (id, new) in mid.into_iter().map(|id| (id, false)).chain(waiting.into_iter().map(|id| (id, true))) {
             if budget == 0 {
@@ -486,7 +514,7 @@ impl Scheduler {
             // A step that had to preempt starts nothing new: the blocks it freed are for the
             // decodes, and the victim must not be restarted (recomputed) in the very step that
             // evicted it.
-            if new && (self.running.len() >= self.policy.max_sequences as usize || !preempted.is_empty()) {
+            if new && (self.running.len() >= self.policy.max_sequences as usize || !preempted.is_empty() || !batch_open) {
                 break;
             }
             let s = &self.seqs[&id];
@@ -555,7 +583,7 @@ impl Scheduler {
             seq.generated += 1;
             let first = seq.first_token.is_none();
             let r = seq.request;
-            let refusal = if self.forecasting {
+            let refusal = if self.forecasting || self.policy.discipline != Discipline::Deadlines {
                 None
             } else if first && now > r.ttft_deadline {
                 Some(ttft_passed(seq, now))

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::replay::{replay, Arrival, Ending, Setup, Trace};
-use super::scheduler::Policy;
+use super::scheduler::{Discipline, Policy};
 use super::sequence::FinishReason;
 use super::step::StepCost;
 use crate::outcome::Outcome;
@@ -26,6 +26,7 @@ fn policy() -> Policy {
         max_queue_tokens: 1 << 30,
         max_context: 100_000,
         watermark: 0,
+        discipline: Discipline::Deadlines,
     }
 }
 
@@ -184,4 +185,27 @@ fn a_cancelled_sequence_frees_its_blocks_at_once() {
     assert!(trace.steps.iter().filter(|s| s.started >= 50 * MS).all(|s| s.plan.members.iter().all(|m| m.id != 0)));
     assert!(trace.quiet.iter().all(|(used, held)| used == held));
     assert_eq!(trace.quiet.last(), Some(&(0, 0)));
+}
+
+fn with(discipline: Discipline) -> Setup {
+    Setup { policy: Policy { discipline, ..policy() }, ..setup() }
+}
+
+#[test]
+fn static_batching_makes_a_newcomer_wait_for_the_whole_batch() {
+    let trace = replay(with(Discipline::Static), &[Arrival::new(0, 10, 20), Arrival::new(30, 10, 5)]);
+    let a_end = *times(&trace, 0).last().unwrap();
+    assert_eq!(a_end, 11.0 + 19.0 * 11.0);
+    assert_eq!(times(&trace, 1)[0], a_end + 11.0, "B starts only when A's batch has left");
+}
+
+#[test]
+fn first_come_first_served_admits_everything_and_finishes_late() {
+    // The same request that Ferry refuses at arrival (a 110 ms prefill against a 50 ms TTFT) is
+    // admitted and answered after its deadlines, as a server without deadlines does.
+    let trace = replay(with(Discipline::Fcfs), &[Arrival::new(5, 1000, 10).ttft_ms(50).timeout_ms(100)]);
+    assert!(trace.fates[0].admitted);
+    assert_eq!(times(&trace, 0)[0], 115.0);
+    assert!(finished(&trace, 0));
+    assert_eq!(trace.fates[0].tokens.len(), 10);
 }
