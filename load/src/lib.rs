@@ -8,10 +8,13 @@
 //! - [`record`]: samples and their summary (HDR histograms, goodput, batch fill, per second).
 //! - [`report`], [`plot`]: the summary as a table, and as an SVG over time.
 //! - [`echo`]: a bare hyper echo server, the floor for the overhead comparison.
+//! - [`generation`]: generation load — traces of LLM requests, the OpenAI streaming client,
+//!   their summary, and the scheduling disciplines compared in virtual time.
 //! - [`bench`]: the benchmark suite: real sidecar processes on 127.0.0.1, side by side.
 
 pub mod bench;
 pub mod echo;
+pub mod generation;
 pub mod plot;
 pub mod record;
 pub mod report;

@@ -24,6 +24,8 @@ struct Cli {
 enum Command {
     /// Send an open-loop load to an infer endpoint and summarise it.
     Run(RunArgs),
+    /// Send an open-loop load of streamed completions to an OpenAI-compatible server.
+    Generate(GenerateArgs),
     /// Serve a bare hyper echo server (the floor of the overhead benchmark).
     Echo {
         #[arg(long, default_value = "127.0.0.1:0")]
@@ -36,7 +38,45 @@ enum Command {
         /// Seconds of each open-loop run.
         #[arg(long, default_value_t = 20)]
         seconds: u64,
+        /// Run only the generation section and print it (BENCHMARKS.md is left as it is).
+        #[arg(long)]
+        generation_only: bool,
     },
+}
+
+#[derive(Debug, clap::Args)]
+struct GenerateArgs {
+    /// The completions endpoint, e.g. http://127.0.0.1:8080/v1/completions
+    #[arg(long)]
+    url: String,
+    #[arg(long)]
+    model: String,
+    /// Requests per second (Poisson).
+    #[arg(long, default_value_t = 5.0)]
+    rate: f64,
+    #[arg(long, default_value = "30s", value_parser = duration::parse)]
+    duration: Duration,
+    /// Prompt words, uniformly between the two.
+    #[arg(long, num_args = 2, default_values_t = [32, 512])]
+    prompt: Vec<u32>,
+    /// max_tokens, uniformly between the two.
+    #[arg(long, num_args = 2, default_values_t = [16, 256])]
+    output: Vec<u32>,
+    /// Time to first token each request is judged against.
+    #[arg(long, default_value = "1s", value_parser = duration::parse)]
+    ttft: Duration,
+    /// Time per output token: the inter-token target, and the completion deadline's slope
+    /// (deadline = ttft + max_tokens × tpot).
+    #[arg(long, default_value = "100ms", value_parser = duration::parse)]
+    tpot: Duration,
+    /// Do not send the deadlines as x-ferry-* headers.
+    #[arg(long)]
+    no_deadline_headers: bool,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -90,16 +130,19 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Run(args) => load(args).await,
+            Command::Generate(args) => generate(args).await,
             Command::Echo { listen } => {
                 let listener = tokio::net::TcpListener::bind(listen).await?;
                 println!("ferry-load echo listening on http://{}", listener.local_addr()?);
                 echo::serve(listener).await?;
                 Ok(())
             }
-            Command::Bench { out, seconds } => {
-                let md = bench::run(&BenchOptions { out: out.clone(), seconds }).await?;
+            Command::Bench { out, seconds, generation_only } => {
+                let md = bench::run(&BenchOptions { out: out.clone(), seconds, generation_only }).await?;
                 println!("{md}");
-                eprintln!("wrote {}", out.display());
+                if !generation_only {
+                    eprintln!("wrote {}", out.display());
+                }
                 Ok(())
             }
         }
@@ -140,6 +183,41 @@ async fn load(args: RunArgs) -> anyhow::Result<()> {
     if let Some(path) = args.plot {
         plot::svg(&summary, spec.rate, "ferry-load", &path)?;
         eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+async fn generate(args: GenerateArgs) -> anyhow::Result<()> {
+    use ferry_load::generation::{stream, summary, trace};
+    anyhow::ensure!(args.rate > 0.0, "--rate is {}; it must be more than 0", args.rate);
+    let range = |v: &[u32], flag: &str| -> anyhow::Result<(u32, u32)> {
+        anyhow::ensure!(
+            v[0] >= 1 && v[0] <= v[1],
+            "--{flag} is {} {}; it must be two numbers, 1 <= low <= high",
+            v[0],
+            v[1]
+        );
+        Ok((v[0], v[1]))
+    };
+    let shape = trace::Shape {
+        rate: args.rate,
+        duration: args.duration,
+        prompt: range(&args.prompt, "prompt")?,
+        output: range(&args.output, "output")?,
+        ttft: args.ttft,
+        tpot: args.tpot,
+        seed: args.seed,
+    };
+    let target = stream::Target { url: args.url, model: args.model, send_deadlines: !args.no_deadline_headers };
+    let samples = stream::run(&target, &trace::trace(&shape), Duration::from_secs(60)).await?;
+    let s = summary::Summary::of(&samples, shape.duration);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        println!("| requests | {} |\n|---|---|", s.sent);
+        for (name, value) in summary::HEADER.split(" | ").zip(summary::cells(&s).split(" | ")) {
+            println!("| {name} | {value} |");
+        }
     }
     Ok(())
 }

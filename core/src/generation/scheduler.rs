@@ -481,8 +481,21 @@ impl Scheduler {
         let mut shape = StepShape::default();
         let mut cap: Option<Duration> = None;
         let deadlines = self.policy.discipline == Discipline::Deadlines;
-        // Static batching forms a batch only when the last one has left the engine.
+        // Static batching forms a batch only when the last one has left the engine, and the
+        // batch is all it takes then: up to `maxSequences` waiting sequences, prefilled over as
+        // many steps as their prompts need.
         let batch_open = self.policy.discipline != Discipline::Static || self.running.is_empty();
+        if self.policy.discipline == Discipline::Static && self.running.is_empty() {
+            let batch: Vec<SeqId> =
+                self.waiting.iter().map(|(_, _, id)| *id).take(self.policy.max_sequences as usize).collect();
+            for id in batch {
+                self.dequeue(id);
+                self.running.push(id);
+                let seq = self.seqs.get_mut(&id).expect("held");
+                seq.running = true;
+                seq.started.get_or_insert(now);
+            }
+        }
         for id in &decodes {
             let s = &self.seqs[id];
             members.push(Member {
@@ -514,7 +527,8 @@ impl Scheduler {
             // A step that had to preempt starts nothing new: the blocks it freed are for the
             // decodes, and the victim must not be restarted (recomputed) in the very step that
             // evicted it.
-            if new && (self.running.len() >= self.policy.max_sequences as usize || !preempted.is_empty() || !batch_open) {
+            if new && (self.running.len() >= self.policy.max_sequences as usize || !preempted.is_empty() || !batch_open)
+            {
                 break;
             }
             let s = &self.seqs[&id];
