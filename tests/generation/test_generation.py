@@ -151,3 +151,35 @@ def test_a_stream_cut_by_its_deadline_ends_with_an_error_event_and_no_done():
         assert "deadline" in str(e.value)
     finally:
         s.stop()
+
+
+def test_sigterm_lets_running_streams_finish_and_refuses_new_ones():
+    s = Sidecar()
+    try:
+        conn, r = open_stream(s, {"prompt": "d e", "max_tokens": 400})
+        stream = events(r)
+        next(stream)
+        s.process.send_signal(signal.SIGTERM)
+        # Readiness turns false first (the sidecar's own answer says when it is draining).
+        deadline = time.monotonic() + 10
+        while True:
+            probe = http.client.HTTPConnection(s.address, timeout=5)
+            probe.request("GET", "/v2/health/ready")
+            status = probe.getresponse().status
+            probe.close()
+            if status == 503:
+                break
+            assert time.monotonic() < deadline, "readiness never turned false"
+            time.sleep(0.02)
+        with pytest.raises(openai.APIStatusError) as e:
+            s.client.completions.create(model=MODEL, prompt="a", max_tokens=2)
+        assert e.value.status_code == 503 and "draining" in e.value.message
+        rest = list(stream)
+        conn.close()
+        assert rest[-1] == "data: [DONE]", "the running stream finished"
+        texts = [json.loads(line[5:])["choices"][0]["text"] for line in rest[:-1] if '"choices":[{' in line]
+        assert len([t for t in texts if t]) == 399
+        assert s.process.wait(timeout=30) == 0
+    finally:
+        if s.process.poll() is None:
+            s.stop()
