@@ -11,7 +11,14 @@ import json
 import openai
 import pytest
 
-from conftest import MODEL, Sidecar
+from generation_sidecar import MODEL, Sidecar
+
+
+@pytest.fixture(scope="module")
+def sidecar():
+    s = Sidecar()
+    yield s
+    s.stop()
 
 
 def open_stream(sidecar, body, headers=None):

@@ -1,5 +1,6 @@
-"""Fixtures of the generation tests: a real ferry-sidecar process serving the sim-llm engine over
-real HTTP on 127.0.0.1, and OpenAI's own Python client pointed at it."""
+"""A real ferry-sidecar process serving the sim-llm engine over real HTTP on 127.0.0.1, and
+OpenAI's own Python client pointed at it. (Not a conftest.py: the embedding tests import their
+own conftest by name, and pytest keeps one module of that name.)"""
 
 import os
 import re
@@ -85,10 +86,3 @@ class Sidecar:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.process.kill()
-
-
-@pytest.fixture(scope="module")
-def sidecar():
-    s = Sidecar()
-    yield s
-    s.stop()
