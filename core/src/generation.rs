@@ -12,6 +12,8 @@
 //! - [`forecast`]: admission — the scheduler run forward in virtual time to see whether every
 //!   promise holds with the newcomer.
 //! - [`ledger`]: the state machine the sidecar's shell drives: events in with `now`, effects out.
+//! - [`window`]: the concurrency window in front of an LLM server that batches by itself: how
+//!   many requests are in flight upstream, its admission, its learned model of the upstream.
 //! - [`replay`]: the ledger in virtual time with the `sim-llm` model, for exact tests, property
 //!   tests and the benchmark.
 
@@ -22,6 +24,7 @@ pub mod replay;
 pub mod scheduler;
 pub mod sequence;
 pub mod step;
+pub mod window;
 
 #[cfg(test)]
 mod tests;

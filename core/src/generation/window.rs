@@ -1,0 +1,553 @@
+//! The concurrency window in front of an LLM server that batches by itself (vLLM, SGLang, TGI,
+//! llama.cpp's server): the sidecar does not compose steps, it decides how many requests the
+//! upstream has in flight — the most that keeps the measured inter-token time within the
+//! tightest target of the requests running — and queues the rest under its own deadline rules.
+//! A pure state machine like the other ledgers: events in with `now`, effects out.
+//!
+//! What it learns of the upstream, online and tail-aware (the same least-squares fit plus the
+//! 90th percentile of recent errors as the step and batch estimators):
+//! - time to first token as a function of the prompt's tokens and the requests in flight;
+//! - time between tokens as a function of the requests in flight.
+//!
+//! Admission forecasts, in the queue's order (priority, then TTFT deadline), when each waiting
+//! request would get a slot (running requests taking all of their `max_tokens`), its first token
+//! and its last; a request is refused at arrival when its promises would not hold, or when taking
+//! it would break those of a waiting request that keeps them without it. Waiting requests whose
+//! deadline passes are answered 504 and never sent; a running one is aborted upstream at its
+//! deadline. Upstream errors before the first token are retried while time and attempts remain.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::sequence::{End, FinishReason, Request, SeqId};
+use crate::estimate::Linear;
+use crate::margin::Margin;
+use crate::outcome::{Outcome, Refusal};
+use crate::ticket::Priority;
+
+/// The window's bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowPolicy {
+    /// Requests in flight upstream at most (its slots, e.g. llama.cpp's `n_parallel`).
+    pub max_in_flight: u32,
+    pub max_queue: usize,
+    pub max_queue_bytes: u64,
+    pub max_queue_tokens: u64,
+    /// The upstream model's context: prompt plus produced tokens.
+    pub max_context: u32,
+    /// Sends a request may take when the upstream fails before its first token.
+    pub max_attempts: u32,
+}
+
+/// What the upstream is taken to cost before anything is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamCost {
+    pub ttft_fixed: Duration,
+    pub ttft_per_prompt_token: Duration,
+    pub ttft_per_running: Duration,
+    pub itl_fixed: Duration,
+    pub itl_per_running: Duration,
+}
+
+impl Default for UpstreamCost {
+    fn default() -> Self {
+        UpstreamCost {
+            ttft_fixed: Duration::from_millis(50),
+            ttft_per_prompt_token: Duration::from_micros(200),
+            ttft_per_running: Duration::from_millis(5),
+            itl_fixed: Duration::from_millis(20),
+            itl_per_running: Duration::from_millis(2),
+        }
+    }
+}
+
+/// The upstream's measured times.
+#[derive(Debug, Clone)]
+pub struct UpstreamModel {
+    ttft: Linear,
+    itl: Linear,
+}
+
+fn ns(d: Duration) -> f64 {
+    d.as_nanos() as f64
+}
+
+impl UpstreamModel {
+    pub fn new(cost: UpstreamCost) -> Self {
+        UpstreamModel {
+            ttft: Linear::new([ns(cost.ttft_fixed), ns(cost.ttft_per_prompt_token), ns(cost.ttft_per_running), 0.0]),
+            itl: Linear::new([ns(cost.itl_fixed), ns(cost.itl_per_running), 0.0, 0.0]),
+        }
+    }
+
+    /// Time to first token of a prompt of `prompt` tokens sent with `running` requests in flight
+    /// (itself included).
+    pub fn ttft(&self, prompt: u32, running: u32) -> Duration {
+        self.ttft.estimate([1.0, f64::from(prompt), f64::from(running), 0.0])
+    }
+
+    /// Time between tokens with `running` requests in flight.
+    pub fn itl(&self, running: u32) -> Duration {
+        self.itl.estimate([1.0, f64::from(running), 0.0, 0.0])
+    }
+
+    fn observe_ttft(&mut self, prompt: u32, running: u32, took: Duration) {
+        self.ttft.observe([1.0, f64::from(prompt), f64::from(running), 0.0], took);
+    }
+
+    fn observe_itl(&mut self, running: u32, gap: Duration) {
+        self.itl.observe([1.0, f64::from(running), 0.0, 0.0], gap);
+    }
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Submit(Request),
+    /// Its caller went away.
+    Cancel(SeqId),
+    /// The upstream sent a request's first token.
+    First(SeqId),
+    /// The upstream sent another token.
+    Token(SeqId),
+    /// The upstream finished the request.
+    Done {
+        id: SeqId,
+        reason: FinishReason,
+    },
+    /// The upstream request failed: a refusal of the upstream's own (429, 503: with its outcome
+    /// and `Retry-After`), or an error (`outcome` `Failed`).
+    Failed {
+        id: SeqId,
+        refusal: Refusal,
+    },
+    /// Whether the upstream answers its health check.
+    Ready(bool),
+    /// The shell's timer woke it this late (part of the deadline margin).
+    Woke(Duration),
+}
+
+/// What the shell must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// Send the request upstream.
+    Release { id: SeqId },
+    /// Close its upstream request (its deadline came, or its caller left).
+    Abort { id: SeqId },
+    /// It ended; `admitted` is false for a refusal at admission.
+    End { id: SeqId, end: End, admitted: bool },
+    /// It was sent upstream after waiting this long.
+    Started { id: SeqId, waited: Duration },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Flight {
+    sent: Instant,
+    /// In flight when it was sent, itself included.
+    running_at_send: u32,
+    first: Option<Instant>,
+    last: Instant,
+    tokens: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    request: Request,
+    flight: Option<Flight>,
+    attempts: u32,
+}
+
+impl Entry {
+    fn order(&self) -> (Priority, Instant, SeqId) {
+        (self.request.priority, self.request.ttft_deadline, self.request.id)
+    }
+}
+
+/// One model version's window. See the module documentation.
+#[derive(Debug, Clone)]
+pub struct Window {
+    policy: WindowPolicy,
+    model: UpstreamModel,
+    margin: Margin,
+    entries: BTreeMap<SeqId, Entry>,
+    waiting: BTreeSet<(Priority, Instant, SeqId)>,
+    running: BTreeSet<SeqId>,
+    queued_bytes: u64,
+    queued_tokens: u64,
+    ready: bool,
+}
+
+impl Window {
+    pub fn new(policy: WindowPolicy, cost: UpstreamCost, margin: Duration) -> Self {
+        Window {
+            policy,
+            model: UpstreamModel::new(cost),
+            margin: Margin::new(margin),
+            entries: BTreeMap::new(),
+            waiting: BTreeSet::new(),
+            running: BTreeSet::new(),
+            queued_bytes: 0,
+            queued_tokens: 0,
+            ready: false,
+        }
+    }
+
+    pub fn model(&self) -> &UpstreamModel {
+        &self.model
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn queued_bytes(&self) -> u64 {
+        self.queued_bytes
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn oldest_waiting(&self) -> Option<Instant> {
+        self.waiting.iter().map(|(_, _, id)| self.entries[id].request.arrival).min()
+    }
+
+    /// The most requests in flight that keep the estimated inter-token time within the tightest
+    /// target of those running and of the next to go; at least one.
+    pub fn window(&self) -> u32 {
+        let targets = self.running.iter().chain(self.waiting.iter().map(|(_, _, id)| id).take(1));
+        let Some(tightest) = targets.map(|id| self.entries[id].request.itl).min() else {
+            return self.policy.max_in_flight;
+        };
+        (1..=self.policy.max_in_flight).rev().find(|n| self.model.itl(*n) <= tightest).unwrap_or(1)
+    }
+
+    /// The next instant a deadline comes.
+    pub fn next_wake(&self) -> Option<Instant> {
+        self.entries
+            .values()
+            .map(|e| {
+                let first_pending = e.flight.is_none_or(|f| f.first.is_none());
+                if first_pending {
+                    e.request.ttft_deadline.min(e.request.deadline)
+                } else {
+                    e.request.deadline
+                }
+            })
+            .min()
+    }
+
+    pub fn step(&mut self, now: Instant, events: Vec<Event>, effects: &mut Vec<Effect>) {
+        let mut commands = Vec::new();
+        for event in events {
+            match event {
+                Event::First(id) => self.first(id, now),
+                Event::Token(id) => self.token(id, now),
+                Event::Done { id, reason } => {
+                    if self.running.contains(&id) {
+                        self.remove(id);
+                        effects.push(Effect::End { id, end: End::Finished(reason), admitted: true });
+                    }
+                }
+                Event::Failed { id, refusal } => self.failed(id, refusal, now, effects),
+                Event::Ready(ready) => self.ready = ready,
+                Event::Woke(late) => self.margin.observe_wake(late),
+                command => commands.push(command),
+            }
+        }
+        self.expire(now, effects);
+        for command in commands {
+            match command {
+                Event::Submit(r) => self.submit(r, now, effects),
+                Event::Cancel(id) => {
+                    if self.running.contains(&id) {
+                        effects.push(Effect::Abort { id });
+                    }
+                    self.remove(id);
+                }
+                _ => unreachable!("sorted above"),
+            }
+        }
+        self.release(now, effects);
+    }
+
+    fn first(&mut self, id: SeqId, now: Instant) {
+        let Some(entry) = self.entries.get_mut(&id) else { return };
+        let Some(flight) = entry.flight.as_mut() else { return };
+        if flight.first.is_none() {
+            flight.first = Some(now);
+            flight.last = now;
+            flight.tokens = 1;
+            let (prompt, running, took) = (entry.request.prompt, flight.running_at_send, now - flight.sent);
+            self.model.observe_ttft(prompt, running, took);
+        }
+    }
+
+    fn token(&mut self, id: SeqId, now: Instant) {
+        let running = self.running.len() as u32;
+        let Some(flight) = self.entries.get_mut(&id).and_then(|e| e.flight.as_mut()) else { return };
+        let gap = now - flight.last;
+        flight.last = now;
+        flight.tokens += 1;
+        self.model.observe_itl(running, gap);
+    }
+
+    fn failed(&mut self, id: SeqId, refusal: Refusal, now: Instant, effects: &mut Vec<Effect>) {
+        let Some(entry) = self.entries.get(&id) else { return };
+        let started = entry.flight.is_some_and(|f| f.first.is_some());
+        let r = entry.request;
+        let retry = refusal.outcome == Outcome::Failed
+            && !started
+            && entry.attempts < self.policy.max_attempts
+            && now + self.model.ttft(r.prompt, self.running.len() as u32) + self.margin.get() <= r.ttft_deadline;
+        if retry {
+            // Back to the front of its priority: it keeps its place by TTFT deadline.
+            self.running.remove(&id);
+            let entry = self.entries.get_mut(&id).expect("held");
+            entry.flight = None;
+            let order = entry.order();
+            self.waiting.insert(order);
+            self.queued_bytes += r.bytes;
+            self.queued_tokens += u64::from(r.prompt);
+            return;
+        }
+        self.remove(id);
+        effects.push(Effect::End { id, end: End::Refused(refusal), admitted: true });
+    }
+
+    fn remove(&mut self, id: SeqId) {
+        let Some(entry) = self.entries.remove(&id) else { return };
+        if self.waiting.remove(&entry.order()) {
+            self.queued_bytes -= entry.request.bytes;
+            self.queued_tokens -= u64::from(entry.request.prompt);
+        }
+        self.running.remove(&id);
+    }
+
+    fn expire(&mut self, now: Instant, effects: &mut Vec<Effect>) {
+        let due: Vec<(SeqId, bool, Refusal)> = self
+            .entries
+            .values()
+            .filter_map(|e| {
+                let r = &e.request;
+                let first = e.flight.and_then(|f| f.first);
+                let ms = |t: Instant| (t - r.arrival).as_millis();
+                let refusal = if now >= r.deadline {
+                    Refusal::new(
+                        Outcome::Expired,
+                        format!("deadline passed after {} ms; the deadline was {} ms", ms(now), ms(r.deadline)),
+                    )
+                } else if first.is_none() && now >= r.ttft_deadline {
+                    Refusal::new(
+                        Outcome::Expired,
+                        format!(
+                            "no first token by the TTFT deadline: {} ms after arrival; the TTFT deadline was {} ms",
+                            ms(now),
+                            ms(r.ttft_deadline)
+                        ),
+                    )
+                } else {
+                    return None;
+                };
+                Some((r.id, e.flight.is_some(), refusal))
+            })
+            .collect();
+        for (id, sent, refusal) in due {
+            if sent {
+                effects.push(Effect::Abort { id });
+            }
+            self.remove(id);
+            effects.push(Effect::End { id, end: End::Refused(refusal), admitted: true });
+        }
+    }
+
+    fn release(&mut self, now: Instant, effects: &mut Vec<Effect>) {
+        if !self.ready {
+            return;
+        }
+        while (self.running.len() as u32) < self.window() {
+            let Some(&(p, t, id)) = self.waiting.first() else { break };
+            self.waiting.remove(&(p, t, id));
+            let running_at_send = self.running.len() as u32 + 1;
+            let entry = self.entries.get_mut(&id).expect("held");
+            self.queued_bytes -= entry.request.bytes;
+            self.queued_tokens -= u64::from(entry.request.prompt);
+            entry.attempts += 1;
+            entry.flight = Some(Flight { sent: now, running_at_send, first: None, last: now, tokens: 0 });
+            self.running.insert(id);
+            effects.push(Effect::Release { id });
+            if entry.attempts == 1 {
+                effects.push(Effect::Started { id, waited: now - entry.request.arrival });
+            }
+        }
+    }
+
+    fn submit(&mut self, r: Request, now: Instant, effects: &mut Vec<Effect>) {
+        match self.check(&r).and_then(|()| self.admissible(&r, now)) {
+            Ok(()) => {
+                let entry = Entry { request: r, flight: None, attempts: 0 };
+                self.waiting.insert(entry.order());
+                self.queued_bytes += r.bytes;
+                self.queued_tokens += u64::from(r.prompt);
+                self.entries.insert(r.id, entry);
+            }
+            Err(refusal) => effects.push(Effect::End { id: r.id, end: End::Refused(refusal), admitted: false }),
+        }
+    }
+
+    fn check(&self, r: &Request) -> Result<(), Refusal> {
+        let p = &self.policy;
+        let total = u64::from(r.prompt) + u64::from(r.max_tokens);
+        if total > u64::from(p.max_context) {
+            return Err(Refusal::invalid(format!(
+                "the prompt has about {} tokens and max_tokens is {}: {total} tokens; the upstream's context holds {}",
+                r.prompt, r.max_tokens, p.max_context
+            )));
+        }
+        let full = |what: String| Refusal::new(Outcome::QueueFull, what).retry_after(Duration::from_secs(1));
+        if self.waiting.len() >= p.max_queue {
+            return Err(full(format!(
+                "queue full: {} requests waiting (--max-queue {})",
+                self.waiting.len(),
+                p.max_queue
+            )));
+        }
+        if self.queued_bytes + r.bytes > p.max_queue_bytes {
+            return Err(full(format!(
+                "queue full: {} bytes waiting and this request is {} (--max-queue-bytes {})",
+                self.queued_bytes, r.bytes, p.max_queue_bytes
+            )));
+        }
+        if self.queued_tokens + u64::from(r.prompt) > p.max_queue_tokens {
+            return Err(full(format!(
+                "queue full: {} prompt tokens waiting and this prompt has about {} (--max-queue-tokens {})",
+                self.queued_tokens, r.prompt, p.max_queue_tokens
+            )));
+        }
+        if self.model.itl(1) > r.itl {
+            return Err(Refusal::new(
+                Outcome::Infeasible,
+                format!(
+                    "the upstream's inter-token time is {:.1} ms even alone; the inter-token target is {} ms",
+                    self.model.itl(1).as_secs_f64() * 1e3,
+                    r.itl.as_millis()
+                ),
+            )
+            .retry_after(Duration::from_secs(1)));
+        }
+        Ok(())
+    }
+
+    /// When each waiting request (and `extra`) would get its first and last token, in queue order.
+    fn forecast(&self, extra: Option<&Request>, now: Instant) -> BTreeMap<SeqId, (Instant, Instant)> {
+        let n = self.window().max(1);
+        let itl = self.model.itl(n);
+        // When each of the `n` slots frees: running requests take all of their max_tokens.
+        let mut slots: BinaryHeap<Reverse<Instant>> = self
+            .running
+            .iter()
+            .map(|id| {
+                let e = &self.entries[id];
+                let f = e.flight.expect("running requests are in flight");
+                let first = f.first.unwrap_or(f.sent + self.model.ttft(e.request.prompt, f.running_at_send));
+                let left = e.request.max_tokens.saturating_sub(f.tokens.max(1));
+                Reverse((first + itl * left).max(now))
+            })
+            .collect();
+        while slots.len() < n as usize {
+            slots.push(Reverse(now));
+        }
+        let mut order: Vec<(Priority, Instant, SeqId, Request)> =
+            self.waiting.iter().map(|&(p, t, id)| (p, t, id, self.entries[&id].request)).collect();
+        if let Some(r) = extra {
+            order.push((r.priority, r.ttft_deadline, r.id, *r));
+            order.sort_by_key(|(p, t, id, _)| (*p, *t, *id));
+        }
+        let mut out = BTreeMap::new();
+        for (_, _, id, r) in order {
+            let Reverse(free) = slots.pop().expect("at least one slot");
+            let first = free.max(now) + self.model.ttft(r.prompt, n);
+            let end = first + itl * r.max_tokens.saturating_sub(1);
+            slots.push(Reverse(end));
+            out.insert(id, (first, end));
+        }
+        out
+    }
+
+    fn keeps(r: &Request, (first, end): (Instant, Instant), margin: Duration) -> bool {
+        first + margin <= r.ttft_deadline && end + margin <= r.deadline
+    }
+
+    fn admissible(&self, r: &Request, now: Instant) -> Result<(), Refusal> {
+        let margin = self.margin.get();
+        let with = self.forecast(Some(r), now);
+        let (first, end) = with[&r.id];
+        let ms = |t: Instant| (t.saturating_duration_since(r.arrival)).as_millis();
+        let infeasible = |message: String, over: Duration| {
+            Refusal::new(Outcome::Infeasible, message).retry_after(over.max(Duration::from_secs(1)))
+        };
+        if first + margin > r.ttft_deadline {
+            return Err(infeasible(
+                format!(
+                    "the first token is forecast {} ms after arrival ({} in flight upstream, {} waiting); the TTFT deadline is {} ms",
+                    ms(first),
+                    self.running.len(),
+                    self.waiting.len(),
+                    ms(r.ttft_deadline)
+                ),
+                first.saturating_duration_since(r.ttft_deadline),
+            ));
+        }
+        if end + margin > r.deadline {
+            let itl = self.model.itl(self.window().max(1));
+            let room = r.deadline.saturating_duration_since(first + margin);
+            let fit = 1 + (room.as_nanos() / itl.as_nanos().max(1)) as u64;
+            return Err(infeasible(
+                format!(
+                    "max_tokens {} is forecast to finish {} ms after arrival (about {:.1} ms a token upstream); the deadline is {} ms: a max_tokens of {fit} would fit",
+                    r.max_tokens,
+                    ms(end),
+                    itl.as_secs_f64() * 1e3,
+                    ms(r.deadline)
+                ),
+                end.saturating_duration_since(r.deadline),
+            ));
+        }
+        let harmed = self.waiting.iter().any(|(_, _, id)| {
+            let q = &self.entries[id].request;
+            !Self::keeps(q, with[id], margin)
+        });
+        if harmed {
+            let without = self.forecast(None, now);
+            let harmed = self.waiting.iter().filter(|(_, _, id)| {
+                let q = &self.entries[id].request;
+                !Self::keeps(q, with[id], margin) && Self::keeps(q, without[id], margin)
+            });
+            let n = harmed.count();
+            if n > 0 {
+                return Err(infeasible(
+                    format!(
+                        "admitting it would make {n} waiting request(s) miss a deadline ({} in flight upstream)",
+                        self.running.len()
+                    ),
+                    Duration::ZERO,
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,186 @@
+//! The window to the millisecond: an upstream whose first token takes 50 ms + 0.2 ms per prompt
+//! token + 5 ms per request in flight, and whose tokens come every 20 ms + 2 ms per request in
+//! flight.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::*;
+
+const MS: Duration = Duration::from_millis(1);
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn policy() -> WindowPolicy {
+    WindowPolicy {
+        max_in_flight: 4,
+        max_queue: 64,
+        max_queue_bytes: 1 << 20,
+        max_queue_tokens: 1 << 20,
+        max_context: 4096,
+        max_attempts: 2,
+    }
+}
+
+struct Harness {
+    w: Window,
+    start: Instant,
+    effects: Vec<Effect>,
+}
+
+impl Harness {
+    fn new(policy: WindowPolicy) -> Self {
+        let mut h = Harness {
+            w: Window::new(policy, UpstreamCost::default(), Duration::ZERO),
+            start: Instant::now(),
+            effects: vec![],
+        };
+        h.at(0, vec![Event::Ready(true)]);
+        h
+    }
+
+    fn at(&mut self, ms: u64, events: Vec<Event>) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        self.w.step(self.start + MS * ms as u32, events, &mut effects);
+        self.effects.extend(effects.clone());
+        effects
+    }
+
+    fn request(&self, id: SeqId, at_ms: u64, prompt: u32, max_tokens: u32) -> Request {
+        let arrival = self.start + MS * at_ms as u32;
+        Request {
+            id,
+            arrival,
+            priority: Priority::Interactive,
+            prompt,
+            max_tokens,
+            bytes: 10,
+            ttft_deadline: arrival + HOUR,
+            itl: HOUR,
+            deadline: arrival + HOUR,
+        }
+    }
+}
+
+fn released(effects: &[Effect]) -> Vec<SeqId> {
+    effects.iter().filter_map(|e| if let Effect::Release { id } = e { Some(*id) } else { None }).collect()
+}
+
+fn refusal(effects: &[Effect], id: SeqId) -> Refusal {
+    effects
+        .iter()
+        .find_map(|e| match e {
+            Effect::End { id: i, end: End::Refused(r), .. } if *i == id => Some(r.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no refusal of {id} in {effects:?}"))
+}
+
+#[test]
+fn at_most_the_window_is_in_flight_and_a_finished_request_makes_room_at_once() {
+    let mut h = Harness::new(policy());
+    let submits: Vec<Event> = (0..6).map(|i| Event::Submit(h.request(i, 0, 10, 5))).collect();
+    assert_eq!(released(&h.at(0, submits)), vec![0, 1, 2, 3]);
+    assert_eq!((h.w.running(), h.w.waiting()), (4, 2));
+    let e = h.at(80, vec![Event::First(2), Event::Done { id: 2, reason: FinishReason::Stop }]);
+    assert_eq!(released(&e), vec![4], "the next in line goes the moment a slot frees");
+    assert!(e.contains(&Effect::Started { id: 4, waited: 80 * MS }));
+}
+
+#[test]
+fn a_tight_inter_token_target_narrows_the_window() {
+    // 20 ms + 2 ms per request in flight: a 26 ms target allows 3 at once.
+    let mut h = Harness::new(WindowPolicy { max_in_flight: 16, ..policy() });
+    let submits: Vec<Event> =
+        (0..6).map(|i| Event::Submit(Request { itl: 26 * MS, ..h.request(i, 0, 10, 5) })).collect();
+    assert_eq!(released(&h.at(0, submits)), vec![0, 1, 2]);
+    assert_eq!(h.w.window(), 3);
+}
+
+#[test]
+fn a_request_that_cannot_get_its_first_token_in_time_is_refused_at_arrival_with_the_forecast() {
+    let mut h = Harness::new(WindowPolicy { max_in_flight: 1, ..policy() });
+    let first = h.request(0, 0, 100, 50);
+    h.at(0, vec![Event::Submit(first)]);
+    // The first request holds the only slot until 50 + 20 + 5 + 49 × 22 = 1153 ms; the second's
+    // first token would come 75 ms after that.
+    let second = Request { ttft_deadline: h.start + 1000 * MS, ..h.request(1, 0, 100, 5) };
+    let e = h.at(0, vec![Event::Submit(second)]);
+    let r = refusal(&e, 1);
+    assert_eq!(r.outcome, Outcome::Infeasible);
+    assert!(r.message.contains("first token is forecast 1228 ms after arrival"), "{}", r.message);
+    assert!(r.retry_after.is_some());
+}
+
+#[test]
+fn a_completion_that_cannot_fit_names_the_max_tokens_that_would() {
+    let mut h = Harness::new(policy());
+    // The forecast takes the window to be full (4 in flight: others may join it): the first
+    // token at 50 + 2 + 20 = 72 ms, then 28 ms a token; 500 ms hold 16.
+    let r = Request { deadline: h.start + 500 * MS, ..h.request(0, 0, 10, 100) };
+    let e = h.at(0, vec![Event::Submit(r)]);
+    let r = refusal(&e, 0);
+    assert!(r.message.contains("about 28.0 ms a token upstream"), "{}", r.message);
+    assert!(r.message.contains("a max_tokens of 16 would fit"), "{}", r.message);
+    let ok = Request { deadline: h.start + 500 * MS, ..h.request(1, 0, 10, 16) };
+    assert_eq!(released(&h.at(0, vec![Event::Submit(ok)])), vec![1]);
+}
+
+#[test]
+fn a_queued_request_past_its_ttft_deadline_is_never_sent_and_a_running_one_is_aborted_at_its_deadline() {
+    let mut h = Harness::new(WindowPolicy { max_in_flight: 1, ..policy() });
+    // Admitted on the prior's figures; the upstream turns out slower.
+    let a = Request { ttft_deadline: h.start + 100 * MS, deadline: h.start + 2000 * MS, ..h.request(0, 0, 10, 10) };
+    let b = Request { ttft_deadline: h.start + 600 * MS, ..h.request(1, 0, 10, 5) };
+    h.at(0, vec![Event::Submit(a), Event::Submit(b)]);
+    assert_eq!(released(&h.effects), vec![0]);
+    h.at(80, vec![Event::First(0)]);
+    let e = h.at(600, vec![]);
+    assert_eq!(refusal(&e, 1).outcome, Outcome::Expired);
+    assert!(released(&e).is_empty(), "never sent");
+    let e = h.at(2000, vec![]);
+    assert!(e.contains(&Effect::Abort { id: 0 }));
+    assert_eq!(refusal(&e, 0).outcome, Outcome::Expired);
+    assert!(h.w.is_idle());
+}
+
+#[test]
+fn an_upstream_error_before_the_first_token_is_retried_and_after_it_ends_the_stream() {
+    let mut h = Harness::new(policy());
+    h.at(0, vec![Event::Submit(h.request(0, 0, 10, 5)), Event::Submit(h.request(1, 0, 10, 5))]);
+    let e = h.at(10, vec![Event::Failed { id: 0, refusal: Refusal::new(Outcome::Failed, "connection reset") }]);
+    assert_eq!(released(&e), vec![0], "sent again at once");
+    assert!(!e.iter().any(|e| matches!(e, Effect::Started { id: 0, .. })), "its wait was counted once");
+    let e = h.at(20, vec![Event::Failed { id: 0, refusal: Refusal::new(Outcome::Failed, "connection reset") }]);
+    assert_eq!(refusal(&e, 0).outcome, Outcome::Failed, "two attempts were its budget");
+    h.at(60, vec![Event::First(1)]);
+    let e = h.at(70, vec![Event::Failed { id: 1, refusal: Refusal::new(Outcome::Failed, "upstream closed") }]);
+    assert_eq!(refusal(&e, 1).message, "upstream closed", "after its first token, never retried");
+}
+
+#[test]
+fn nothing_is_sent_while_the_upstream_is_not_ready() {
+    let mut h = Harness::new(policy());
+    h.at(0, vec![Event::Ready(false)]);
+    assert!(released(&h.at(1, vec![Event::Submit(h.request(0, 1, 10, 5))])).is_empty());
+    assert_eq!(released(&h.at(5, vec![Event::Ready(true)])), vec![0]);
+}
+
+#[test]
+fn admitting_a_request_never_breaks_the_promise_of_one_waiting() {
+    let mut h = Harness::new(WindowPolicy { max_in_flight: 1, ..policy() });
+    h.at(0, vec![Event::Submit(h.request(0, 0, 10, 10))]);
+    // Waiting: b's first token is forecast at 57 + 9 × 22 + 57 = 312 ms; its TTFT deadline is 320.
+    let b = Request { ttft_deadline: h.start + 320 * MS, ..h.request(1, 0, 10, 5) };
+    h.at(0, vec![Event::Submit(b)]);
+    assert_eq!(h.w.waiting(), 1);
+    // c, with an earlier TTFT deadline, would go first and push b past its deadline.
+    let c = Request { ttft_deadline: h.start + 319 * MS, ..h.request(2, 0, 10, 5) };
+    let e = h.at(0, vec![Event::Submit(c)]);
+    let r = refusal(&e, 2);
+    assert!(
+        r.message.contains("first token is forecast") || r.message.contains("would make 1 waiting"),
+        "{}",
+        r.message
+    );
+}
