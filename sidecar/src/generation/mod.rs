@@ -13,3 +13,4 @@ pub mod engine;
 pub mod shell;
 pub mod sim;
 pub mod stop;
+pub mod stream;

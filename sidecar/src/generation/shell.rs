@@ -21,13 +21,13 @@ use tokio::time::Instant;
 
 use super::engine::{Detokenizer, Sampling, SeqInput, StepEngine, StepInput};
 use super::stop::StopMatcher;
+use super::stream::{Control, Finished, Piece, Sent, Stream};
 use crate::engine::EngineError;
 use crate::metrics::GenerationMetrics;
 use crate::tally::Tally;
 use ferry_core::generation::ledger::{Effect, Event, Ledger};
 use ferry_core::generation::scheduler::StepPlan;
 use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
-use ferry_core::outcome::{Outcome, Refusal};
 use ferry_core::ticket::Priority;
 
 /// A generation request for the shell: its prompt's tokens and what admission needs.
@@ -45,38 +45,10 @@ pub struct Submission {
     pub deadline: Instant,
 }
 
-/// How a generation finished.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Finished {
-    pub reason: FinishReason,
-    pub prompt_tokens: u32,
-    pub completion_tokens: u32,
-    /// Arrival to its first step.
-    pub queued: Duration,
-    /// Arrival to its first token.
-    pub ttft: Duration,
-}
-
-/// What a caller receives: pieces of text, then one end.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Piece {
-    Text(String),
-    End(Result<Finished, Refusal>),
-}
-
-/// A piece on its way, with the instant the shell sent it.
-struct Sent {
-    piece: Piece,
-    at: Instant,
-    /// With the first token: arrival to the sequence's first step.
-    queued: Option<Duration>,
-}
-
 enum Command {
     Submit { id: SeqId, submission: Submission, stream: mpsc::UnboundedSender<Sent> },
-    Cancel(SeqId),
+    Control(Control),
     Drain(oneshot::Sender<()>),
-    Trip(Duration),
 }
 
 /// A handle to one model version's generation task. Cheap to clone.
@@ -131,25 +103,14 @@ impl Generator {
     pub fn submit(&self, submission: Submission, tally: Tally) -> Stream {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
-        let (arrival, ttft_deadline, deadline) = (submission.arrival, submission.ttft_deadline, submission.deadline);
-        let mut stream = Stream {
-            id,
-            rx,
-            commands: self.commands.clone(),
-            tally: Some(tally),
-            metrics: self.metrics.clone(),
-            arrival,
-            ttft_deadline,
-            deadline,
-            seen_first: false,
-            ended: false,
-            queued: None,
-            first_at: None,
-        };
+        let commands = self.commands.clone();
+        let control = Box::new(move |c: Control| {
+            let _ = commands.send(Command::Control(c));
+        });
+        let mut stream = Stream::new(id, rx, control, tally, self.metrics.late_results.clone(), &submission);
         if self.commands.send(Command::Submit { id, submission, stream: tx }).is_err() {
             // The task is gone (a bug stopped it): the request fails here.
-            stream.count(Outcome::Failed);
-            stream.ended = true;
+            stream.fail_now();
         }
         stream
     }
@@ -184,106 +145,6 @@ impl Generator {
             Instant::now().saturating_duration_since(self.epoch + Duration::from_nanos(oldest)).as_secs_f64()
         };
         self.metrics.oldest_age.set(age);
-    }
-}
-
-/// A caller's view of its generation. Each piece is checked against the deadlines when it is
-/// taken: a token taken after its deadline (or a first token after the TTFT deadline) is never
-/// given; the stream ends with the deadline's refusal instead. Dropping the stream before its end
-/// cancels the sequence.
-pub struct Stream {
-    id: SeqId,
-    rx: mpsc::UnboundedReceiver<Sent>,
-    commands: mpsc::UnboundedSender<Command>,
-    /// Counts the request's outcome once; dropped uncounted, it counts `cancelled`.
-    tally: Option<Tally>,
-    metrics: GenerationMetrics,
-    arrival: Instant,
-    ttft_deadline: Instant,
-    deadline: Instant,
-    seen_first: bool,
-    ended: bool,
-    queued: Option<Duration>,
-    first_at: Option<Instant>,
-}
-
-impl Stream {
-    /// Arrival to the sequence's first step, once its first token has been taken.
-    pub fn queued(&self) -> Option<Duration> {
-        self.queued
-    }
-
-    /// When its first token was taken.
-    pub fn first_token_at(&self) -> Option<Instant> {
-        self.first_at
-    }
-
-    /// The next piece; `None` after the end.
-    pub async fn next(&mut self) -> Option<Piece> {
-        if self.ended {
-            return None;
-        }
-        let Some(sent) = self.rx.recv().await else {
-            self.ended = true;
-            // The task is gone (a bug).
-            self.count(Outcome::Failed);
-            return Some(Piece::End(Err(Refusal::new(Outcome::Failed, "the generator stopped before answering"))));
-        };
-        let now = Instant::now();
-        let late = match &sent.piece {
-            Piece::Text(_) if !self.seen_first => now > self.ttft_deadline || now > self.deadline,
-            Piece::Text(_) | Piece::End(Ok(_)) => now > self.deadline,
-            Piece::End(Err(_)) => false,
-        };
-        if late {
-            self.ended = true;
-            self.metrics.late_results.inc();
-            let _ = self.commands.send(Command::Cancel(self.id));
-            let (what, limit) = if self.seen_first {
-                ("deadline", self.deadline)
-            } else {
-                ("TTFT deadline", self.ttft_deadline.min(self.deadline))
-            };
-            let refusal = Refusal::new(
-                Outcome::Expired,
-                format!(
-                    "{what} passed while the answer was on its way: {} ms after arrival; the {what} was {} ms",
-                    (now - self.arrival).as_millis(),
-                    (limit - self.arrival).as_millis()
-                ),
-            );
-            self.count(Outcome::Expired);
-            return Some(Piece::End(Err(refusal)));
-        }
-        match &sent.piece {
-            Piece::Text(_) => {
-                if !self.seen_first {
-                    self.seen_first = true;
-                    self.queued = sent.queued;
-                    self.first_at = Some(now);
-                    let _ = self.commands.send(Command::Trip(now.saturating_duration_since(sent.at)));
-                }
-            }
-            Piece::End(end) => {
-                self.ended = true;
-                self.count(end.as_ref().map_or_else(|r| r.outcome, |_| Outcome::Ok));
-            }
-        }
-        Some(sent.piece)
-    }
-
-    fn count(&mut self, outcome: Outcome) {
-        if let Some(tally) = self.tally.take() {
-            tally.count(outcome);
-        }
-    }
-}
-
-impl Drop for Stream {
-    fn drop(&mut self) {
-        if !self.ended {
-            let _ = self.commands.send(Command::Cancel(self.id));
-        }
     }
 }
 
@@ -427,12 +288,12 @@ impl Task {
                 self.callers.insert(id, caller);
                 events.push(Event::Submit(request));
             }
-            Command::Cancel(id) => {
+            Command::Control(Control::Cancel(id)) => {
                 self.callers.remove(&id);
                 events.push(Event::Cancel(id));
             }
+            Command::Control(Control::Trip(trip)) => events.push(Event::Trip(trip)),
             Command::Drain(tx) => self.drains.push(tx),
-            Command::Trip(trip) => events.push(Event::Trip(trip)),
         }
     }
 
@@ -575,5 +436,19 @@ async fn sleep_until(wake: Option<Instant>) {
     match wake {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+impl super::stream::Deadlines for Submission {
+    fn arrival(&self) -> Instant {
+        self.arrival
+    }
+
+    fn ttft_deadline(&self) -> Instant {
+        self.ttft_deadline
+    }
+
+    fn deadline(&self) -> Instant {
+        self.deadline
     }
 }
