@@ -67,7 +67,7 @@ pub struct Cli {
     /// this much of every deadline for the answer's trip back. [default: 2ms]
     #[arg(long, env = "FERRY_DEADLINE_MARGIN", value_parser = duration::parse)]
     pub deadline_margin: Option<Duration>,
-    /// Engine kind (spec.engine.kind): sim, cuda, remote or sim-llm. [default: sim]
+    /// Engine kind (spec.engine.kind): sim, cuda, remote, sim-llm or openai. [default: sim]
     #[arg(long, env = "FERRY_ENGINE")]
     pub engine: Option<String>,
     /// Fixed time per batch of the sim engine (spec.engine.sim.batchTime). [default: 100ms]
@@ -106,9 +106,12 @@ pub struct Cli {
     /// First guess of the engine's time per batch, before it is measured (remote engine). [default: 100ms]
     #[arg(long, env = "FERRY_BATCH_TIME_ESTIMATE", value_parser = duration::parse)]
     pub batch_time_estimate: Option<Duration>,
-    /// URL of the inference server beside the sidecar (remote engine).
+    /// URL of the inference server beside the sidecar (remote and openai engines).
     #[arg(long, env = "FERRY_UPSTREAM")]
     pub upstream: Option<String>,
+    /// The model's name on the upstream LLM server (openai engine). [default: --model]
+    #[arg(long, env = "FERRY_UPSTREAM_MODEL")]
+    pub upstream_model: Option<String>,
     /// Model files for the cuda engine (spec.model.source).
     #[arg(long, env = "FERRY_MODEL_SOURCE")]
     pub model_source: Option<PathBuf>,
@@ -187,12 +190,18 @@ pub enum EngineSettings {
     SimLlm {
         times: SimLlmTimes,
     },
+    /// An OpenAI-compatible LLM server at `upstream` that batches by itself, serving the model
+    /// as `model`.
+    OpenAi {
+        upstream: String,
+        model: String,
+    },
 }
 
 impl EngineSettings {
     /// Whether the engine generates text, scheduled per step.
     pub fn generates(&self) -> bool {
-        matches!(self, EngineSettings::SimLlm { .. })
+        matches!(self, EngineSettings::SimLlm { .. } | EngineSettings::OpenAi { .. })
     }
 }
 
@@ -262,10 +271,11 @@ impl Settings {
         let (model, engine, batching) = (spec.model, spec.engine, spec.batching);
         let sim = engine.sim.unwrap_or_default();
         let latency_budget = cli.latency_budget.unwrap_or(batching.latency_budget.duration());
+        let served_name = cli.model.clone().unwrap_or_else(|| model.name.clone());
         let s = Settings {
             listen: cli.listen.unwrap_or_else(|| "0.0.0.0:8080".parse().expect("valid address")),
             metrics_listen: cli.metrics_listen.unwrap_or_else(|| "0.0.0.0:9090".parse().expect("valid address")),
-            model: cli.model.unwrap_or(model.name),
+            model: served_name.clone(),
             version: cli.model_version.unwrap_or(model.version),
             max_batch_size: cli.max_batch_size.unwrap_or(batching.max_batch_size),
             max_wait: cli.max_wait.unwrap_or(batching.max_wait.duration()),
@@ -342,9 +352,18 @@ impl Settings {
                             .unwrap_or(Duration::from_micros(200)),
                     },
                 },
+                "openai" => EngineSettings::OpenAi {
+                    upstream: cli.upstream.clone().ok_or_else(|| {
+                        ConfigError(
+                            "--upstream is required when --engine is openai (the LLM server's URL, e.g. http://127.0.0.1:8000)"
+                                .into(),
+                        )
+                    })?,
+                    model: cli.upstream_model.clone().unwrap_or(served_name),
+                },
                 other => {
                     return Err(ConfigError(format!(
-                        "spec.engine.kind (--engine) is '{other}'; it must be one of sim, cuda, remote, sim-llm"
+                        "spec.engine.kind (--engine) is '{other}'; it must be one of sim, cuda, remote, sim-llm, openai"
                     )))
                 }
             },

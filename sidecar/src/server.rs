@@ -17,12 +17,14 @@ use crate::engine::embedding::EmbeddingEngine;
 use crate::engine::remote::RemoteEngine;
 use crate::engine::sim::SimEngine;
 use crate::engine::Engine;
-use crate::front::{self, Front, Generating, Served};
+use crate::front::{self, Backend, Front, Generating, Served};
 use crate::generation::engine::{KvLayout, StepEngine};
+use crate::generation::relay::Relay;
 use crate::generation::shell::Generator;
 use crate::generation::sim::SimLlm;
 use crate::metrics::Metrics;
 use ferry_core::estimate::Estimator;
+use ferry_core::generation::window::{UpstreamCost, Window, WindowPolicy};
 use ferry_core::generation::{self, kv::BlockPool, step::StepEstimator};
 use ferry_core::scheduler::{Policy, Scheduler};
 
@@ -97,7 +99,9 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading),
             loading = Some((engine.clone(), loaded));
             (engine, Estimator::new(Duration::from_millis(100), Duration::ZERO))
         }
-        EngineSettings::SimLlm { .. } => unreachable!("generation engines are built by build_generation"),
+        EngineSettings::SimLlm { .. } | EngineSettings::OpenAi { .. } => {
+            unreachable!("generation engines are built by build_generation")
+        }
     };
     let policy = Policy {
         max_batch_rows: settings.max_batch_size,
@@ -160,38 +164,55 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading),
     Ok((front, loading))
 }
 
-/// The generation model version: its step engine, its ledger and the task around it.
+/// The generation model version: its step engine, its ledger and the task around it; or the
+/// relay to its upstream server.
 fn build_generation(settings: &Settings, metrics: &Metrics) -> Front {
     let g = &settings.generation;
-    let engine: Arc<dyn StepEngine> = match settings.engine {
+    let model_metrics = metrics.generation(&settings.model, &settings.version);
+    let backend = match &settings.engine {
         EngineSettings::SimLlm { times } => {
-            Arc::new(SimLlm::new(times, KvLayout { blocks: g.kv_blocks, block_size: g.kv_block_size }))
+            let engine: Arc<dyn StepEngine> =
+                Arc::new(SimLlm::new(*times, KvLayout { blocks: g.kv_blocks, block_size: g.kv_block_size }));
+            let kv = engine.kv();
+            let policy = generation::scheduler::Policy {
+                max_batch_tokens: g.max_batch_tokens,
+                max_sequences: g.max_sequences,
+                max_queue: settings.max_queue,
+                max_queue_bytes: settings.max_queue_bytes,
+                max_queue_tokens: g.max_queue_tokens,
+                max_context: engine.model().context_length(),
+                // A new sequence leaves 1 % of the cache (at least a block) for the running decodes.
+                watermark: (kv.blocks / 100).max(1).min(kv.blocks - 1),
+                discipline: generation::scheduler::Discipline::Deadlines,
+            };
+            let scheduler = generation::scheduler::Scheduler::new(
+                policy,
+                BlockPool::new(kv.blocks, kv.block_size),
+                StepEstimator::new(engine.cost()),
+            );
+            let ledger =
+                generation::ledger::Ledger::new(scheduler, settings.deadline_margin, settings.retry.max_attempts);
+            Backend::Steps { generator: Generator::spawn(ledger, engine.clone(), model_metrics), engine }
+        }
+        EngineSettings::OpenAi { upstream, model } => {
+            let policy = WindowPolicy {
+                max_in_flight: g.max_sequences,
+                max_queue: settings.max_queue,
+                max_queue_bytes: settings.max_queue_bytes,
+                max_queue_tokens: g.max_queue_tokens,
+                // The upstream enforces its own context (a 400, passed on).
+                max_context: u32::MAX,
+                max_attempts: settings.retry.max_attempts,
+            };
+            let window = Window::new(policy, UpstreamCost::default(), settings.deadline_margin);
+            Backend::Relay(Relay::spawn(window, upstream, model, model_metrics))
         }
         _ => unreachable!("only generation engines come here"),
     };
-    let kv = engine.kv();
-    let policy = generation::scheduler::Policy {
-        max_batch_tokens: g.max_batch_tokens,
-        max_sequences: g.max_sequences,
-        max_queue: settings.max_queue,
-        max_queue_bytes: settings.max_queue_bytes,
-        max_queue_tokens: g.max_queue_tokens,
-        max_context: engine.model().context_length(),
-        // A new sequence leaves 1 % of the cache (at least a block) for the running decodes.
-        watermark: (kv.blocks / 100).max(1).min(kv.blocks - 1),
-        discipline: generation::scheduler::Discipline::Deadlines,
-    };
-    let scheduler = generation::scheduler::Scheduler::new(
-        policy,
-        BlockPool::new(kv.blocks, kv.block_size),
-        StepEstimator::new(engine.cost()),
-    );
-    let ledger = generation::ledger::Ledger::new(scheduler, settings.deadline_margin, settings.retry.max_attempts);
     let served = Generating {
         name: settings.model.clone(),
         version: settings.version.clone(),
-        generator: Generator::spawn(ledger, engine.clone(), metrics.generation(&settings.model, &settings.version)),
-        engine,
+        backend,
         ttft_budget: g.ttft_budget,
         itl: g.max_inter_token_latency,
     };
@@ -255,7 +276,7 @@ pub async fn serve(
     let generators = front.generators.iter().map(|served| {
         let served = served.clone();
         Box::pin(async move {
-            served.generator.stopped().await;
+            served.stopped().await;
             format!(
                 "the generator of model '{}' version '{}' stopped (a bug); exiting so that the pod restarts",
                 served.name, served.version
@@ -282,7 +303,7 @@ pub async fn serve(
         served.batcher.drain().await;
     }
     for served in &front.generators {
-        served.generator.drain().await;
+        served.drain().await;
     }
     tracing::info!("queue drained; closing the listeners");
     let _ = stop_tx.send(true);

@@ -22,8 +22,9 @@ use tokio::time::Instant;
 use super::admit::read_body;
 use super::openai::error_body;
 use super::prompt::{self, Call, Kind, DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKENS};
-use super::{status_of, Front, Generating, Shared, PRIORITY, REQUEST_ID, SERVER_TIMING};
+use super::{status_of, Backend, Front, Generating, Shared, PRIORITY, REQUEST_ID, SERVER_TIMING};
 use crate::deadline::TIMEOUT_HEADER;
+use crate::generation::relay;
 use crate::generation::shell::Submission;
 use crate::generation::stream::{Finished, Piece, Stream};
 use crate::tally::Tally;
@@ -55,7 +56,7 @@ pub(super) async fn models(State(front): State<Shared>) -> Json<Value> {
     let data: Vec<Value> = front
         .generators
         .iter()
-        .map(|g| (g.name.as_str(), g.engine.platform()))
+        .map(|g| (g.name.as_str(), g.platform()))
         .chain(front.models.iter().map(|m| (m.name.as_str(), m.engine.signature().platform.as_str())))
         .map(|(id, owner)| json!({"id": id, "object": "model", "created": created, "owned_by": owner}))
         .collect();
@@ -105,14 +106,29 @@ async fn generate(front: Shared, headers: HeaderMap, body: Body, kind: Kind) -> 
         Ok(served) => served,
         Err(refusal) => return refuse(tally, refusal),
     };
-    tally.model(served.generator.metrics().outcomes());
+    tally.model(served.metrics().outcomes());
     match admit(&front, &served, &headers, bytes, kind, arrival).await {
-        Ok((submission, call)) => {
-            let stream = served.generator.submit(submission, tally);
+        Ok((admitted, call)) => {
+            let stream = match admitted {
+                Admitted::Steps(submission) => match &served.backend {
+                    Backend::Steps { generator, .. } => generator.submit(submission, tally),
+                    Backend::Relay(_) => unreachable!("admitted for its own backend"),
+                },
+                Admitted::Relay(submission) => match &served.backend {
+                    Backend::Relay(relay) => relay.submit(submission, tally),
+                    Backend::Steps { .. } => unreachable!("admitted for its own backend"),
+                },
+            };
             answer(&served, &headers, call, kind, stream, arrival).await
         }
         Err(refusal) => refuse(tally, refusal),
     }
+}
+
+/// A request ready for its backend.
+enum Admitted {
+    Steps(Submission),
+    Relay(relay::Submission),
 }
 
 /// Everything checked before the request reaches the generator.
@@ -123,39 +139,52 @@ async fn admit(
     bytes: Bytes,
     kind: Kind,
     arrival: Instant,
-) -> Result<(Submission, Call), Refusal> {
+) -> Result<(Admitted, Call), Refusal> {
     if front.is_draining() {
         return Err(Refusal::new(
             Outcome::Draining,
             "draining: this sidecar is shutting down and admits no new requests",
         ));
     }
-    if !served.engine.ready() {
-        return Err(Refusal::new(
-            Outcome::Unavailable,
-            format!("model '{}' is not ready: its engine is still loading", served.name),
-        )
-        .retry_after(Duration::from_secs(1)));
+    if !served.is_ready() {
+        let why = match served.backend {
+            Backend::Steps { .. } => "its engine is still loading",
+            Backend::Relay(_) => "its upstream server does not answer its health check",
+        };
+        return Err(Refusal::new(Outcome::Unavailable, format!("model '{}' is not ready: {why}", served.name))
+            .retry_after(Duration::from_secs(1)));
     }
     let size = bytes.len() as u64;
-    let engine = served.engine.clone();
-    let read = move || -> Result<(Call, Vec<u32>), Refusal> {
-        let model = engine.model();
-        let call = prompt::parse(&bytes, kind, model)?;
-        let tokens = model.encode(&call.prompt).map_err(Refusal::invalid)?;
-        if tokens.is_empty() {
-            return Err(Refusal::invalid("the prompt has no tokens"));
+    // The prompt: tokenized by the model (on the blocking pool when it is large: tokenizing takes
+    // a while, and the runtime's threads serve every other request), or, for an upstream server,
+    // its size in tokens estimated from its bytes.
+    let (call, tokens, body) = match &served.backend {
+        Backend::Steps { engine, .. } => {
+            let engine = engine.clone();
+            let read = move || -> Result<(Call, Vec<u32>), Refusal> {
+                let model = engine.model();
+                let call = prompt::parse(&bytes, kind, Some(model))?;
+                let tokens = model.encode(&call.prompt).map_err(Refusal::invalid)?;
+                if tokens.is_empty() {
+                    return Err(Refusal::invalid("the prompt has no tokens"));
+                }
+                Ok((call, tokens))
+            };
+            let (call, tokens) = if size as usize > OFFLOAD_BYTES {
+                tokio::task::spawn_blocking(read)
+                    .await
+                    .map_err(|e| Refusal::new(Outcome::Failed, format!("reading the request failed: {e}")))??
+            } else {
+                read()?
+            };
+            (call, Tokens::Ids(tokens), None)
         }
-        Ok((call, tokens))
-    };
-    // Tokenizing a large prompt takes a while: it runs on the blocking pool, not on the
-    // runtime's threads that every other request needs.
-    let (call, tokens) = if size as usize > OFFLOAD_BYTES {
-        tokio::task::spawn_blocking(read)
-            .await
-            .map_err(|e| Refusal::new(Outcome::Failed, format!("reading the request failed: {e}")))??
-    } else {
-        read()?
+        Backend::Relay(relay) => {
+            let call = prompt::parse(&bytes, kind, None)?;
+            let body: Value = serde_json::from_slice(&bytes).map_err(|e| Refusal::invalid(e.to_string()))?;
+            let estimate = relay.estimate_tokens(call.prompt.len());
+            (call, Tokens::Estimated(estimate), Some(body))
+        }
     };
     let text = |name: &str| -> Result<Option<&str>, Refusal> {
         headers
@@ -171,25 +200,66 @@ async fn admit(
         Some(t) => Priority::parse(t)
             .ok_or_else(|| Refusal::invalid(format!("{PRIORITY} is '{t}'; it must be 'interactive' or 'batch'")))?,
     };
-    let context = served.engine.model().context_length();
     let default = match kind {
         Kind::Completion => DEFAULT_MAX_TOKENS,
         Kind::Chat => DEFAULT_CHAT_MAX_TOKENS,
     };
-    let max_tokens = call.max_tokens.unwrap_or_else(|| default.min(context.saturating_sub(tokens.len() as u32).max(1)));
-    let submission = Submission {
-        prompt: tokens,
-        max_tokens,
-        sampling: call.sampling,
-        stop: call.stop.clone(),
-        priority,
-        bytes: size,
-        arrival,
-        ttft_deadline: arrival + ttft,
-        itl,
-        deadline: arrival + timeout,
+    let admitted = match (&served.backend, tokens, body) {
+        (Backend::Steps { engine, .. }, Tokens::Ids(tokens), _) => {
+            let context = engine.model().context_length();
+            let max_tokens =
+                call.max_tokens.unwrap_or_else(|| default.min(context.saturating_sub(tokens.len() as u32).max(1)));
+            Admitted::Steps(Submission {
+                prompt: tokens,
+                max_tokens,
+                sampling: call.sampling,
+                stop: call.stop.clone(),
+                priority,
+                bytes: size,
+                arrival,
+                ttft_deadline: arrival + ttft,
+                itl,
+                deadline: arrival + timeout,
+            })
+        }
+        (Backend::Relay(relay), Tokens::Estimated(prompt_tokens), Some(mut body)) => {
+            let max_tokens = call.max_tokens.unwrap_or(default);
+            // What the upstream is asked: this request as it came, streamed (with usage, which
+            // teaches the relay the prompt's size in tokens), with the max_tokens admission
+            // planned for.
+            if let Some(fields) = body.as_object_mut() {
+                fields.remove("max_completion_tokens");
+                fields.insert("max_tokens".into(), Value::from(max_tokens));
+                fields.insert("stream".into(), Value::Bool(true));
+                fields.insert("stream_options".into(), json!({"include_usage": true}));
+                fields.insert("model".into(), Value::from(relay.model()));
+            }
+            Admitted::Relay(relay::Submission {
+                path: match kind {
+                    Kind::Completion => COMPLETIONS,
+                    Kind::Chat => CHAT,
+                },
+                body,
+                prompt_tokens,
+                prompt_bytes: call.prompt.len() as u32,
+                max_tokens,
+                priority,
+                bytes: size,
+                arrival,
+                ttft_deadline: arrival + ttft,
+                itl,
+                deadline: arrival + timeout,
+            })
+        }
+        _ => unreachable!("the prompt was read for this backend"),
     };
-    Ok((submission, call))
+    Ok((admitted, call))
+}
+
+/// A prompt as its backend needs it.
+enum Tokens {
+    Ids(Vec<u32>),
+    Estimated(u32),
 }
 
 /// What every chunk and answer of one request repeats.

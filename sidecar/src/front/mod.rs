@@ -42,9 +42,10 @@ use crate::batcher::Batcher;
 use crate::deadline::DeadlinePolicy;
 use crate::engine::Engine;
 use crate::generation::engine::StepEngine;
+use crate::generation::relay::Relay;
 use crate::generation::shell::Generator;
 use crate::idempotency::{self, Store};
-use crate::metrics::{Metrics, Outcomes};
+use crate::metrics::{GenerationMetrics, Metrics, Outcomes};
 use crate::tally::Tally;
 use ferry_core::outcome::{Outcome, Refusal};
 
@@ -74,16 +75,62 @@ impl Served {
 pub struct Generating {
     pub name: String,
     pub version: String,
-    pub engine: Arc<dyn StepEngine>,
-    pub generator: Generator,
+    pub backend: Backend,
     /// The default TTFT deadline and inter-token target.
     pub ttft_budget: std::time::Duration,
     pub itl: std::time::Duration,
 }
 
+/// What generates: a step engine in the sidecar, or an LLM server beside it.
+pub enum Backend {
+    Steps { engine: Arc<dyn StepEngine>, generator: Generator },
+    Relay(Relay),
+}
+
 impl Generating {
     pub fn is_ready(&self) -> bool {
-        self.engine.ready() && self.generator.is_alive()
+        match &self.backend {
+            Backend::Steps { engine, generator } => engine.ready() && generator.is_alive(),
+            Backend::Relay(relay) => relay.is_ready() && relay.is_alive(),
+        }
+    }
+
+    pub fn metrics(&self) -> &GenerationMetrics {
+        match &self.backend {
+            Backend::Steps { generator, .. } => generator.metrics(),
+            Backend::Relay(relay) => relay.metrics(),
+        }
+    }
+
+    /// What serves the model (OpenAI's `owned_by`).
+    pub fn platform(&self) -> &str {
+        match &self.backend {
+            Backend::Steps { engine, .. } => engine.platform(),
+            Backend::Relay(_) => "ferry_openai_upstream",
+        }
+    }
+
+    pub fn refresh_age(&self) {
+        match &self.backend {
+            Backend::Steps { generator, .. } => generator.refresh_age(),
+            Backend::Relay(relay) => relay.refresh_age(),
+        }
+    }
+
+    /// Resolves once everything admitted has ended.
+    pub async fn drain(&self) {
+        match &self.backend {
+            Backend::Steps { generator, .. } => generator.drain().await,
+            Backend::Relay(relay) => relay.drain().await,
+        }
+    }
+
+    /// Resolves when its task has stopped.
+    pub async fn stopped(&self) {
+        match &self.backend {
+            Backend::Steps { generator, .. } => generator.stopped().await,
+            Backend::Relay(relay) => relay.stopped().await,
+        }
     }
 }
 
@@ -362,7 +409,7 @@ async fn metrics(State(front): State<Shared>) -> Response {
         served.batcher.refresh_age();
     }
     for served in &front.generators {
-        served.generator.refresh_age();
+        served.refresh_age();
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], front.metrics.render()).into_response()
 }

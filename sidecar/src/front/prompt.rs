@@ -119,8 +119,9 @@ pub fn model_of(bytes: &[u8]) -> Result<String, Refusal> {
         .map_err(|e| Refusal::invalid(format!("the body is not a valid completion request: {e}")))
 }
 
-/// Reads and checks the body of `kind`'s endpoint; `model` renders a conversation.
-pub fn parse(bytes: &[u8], kind: Kind, model: &dyn LanguageModel) -> Result<Call, Refusal> {
+/// Reads and checks the body of `kind`'s endpoint; `model` renders a conversation (without one,
+/// the upstream renders it, and the prompt is the messages' text, for its size).
+pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Result<Call, Refusal> {
     let body: Body = serde_json::from_slice(bytes)
         .map_err(|e| Refusal::invalid(format!("the body is not a valid completion request: {e}")))?;
     let prompt = match kind {
@@ -170,7 +171,12 @@ pub fn parse(bytes: &[u8], kind: Kind, model: &dyn LanguageModel) -> Result<Call
                     Ok(Message { role: m.role, content })
                 })
                 .collect::<Result<Vec<_>, Refusal>>()?;
-            model.chat(&messages).map_err(|e| Refusal::invalid(format!("'messages' cannot be rendered: {e}")))?
+            match model {
+                Some(model) => model
+                    .chat(&messages)
+                    .map_err(|e| Refusal::invalid(format!("'messages' cannot be rendered: {e}")))?,
+                None => messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n"),
+            }
         }
     };
     let max_tokens = match (body.max_completion_tokens, body.max_tokens) {
@@ -237,7 +243,7 @@ mod tests {
     }
 
     fn call(kind: Kind, body: serde_json::Value) -> Result<Call, Refusal> {
-        parse(body.to_string().as_bytes(), kind, &model())
+        parse(body.to_string().as_bytes(), kind, Some(&model()))
     }
 
     #[test]
