@@ -104,6 +104,10 @@ pub enum EngineKind {
     /// Simulated text generation, scheduled per engine step (tests, demos, capacity planning).
     #[serde(rename = "sim-llm")]
     SimLlm,
+    /// An OpenAI-compatible LLM server (vLLM, SGLang, TGI, llama.cpp) beside the sidecar, which
+    /// batches by itself; the sidecar admits, orders and limits what it has in flight.
+    #[serde(rename = "openai")]
+    OpenAi,
 }
 
 impl EngineKind {
@@ -113,20 +117,26 @@ impl EngineKind {
             EngineKind::Cuda => "cuda",
             EngineKind::Remote => "remote",
             EngineKind::SimLlm => "sim-llm",
+            EngineKind::OpenAi => "openai",
         }
     }
 
     /// Whether the engine generates text (scheduled per step) rather than running batches.
     pub fn generates(self) -> bool {
-        matches!(self, EngineKind::SimLlm)
+        matches!(self, EngineKind::SimLlm | EngineKind::OpenAi)
+    }
+
+    /// Whether a server container runs beside the sidecar (`image`, `port`).
+    pub fn beside(self) -> bool {
+        matches!(self, EngineKind::Remote | EngineKind::OpenAi)
     }
 }
 
 #[cfg_attr(feature = "kube", derive(KubeSchema))]
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[cfg_attr(feature = "kube", x_kube(validation = kube::core::Rule::new("self.kind != 'remote' || has(self.image)")
-    .message("engine.image is required when engine.kind is remote")))]
+#[cfg_attr(feature = "kube", x_kube(validation = kube::core::Rule::new("(self.kind != 'remote' && self.kind != 'openai') || has(self.image)")
+    .message("engine.image is required when engine.kind is remote or openai")))]
 pub struct EngineSpec {
     #[serde(default)]
     pub kind: EngineKind,
@@ -134,10 +144,14 @@ pub struct EngineSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "kube", schemars(range(min = 0, max = 16)))]
     pub gpus: Option<u32>,
-    /// The inference server's image (`remote` engine).
+    /// The inference server's image (`remote` and `openai` engines).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
-    /// The inference server's HTTP port inside the pod (`remote` engine).
+    /// The inference server's arguments (`remote` and `openai` engines), e.g. vLLM's
+    /// `["--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--port", "8000"]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Vec<String>>,
+    /// The inference server's HTTP port inside the pod (`remote` and `openai` engines).
     #[serde(default = "default_engine_port")]
     #[cfg_attr(feature = "kube", schemars(range(min = 1, max = 65535)))]
     pub port: u16,
@@ -151,7 +165,14 @@ fn default_engine_port() -> u16 {
 
 impl Default for EngineSpec {
     fn default() -> Self {
-        EngineSpec { kind: EngineKind::Sim, gpus: None, image: None, port: default_engine_port(), sim: None }
+        EngineSpec {
+            kind: EngineKind::Sim,
+            gpus: None,
+            image: None,
+            args: None,
+            port: default_engine_port(),
+            sim: None,
+        }
     }
 }
 

@@ -88,8 +88,11 @@ pub fn check(spec: &InferenceServiceSpec) -> Result<Checked, SpecError> {
     if spec.batching.max_batch_size == 0 {
         return Err(invalid("spec.batching.maxBatchSize is 0; it must be at least 1"));
     }
-    if spec.engine.kind == EngineKind::Remote && spec.engine.image.as_deref().unwrap_or("").is_empty() {
-        return Err(invalid("spec.engine.image is required when spec.engine.kind is remote"));
+    if spec.engine.kind.beside() && spec.engine.image.as_deref().unwrap_or("").is_empty() {
+        return Err(invalid(format!(
+            "spec.engine.image is required when spec.engine.kind is {}",
+            spec.engine.kind.as_str()
+        )));
     }
     let latency_budget = duration("batching.latencyBudget", &spec.batching.latency_budget)?;
     if latency_budget.is_zero() {
@@ -188,7 +191,9 @@ pub fn sidecar_args(spec: &InferenceServiceSpec, checked: &Checked) -> Vec<Strin
             let device = if spec.engine.gpus.unwrap_or(1) > 0 { "cuda" } else { "cpu" };
             args.push(format!("--device={device}"));
         }
-        EngineKind::Remote => args.push(format!("--upstream=http://127.0.0.1:{}", spec.engine.port)),
+        EngineKind::Remote | EngineKind::OpenAi => {
+            args.push(format!("--upstream=http://127.0.0.1:{}", spec.engine.port))
+        }
         EngineKind::SimLlm => {
             let sim = spec.engine.sim.clone().unwrap_or_default();
             args.extend(sim.step_time.map(|d| format!("--sim-step-time={}", d.as_str())));
@@ -260,9 +265,10 @@ pub fn deployment(isvc: &InferenceService, images: &Images) -> Result<Deployment
             sidecar.resources = Some(gpu_limits(gpus));
             sidecar.volume_mounts = mounts.clone();
         }
-        EngineKind::Remote => containers.push(Container {
+        EngineKind::Remote | EngineKind::OpenAi => containers.push(Container {
             name: "engine".into(),
             image: spec.engine.image.clone(),
+            args: spec.engine.args.clone(),
             ports: Some(vec![ContainerPort {
                 name: Some("engine".into()),
                 container_port: i32::from(spec.engine.port),

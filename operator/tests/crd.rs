@@ -63,7 +63,8 @@ fn bad_manifests_are_refused_with_the_reason() {
     let cases = [
         ("min-over-max.yaml", "scaling.minReplicas must not exceed scaling.maxReplicas"),
         ("unknown-engine.yaml", "tpu"),
-        ("remote-without-image.yaml", "engine.image is required when engine.kind is remote"),
+        ("remote-without-image.yaml", "engine.image is required when engine.kind is remote or openai"),
+        ("openai-without-image.yaml", "engine.image is required when engine.kind is remote or openai"),
         ("bad-duration.yaml", "10 ms"),
         ("zero-batch.yaml", "minimum"),
     ];

@@ -67,7 +67,7 @@ fn the_quickstart_runs_the_sim_engine_with_its_numbers() {
 /// arguments, parsed by the sidecar's own command-line parser and resolved as it resolves them.
 #[test]
 fn the_sidecar_reads_its_arguments_as_the_spec_says() {
-    for name in ["quickstart.yaml", "cuda.yaml", "remote.yaml", "generation.yaml"] {
+    for name in ["quickstart.yaml", "cuda.yaml", "remote.yaml", "generation.yaml", "vllm.yaml"] {
         let isvc = example(name);
         let args = containers(&isvc)[0].args.clone().unwrap();
         let cli = Cli::try_parse_from(std::iter::once("ferry-sidecar".to_owned()).chain(args.clone()))
@@ -107,6 +107,13 @@ fn the_sidecar_reads_its_arguments_as_the_spec_says() {
                 assert_eq!(Some(s.max_inter_token_latency), g.max_inter_token_latency.map(|d| d.duration()), "{name}");
                 assert_eq!(Some(s.kv_block_size), g.kv_block_size, "{name}");
                 assert_eq!(Some(s.kv_blocks), g.kv_blocks, "{name}");
+            }
+            (EngineKind::OpenAi, EngineSettings::OpenAi { upstream, model }) => {
+                assert_eq!(upstream, &format!("http://127.0.0.1:{}", spec.engine.port), "{name}");
+                assert_eq!(model, &spec.model.name, "{name}");
+                let engine = &containers(&isvc)[1];
+                assert_eq!(engine.args, spec.engine.args, "{name}: the server's own arguments");
+                assert_eq!(settings.generation.max_sequences, spec.generation.clone().unwrap().max_sequences.unwrap());
             }
             (kind, engine) => panic!("{name}: spec.engine.kind {kind:?} became {engine:?}"),
         }
