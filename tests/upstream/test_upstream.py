@@ -239,3 +239,47 @@ def test_an_upstream_killed_mid_stream_ends_the_stream_with_an_error_and_readine
         s.stop()
         if llama.process.poll() is None:
             llama.kill()
+
+
+def test_under_a_burst_ferry_refuses_early_what_cannot_finish_and_answers_nothing_late(sidecar):
+    # 20 streams at once, each wanting 64 tokens within 2 s, on 4 upstream slots: more than the
+    # server can finish in time. What Ferry admits finishes in time (or ends with the deadline's
+    # error event); the rest is refused at once.
+    deadline_s = 2.0
+    results = [None] * 20
+
+    def one(i):
+        started = time.monotonic()
+        conn = http.client.HTTPConnection(sidecar.address, timeout=60)
+        body = {"model": MODEL, "prompt": f"Story number {i}:", "max_tokens": 64, "stream": True, "temperature": 0}
+        headers = {"content-type": "application/json", "x-ferry-timeout-ms": str(int(deadline_s * 1000))}
+        conn.request("POST", "/v1/completions", json.dumps(body), headers)
+        r = conn.getresponse()
+        if r.status != 200:
+            r.read()
+            results[i] = ("refused", r.status, time.monotonic() - started)
+            return
+        events = []
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            if line.startswith(b"data:"):
+                events.append(line.decode().strip())
+        conn.close()
+        ending = "done" if events and events[-1] == "data: [DONE]" else "error"
+        results[i] = (ending, 200, time.monotonic() - started)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    refused = [r for r in results if r[0] == "refused"]
+    answered = [r for r in results if r[0] != "refused"]
+    assert refused and answered, results
+    assert all(status == 503 and took < 1.0 for _, status, took in refused), "refused at arrival, not at the deadline"
+    # Generous for shared cores: the answer's way back to this client.
+    late = [r for r in answered if r[2] > deadline_s + 0.5]
+    assert not late, f"answers past their deadline: {late}"
+    assert sum(1 for r in answered if r[0] == "done") >= 4, results

@@ -43,6 +43,8 @@ pub struct Summary {
     pub refused: u64,
     /// Admitted but not finished (cut at a deadline, failed, or no answer).
     pub cut: u64,
+    /// Finished, but with the first token or the last after its deadline.
+    pub late: u64,
     pub goodput_rps: f64,
     /// Share of all requests that met all their deadlines.
     pub good_share: f64,
@@ -71,6 +73,7 @@ impl Summary {
             completed: 0,
             refused: 0,
             cut: 0,
+            late: 0,
             goodput_rps: 0.0,
             good_share: 0.0,
             ttft_p50_ms: None,
@@ -98,6 +101,8 @@ impl Summary {
             if sample.good() {
                 good += 1;
                 good_tokens += u64::from(sample.tokens);
+            } else if sample.completed {
+                s.late += 1;
             }
         }
         s.goodput_rps = good as f64 / secs;
@@ -164,7 +169,7 @@ mod tests {
         let samples =
             vec![sample(50, 200, true), sample(150, 200, true), sample(50, 400, true), sample(50, 200, false), refused];
         let s = Summary::of(&samples, Duration::from_secs(1));
-        assert_eq!((s.sent, s.completed, s.refused, s.cut), (5, 3, 1, 1));
+        assert_eq!((s.sent, s.completed, s.refused, s.cut, s.late), (5, 3, 1, 1, 2));
         assert_eq!(s.goodput_rps, 1.0, "a late first token, a late end and an unfinished one are not good");
         assert_eq!(s.tokens_per_s, 12.0);
         assert_eq!(s.good_tokens_per_s, 3.0);
