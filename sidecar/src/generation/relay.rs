@@ -122,7 +122,7 @@ impl Relay {
         let bytes_per_token = Arc::new(AtomicU64::new(4.0f64.to_bits()));
         let oldest_ns = Arc::new(AtomicU64::new(u64::MAX));
         let epoch = Instant::now();
-        tokio::spawn(health(client.clone(), base.clone(), ready.clone(), ready_tx));
+        tokio::spawn(health(client.clone(), base.clone(), ready.clone(), ready_tx, metrics.kv_usage.clone()));
         let task = Task {
             window,
             client,
@@ -218,8 +218,38 @@ impl Relay {
     }
 }
 
-/// Polls `/health` (llama.cpp, vLLM, SGLang, TGI), or `/v1/models` where there is none.
-async fn health(client: reqwest::Client, base: String, ready: Arc<AtomicBool>, tx: mpsc::UnboundedSender<bool>) {
+/// The upstream's KV-cache usage (0 to 1) in its Prometheus exposition, under the names vLLM,
+/// SGLang and llama.cpp use, so that the autoscaler sees an upstream's memory pressure as it sees
+/// the built-in engines'.
+pub fn kv_usage(exposition: &str) -> Option<f64> {
+    const NAMES: [&str; 4] = [
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "sglang:token_usage",
+        "llamacpp:kv_cache_usage_ratio",
+    ];
+    let values: Vec<f64> = exposition
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let name = series.split('{').next()?;
+            NAMES.contains(&name).then(|| value.trim().parse::<f64>().ok()).flatten()
+        })
+        .collect();
+    // Several series (one per engine of a server): the fullest is the pressure.
+    values.into_iter().filter(|v| v.is_finite()).reduce(f64::max)
+}
+
+/// Polls `/health` (llama.cpp, vLLM, SGLang, TGI), or `/v1/models` where there is none, and,
+/// while the upstream is healthy, its `/metrics` for its KV-cache usage.
+async fn health(
+    client: reqwest::Client,
+    base: String,
+    ready: Arc<AtomicBool>,
+    tx: mpsc::UnboundedSender<bool>,
+    kv: prometheus::Gauge,
+) {
     let mut last = None;
     loop {
         let check = |path: &str| client.get(format!("{base}{path}")).timeout(HEALTH_PERIOD).send();
@@ -241,6 +271,14 @@ async fn health(client: reqwest::Client, base: String, ready: Arc<AtomicBool>, t
                 tracing::warn!(upstream = %base, "upstream not ready");
             }
             last = Some(ok);
+        }
+        if ok {
+            let scraped = client.get(format!("{base}/metrics")).timeout(HEALTH_PERIOD).send().await;
+            if let Ok(r) = scraped.and_then(|r| r.error_for_status()) {
+                if let Some(usage) = r.text().await.ok().as_deref().and_then(kv_usage) {
+                    kv.set(usage);
+                }
+            }
         }
         tokio::time::sleep(HEALTH_PERIOD).await;
     }
@@ -573,5 +611,22 @@ async fn sleep_until(wake: Option<Instant>) {
     match wake {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_upstreams_kv_usage_is_read_under_the_names_servers_use() {
+        let vllm = "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n\
+                    # TYPE vllm:kv_cache_usage_perc gauge\n\
+                    vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\n\
+                    vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.5\n\
+                    vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0\n";
+        assert_eq!(kv_usage(vllm), Some(0.5));
+        assert_eq!(kv_usage("sglang:token_usage{model_name=\"m\"} 0.125\n"), Some(0.125));
+        assert_eq!(kv_usage("llamacpp:requests_processing 0\n"), None, "llama.cpp's server may not export it");
     }
 }
