@@ -66,6 +66,22 @@ impl Outcome {
         }
     }
 
+    /// Whether a request that ended so is load the service was asked to carry (DESIGN.md,
+    /// "Autoscaling principle"): the admitted ones and those refused for want of capacity.
+    /// Malformed, unknown-model, oversized, over-quota, draining, conflicting, not-yet-ready and
+    /// replayed requests are not: they must never scale a service up.
+    pub fn is_offered_load(self) -> bool {
+        matches!(
+            self,
+            Outcome::Ok
+                | Outcome::Expired
+                | Outcome::Cancelled
+                | Outcome::Failed
+                | Outcome::QueueFull
+                | Outcome::Infeasible
+        )
+    }
+
     /// The HTTP status code sent for this outcome. `Cancelled` has none on the wire (nobody is
     /// listening); 499 is what the logs show, as nginx does.
     pub fn status_code(self) -> u16 {
@@ -113,5 +129,16 @@ impl Refusal {
     /// `Retry-After` in whole seconds, rounded up and at least 1 (the header has no fractions).
     pub fn retry_after_secs(&self) -> Option<u64> {
         self.retry_after.map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0)).map(|s| s.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offered_load_is_what_was_admitted_or_refused_for_want_of_capacity() {
+        let load: Vec<&str> = Outcome::ALL.into_iter().filter(|o| o.is_offered_load()).map(Outcome::label).collect();
+        assert_eq!(load, ["ok", "queue_full", "infeasible", "expired", "cancelled", "failed"]);
     }
 }

@@ -16,7 +16,8 @@ use super::decide::Observed;
 /// One scrape of one pod.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct PodSample {
-    /// `ferry_requests_total`, all outcomes: every request offered.
+    /// `ferry_requests_total` of the outcomes that are offered load (admitted, `queue_full`,
+    /// `infeasible`): a flood of malformed or misrouted requests is not load.
     pub requests: f64,
     /// `ferry_requests_total{outcome="ok"}`.
     pub ok: f64,
@@ -57,8 +58,14 @@ pub fn parse(text: &str) -> Result<PodSample, String> {
             (metric::REQUESTS, "") if sample.labels.get(metric::MODEL).is_none_or(str::is_empty) => seen = true,
             (metric::REQUESTS, "") => {
                 seen = true;
-                s.requests += x;
-                match sample.labels.get(metric::OUTCOME) {
+                let outcome = sample.labels.get(metric::OUTCOME);
+                if outcome
+                    .and_then(|o| Outcome::ALL.into_iter().find(|k| k.label() == o))
+                    .is_some_and(Outcome::is_offered_load)
+                {
+                    s.requests += x;
+                }
+                match outcome {
                     Some(o) if o == ok => s.ok += x,
                     Some(o) if o == infeasible || o == expired => s.pressure += x,
                     _ => {}
@@ -255,6 +262,9 @@ mod tests {
             ferry_requests_total{model=\"m\",outcome=\"ok\",version=\"1\"} 40\n\
             ferry_requests_total{model=\"m\",outcome=\"infeasible\",version=\"1\"} 3\n\
             ferry_requests_total{model=\"m\",outcome=\"expired\",version=\"1\"} 1\n\
+            ferry_requests_total{model=\"m\",outcome=\"invalid\",version=\"1\"} 600\n\
+            ferry_requests_total{model=\"m\",outcome=\"not_found\",version=\"1\"} 300\n\
+            ferry_requests_total{model=\"m\",outcome=\"queue_full\",version=\"1\"} 2\n\
             # TYPE ferry_queue_depth gauge\nferry_queue_depth{model=\"m\",version=\"1\"} 7\n\
             # TYPE ferry_queue_oldest_age_seconds gauge\nferry_queue_oldest_age_seconds{model=\"m\",version=\"1\"} 0.25\n\
             # TYPE ferry_batch_size histogram\nferry_batch_size_bucket{model=\"m\",version=\"1\",le=\"+Inf\"} 5\n\
@@ -262,7 +272,8 @@ mod tests {
             # TYPE ferry_batch_duration_seconds histogram\nferry_batch_duration_seconds_bucket{model=\"m\",version=\"1\",le=\"+Inf\"} 5\n\
             ferry_batch_duration_seconds_sum{model=\"m\",version=\"1\"} 0.5\nferry_batch_duration_seconds_count{model=\"m\",version=\"1\"} 5\n";
         let s = parse(text).unwrap();
-        assert_eq!((s.requests, s.ok, s.pressure), (44.0, 40.0, 4.0));
+        // 600 malformed and 300 misrouted requests are not load; the queue_full ones are.
+        assert_eq!((s.requests, s.ok, s.pressure), (46.0, 40.0, 4.0));
         assert_eq!((s.queue_depth, s.oldest_age), (7.0, 0.25));
         assert_eq!((s.batches, s.batch_rows, s.batch_seconds), (5.0, 40.0, 0.5));
         assert!(parse("up 1\n").unwrap_err().contains("not a Ferry sidecar"));
