@@ -36,8 +36,9 @@ class Sidecar:
             "sim_step_time": "5ms",
             "sim_prefill_per_token": "20us",
             "sim_decode_per_seq": "100us",
-            # Generous: CI machines are noisy, and most of these tests check answers, not speed.
-            "latency_budget": "30s",
+            # Generous: CI machines are noisy (the step time the sidecar learns there can be three
+            # times the configured one), and most of these tests check answers, not speed.
+            "latency_budget": "60s",
             "ttft_budget": "10s",
             "max_inter_token_latency": "1s",
             **flags,
