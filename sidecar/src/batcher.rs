@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use crate::engine::{BatchOutputs, Engine, EngineError, Inputs};
 use crate::metrics::ModelMetrics;
 use crate::tally::Tally;
+use crate::task::{sleep_until, OldestArrival, Stopped};
 use crate::tensor::Tensor;
 use ferry_core::estimate::CostModel;
 pub use ferry_core::ledger::RetryPolicy;
@@ -112,30 +113,18 @@ enum Command {
 pub struct Batcher {
     commands: mpsc::UnboundedSender<Command>,
     next_id: Arc<AtomicU64>,
-    /// Arrival of the oldest queued request, in ns since `epoch`; `u64::MAX` when empty. Lets
-    /// `/metrics` compute the age at scrape time without asking the task.
-    oldest_ns: Arc<AtomicU64>,
-    epoch: Instant,
+    /// Arrival of the oldest queued request: `/metrics` computes the age at scrape time.
+    oldest: OldestArrival,
     metrics: ModelMetrics,
     /// Turns true when the task has ended: after a drain, or because it panicked.
     stopped: watch::Receiver<bool>,
-}
-
-/// Marks the batcher stopped when its task ends, however it ends (a panic included).
-struct Stopped(watch::Sender<bool>);
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        self.0.send_replace(true);
-    }
 }
 
 impl Batcher {
     /// Starts the batcher task on the current tokio runtime.
     pub fn spawn(scheduler: Scheduler, engine: Arc<dyn Engine>, metrics: ModelMetrics, retry: RetryPolicy) -> Batcher {
         let (commands, rx) = mpsc::unbounded_channel();
-        let epoch = Instant::now();
-        let oldest_ns = Arc::new(AtomicU64::new(u64::MAX));
+        let oldest = OldestArrival::new();
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         metrics.idle.set(scheduler.workers() as i64);
         let task = Task {
@@ -146,15 +135,14 @@ impl Batcher {
             outputs: HashMap::new(),
             done_tx,
             drains: Vec::new(),
-            oldest_ns: oldest_ns.clone(),
-            epoch,
+            oldest: oldest.clone(),
         };
         let (stopped_tx, stopped) = watch::channel(false);
         tokio::spawn(async move {
             let _stopped = Stopped(stopped_tx);
             task.run(rx, done_rx).await;
         });
-        Batcher { commands, next_id: Arc::new(AtomicU64::new(0)), oldest_ns, epoch, metrics, stopped }
+        Batcher { commands, next_id: Arc::new(AtomicU64::new(0)), oldest, metrics, stopped }
     }
 
     /// Hands a request to the scheduler. The returned [`Pending`] resolves to its reply
@@ -214,14 +202,7 @@ impl Batcher {
 
     /// Sets `ferry_queue_oldest_age_seconds` from the current time.
     pub fn refresh_age(&self) {
-        let oldest = self.oldest_ns.load(Ordering::Relaxed);
-        let age = if oldest == u64::MAX {
-            0.0
-        } else {
-            let arrival = self.epoch + Duration::from_nanos(oldest);
-            Instant::now().saturating_duration_since(arrival).as_secs_f64()
-        };
-        self.metrics.oldest_age.set(age);
+        self.metrics.oldest_age.set(self.oldest.age());
     }
 }
 
@@ -288,8 +269,7 @@ struct Task {
     outputs: HashMap<u64, Vec<Option<Vec<Tensor>>>>,
     done_tx: mpsc::UnboundedSender<BatchDone>,
     drains: Vec<oneshot::Sender<()>>,
-    oldest_ns: Arc<AtomicU64>,
-    epoch: Instant,
+    oldest: OldestArrival,
 }
 
 /// The task wakes at least this often while it serves (on a fixed schedule that arrivals do not
@@ -477,8 +457,7 @@ impl Task {
         self.metrics.idle.set((scheduler.workers() - busy) as i64);
         self.metrics.queue_depth.set(scheduler.queue_depth() as i64);
         self.metrics.queue_bytes.set(scheduler.queue_bytes() as i64);
-        let oldest = scheduler.oldest_arrival().map_or(u64::MAX, |a| (a - self.epoch).as_nanos() as u64);
-        self.oldest_ns.store(oldest, Ordering::Relaxed);
+        self.oldest.set(scheduler.oldest_arrival());
     }
 }
 
@@ -500,11 +479,4 @@ pub async fn measure_timer_lateness() -> Vec<Duration> {
         samples.push(Instant::now().saturating_duration_since(due));
     }
     samples
-}
-
-async fn sleep_until(wake: Option<Instant>) {
-    match wake {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }

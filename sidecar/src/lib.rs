@@ -19,6 +19,7 @@
 //! - [`idempotency`]: the bounded store behind `idempotency-key` (replay, join, conflict).
 //! - [`metrics`]: the Prometheus metrics whose names DESIGN.md fixes.
 //! - [`tally`]: the one place that counts how each request ended.
+//! - `task`: what every shell's task shares (its stopped flag, its timer, its oldest arrival).
 //! - [`server`]: wires the parts together and drains on shutdown.
 //! - [`config`]: command line, environment and InferenceService manifest.
 
@@ -33,4 +34,5 @@ pub mod idempotency;
 pub mod metrics;
 pub mod server;
 pub mod tally;
+mod task;
 pub mod tensor;

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use super::stream::{Control, Deadlines, Finished, Piece, Sent, Stream};
 use crate::metrics::GenerationMetrics;
 use crate::tally::Tally;
+use crate::task::{sleep_until, OldestArrival, Stopped};
 use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
 use ferry_core::generation::window::{Effect, Event, Window};
 use ferry_core::outcome::{Outcome, Refusal};
@@ -91,21 +92,12 @@ pub struct Relay {
     ready: Arc<AtomicBool>,
     /// Bytes of prompt per token, as f64 bits: learned from the upstream's usage.
     bytes_per_token: Arc<AtomicU64>,
-    oldest_ns: Arc<AtomicU64>,
-    epoch: Instant,
+    oldest: OldestArrival,
     metrics: GenerationMetrics,
     stopped: watch::Receiver<bool>,
     base: String,
     /// The model's name upstream (`model` of what is sent).
     model: String,
-}
-
-struct Stopped(watch::Sender<bool>);
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        self.0.send_replace(true);
-    }
 }
 
 impl Relay {
@@ -120,8 +112,7 @@ impl Relay {
         let (ready_tx, ready_rx) = mpsc::unbounded_channel();
         let ready = Arc::new(AtomicBool::new(false));
         let bytes_per_token = Arc::new(AtomicU64::new(4.0f64.to_bits()));
-        let oldest_ns = Arc::new(AtomicU64::new(u64::MAX));
-        let epoch = Instant::now();
+        let oldest = OldestArrival::new();
         tokio::spawn(health(client.clone(), base.clone(), ready.clone(), ready_tx, metrics.kv_usage.clone()));
         let task = Task {
             window,
@@ -131,9 +122,8 @@ impl Relay {
             callers: HashMap::new(),
             upstream: up_tx,
             drains: Vec::new(),
-            oldest_ns: oldest_ns.clone(),
+            oldest: oldest.clone(),
             bytes_per_token: bytes_per_token.clone(),
-            epoch,
         };
         let (stopped_tx, stopped) = watch::channel(false);
         tokio::spawn(async move {
@@ -145,8 +135,7 @@ impl Relay {
             next_id: Arc::new(AtomicU64::new(0)),
             ready,
             bytes_per_token,
-            oldest_ns,
-            epoch,
+            oldest,
             metrics,
             stopped,
             base,
@@ -208,13 +197,7 @@ impl Relay {
     }
 
     pub fn refresh_age(&self) {
-        let oldest = self.oldest_ns.load(Ordering::Relaxed);
-        let age = if oldest == u64::MAX {
-            0.0
-        } else {
-            Instant::now().saturating_duration_since(self.epoch + Duration::from_nanos(oldest)).as_secs_f64()
-        };
-        self.metrics.oldest_age.set(age);
+        self.metrics.oldest_age.set(self.oldest.age());
     }
 }
 
@@ -305,9 +288,8 @@ struct Task {
     callers: HashMap<SeqId, Caller>,
     upstream: mpsc::UnboundedSender<Upstream>,
     drains: Vec<oneshot::Sender<()>>,
-    oldest_ns: Arc<AtomicU64>,
+    oldest: OldestArrival,
     bytes_per_token: Arc<AtomicU64>,
-    epoch: Instant,
 }
 
 const TIMER_PROBE: Duration = Duration::from_millis(50);
@@ -513,8 +495,7 @@ impl Task {
         self.metrics.waiting.set(self.window.waiting() as i64);
         self.metrics.queue_depth.set(self.window.waiting() as i64);
         self.metrics.queue_bytes.set(self.window.queued_bytes() as i64);
-        let oldest = self.window.oldest_waiting().map_or(u64::MAX, |a| (a - self.epoch).as_nanos() as u64);
-        self.oldest_ns.store(oldest, Ordering::Relaxed);
+        self.oldest.set(self.window.oldest_waiting());
     }
 }
 
@@ -604,13 +585,6 @@ fn find_event_end(buffer: &[u8]) -> Option<usize> {
     match (lf, crlf) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
-    }
-}
-
-async fn sleep_until(wake: Option<Instant>) {
-    match wake {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

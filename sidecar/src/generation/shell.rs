@@ -25,6 +25,7 @@ use super::stream::{Control, Finished, Piece, Sent, Stream};
 use crate::engine::EngineError;
 use crate::metrics::GenerationMetrics;
 use crate::tally::Tally;
+use crate::task::{sleep_until, OldestArrival, Stopped};
 use ferry_core::generation::ledger::{Effect, Event, Ledger};
 use ferry_core::generation::scheduler::StepPlan;
 use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
@@ -56,19 +57,9 @@ enum Command {
 pub struct Generator {
     commands: mpsc::UnboundedSender<Command>,
     next_id: Arc<AtomicU64>,
-    oldest_ns: Arc<AtomicU64>,
-    epoch: Instant,
+    oldest: OldestArrival,
     metrics: GenerationMetrics,
     stopped: watch::Receiver<bool>,
-}
-
-/// Marks the generator stopped when its task ends, however it ends.
-struct Stopped(watch::Sender<bool>);
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        self.0.send_replace(true);
-    }
 }
 
 impl Generator {
@@ -76,8 +67,7 @@ impl Generator {
     pub fn spawn(ledger: Ledger, engine: Arc<dyn StepEngine>, metrics: GenerationMetrics) -> Generator {
         let (commands, rx) = mpsc::unbounded_channel();
         let (done_tx, done_rx) = mpsc::unbounded_channel();
-        let oldest_ns = Arc::new(AtomicU64::new(u64::MAX));
-        let epoch = Instant::now();
+        let oldest = OldestArrival::new();
         let task = Task {
             ledger,
             engine,
@@ -87,15 +77,14 @@ impl Generator {
             running: None,
             done_tx,
             drains: Vec::new(),
-            oldest_ns: oldest_ns.clone(),
-            epoch,
+            oldest: oldest.clone(),
         };
         let (stopped_tx, stopped) = watch::channel(false);
         tokio::spawn(async move {
             let _stopped = Stopped(stopped_tx);
             task.run(rx, done_rx).await;
         });
-        Generator { commands, next_id: Arc::new(AtomicU64::new(0)), oldest_ns, epoch, metrics, stopped }
+        Generator { commands, next_id: Arc::new(AtomicU64::new(0)), oldest, metrics, stopped }
     }
 
     /// Hands a request to the ledger; the [`Stream`] gives its text and its end, and counts how it
@@ -138,13 +127,7 @@ impl Generator {
 
     /// Sets `ferry_queue_oldest_age_seconds` from the current time.
     pub fn refresh_age(&self) {
-        let oldest = self.oldest_ns.load(Ordering::Relaxed);
-        let age = if oldest == u64::MAX {
-            0.0
-        } else {
-            Instant::now().saturating_duration_since(self.epoch + Duration::from_nanos(oldest)).as_secs_f64()
-        };
-        self.metrics.oldest_age.set(age);
+        self.metrics.oldest_age.set(self.oldest.age());
     }
 }
 
@@ -186,8 +169,7 @@ struct Task {
     running: Option<(u64, StepPlan)>,
     done_tx: mpsc::UnboundedSender<StepDone>,
     drains: Vec<oneshot::Sender<()>>,
-    oldest_ns: Arc<AtomicU64>,
-    epoch: Instant,
+    oldest: OldestArrival,
 }
 
 /// The task wakes at least this often while it serves, so that its timer's lateness (part of the
@@ -427,15 +409,7 @@ impl Task {
         } else {
             f64::from(pool.used()) / f64::from(pool.total())
         });
-        let oldest = s.oldest_waiting().map_or(u64::MAX, |a| (a - self.epoch).as_nanos() as u64);
-        self.oldest_ns.store(oldest, Ordering::Relaxed);
-    }
-}
-
-async fn sleep_until(wake: Option<Instant>) {
-    match wake {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
+        self.oldest.set(s.oldest_waiting());
     }
 }
 
