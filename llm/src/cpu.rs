@@ -1,0 +1,242 @@
+//! The decoder's forward pass on the CPU, in f32, over one engine step: every sequence's new
+//! tokens packed into one matrix (prefill chunks and single decode tokens alike), so each
+//! projection is one GEMM for the whole step; attention per token and head over the sequence's
+//! own KV blocks; logits only for the sequences that sample.
+//!
+//! Threads: the GEMMs split the weight's rows (its outputs) across rayon's pool — for a
+//! handful of tokens as a blocked matrix-vector product that reads each weight once, for more
+//! with matrixmultiply's packed GEMM; attention splits tokens × heads.
+
+use ndarray::linalg::general_mat_mul;
+use ndarray::{ArrayView2, ArrayViewMut2};
+use rayon::prelude::*;
+
+use super::kv::KvCache;
+use super::weights::{Matrix, Weights};
+use crate::Seq;
+
+/// Up to this many tokens, a projection reads each weight row once and dots it with every token
+/// (memory-bound decode); past it, the packed GEMM's reuse wins.
+const GEMV_TOKENS: usize = 8;
+/// Output rows per task of the matrix-vector path.
+const ROWS_PER_TASK: usize = 32;
+
+/// Rotary embedding tables: `cos` and `sin` of `position × θ^(−2i/d)`, `[position][d/2]`.
+#[derive(Debug)]
+pub struct Rope {
+    half: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl Rope {
+    pub fn new(head_dim: usize, theta: f32, positions: usize) -> Rope {
+        let half = head_dim / 2;
+        let (mut cos, mut sin) = (Vec::with_capacity(positions * half), Vec::with_capacity(positions * half));
+        for p in 0..positions {
+            for i in 0..half {
+                let inv = (theta as f64).powf(-((2 * i) as f64) / head_dim as f64);
+                let (s, c) = (p as f64 * inv).sin_cos();
+                cos.push(c as f32);
+                sin.push(s as f32);
+            }
+        }
+        Rope { half, cos, sin }
+    }
+
+    pub fn positions(&self) -> usize {
+        self.cos.len() / self.half
+    }
+
+    /// Rotates each head of `x` (heads × head_dim) for position `p`, pairing element `i` with
+    /// element `i + d/2` (the Hugging Face layout the weights are in).
+    fn apply(&self, x: &mut [f32], p: usize) {
+        let (cos, sin) = (&self.cos[p * self.half..][..self.half], &self.sin[p * self.half..][..self.half]);
+        for head in x.chunks_exact_mut(2 * self.half) {
+            let (a, b) = head.split_at_mut(self.half);
+            for i in 0..self.half {
+                let (x0, x1) = (a[i], b[i]);
+                a[i] = x0 * cos[i] - x1 * sin[i];
+                b[i] = x1 * cos[i] + x0 * sin[i];
+            }
+        }
+    }
+}
+
+/// Runs one step: writes every new token's keys and values into the cache and returns the
+/// logits (`[vocab]`) after the last token of each sequence that samples, in order.
+pub fn forward(w: &Weights, rope: &Rope, cache: &mut KvCache, seqs: &[Seq<'_>]) -> Result<Vec<Vec<f32>>, String> {
+    let c = &w.config;
+    let (h, qd, kvd, hd) = (c.hidden, c.q_dim(), c.kv_dim(), c.head_dim);
+
+    // Each new token: its sequence, its position and its cache slot, checked up front so that a
+    // bad step writes nothing.
+    let mut tokens = Vec::new();
+    for (s, seq) in seqs.iter().enumerate() {
+        for (k, &id) in seq.tokens.iter().enumerate() {
+            let p = seq.start as usize + k;
+            if id as usize >= c.vocab {
+                return Err(format!("token {id} is outside the vocabulary ({} tokens)", c.vocab));
+            }
+            if p >= rope.positions() {
+                return Err(format!("position {p} is past the model's context ({})", rope.positions()));
+            }
+            tokens.push(Token { seq: s, position: p, slot: cache.slot(seq.blocks, p)?, id });
+        }
+    }
+    let t = tokens.len();
+    let mut x = Vec::with_capacity(t * h);
+    for tok in &tokens {
+        x.extend_from_slice(w.embed.row(tok.id as usize));
+    }
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut normed = vec![0.0; t * h];
+    for (l, layer) in w.layers.iter().enumerate() {
+        rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut normed);
+        let mut qkv = matmul(&normed, t, &layer.qkv);
+        let width = qd + 2 * kvd;
+        for (i, row) in qkv.chunks_exact_mut(width).enumerate() {
+            if let Some(bias) = &layer.qkv_bias {
+                row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
+            }
+            let p = tokens[i].position;
+            let (q, kv) = row.split_at_mut(qd);
+            rope.apply(q, p);
+            rope.apply(&mut kv[..kvd], p);
+            cache.write(l, tokens[i].slot, &kv[..kvd], &kv[kvd..]);
+        }
+        let mut attended = vec![0.0; t * qd];
+        let store = &*cache;
+        let (keys, values) = store.layer(l);
+        let group = c.heads / c.kv_heads;
+        attended.par_chunks_mut(hd).enumerate().try_for_each(|(i, out)| -> Result<(), String> {
+            let (ti, head) = (i / c.heads, i % c.heads);
+            let tok = &tokens[ti];
+            let q = &qkv[ti * width + head * hd..][..hd];
+            let kv_off = (head / group) * hd;
+            let table = seqs[tok.seq].blocks;
+            // The sequence's positions 0..=p, each in its block's slot.
+            let mut scores = Vec::with_capacity(tok.position + 1);
+            let mut slots = Vec::with_capacity(tok.position + 1);
+            for p in 0..=tok.position {
+                let slot = store.slot(table, p)?;
+                slots.push(slot);
+                scores.push(dot(q, &keys[slot * kvd + kv_off..][..hd]) * scale);
+            }
+            softmax(&mut scores);
+            for (wgt, slot) in scores.iter().zip(&slots) {
+                axpy(*wgt, &values[slot * kvd + kv_off..][..hd], out);
+            }
+            Ok(())
+        })?;
+        let o = matmul(&attended, t, &layer.out);
+        x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+
+        rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut normed);
+        let gate_up = matmul(&normed, t, &layer.gate_up);
+        let f = c.ffn;
+        let mut act = Vec::with_capacity(t * f);
+        for row in gate_up.chunks_exact(2 * f) {
+            let (g, u) = row.split_at(f);
+            act.extend(g.iter().zip(u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u));
+        }
+        let down = matmul(&act, t, &layer.down);
+        x.iter_mut().zip(&down).for_each(|(x, d)| *x += d);
+    }
+
+    // The last new token of each sampling sequence.
+    let mut last = Vec::new();
+    let mut end = 0;
+    for seq in seqs {
+        end += seq.tokens.len();
+        if seq.sample.is_some() {
+            last.extend_from_slice(&x[(end - 1) * h..end * h]);
+        }
+    }
+    let rows = last.len() / h;
+    let mut final_norm = vec![0.0; last.len()];
+    rms_norm(&last, &w.norm, c.rms_eps, &mut final_norm);
+    let logits = matmul(&final_norm, rows, w.lm_head());
+    Ok(logits.chunks_exact(c.vocab).map(<[f32]>::to_vec).collect())
+}
+
+struct Token {
+    seq: usize,
+    position: usize,
+    slot: usize,
+    id: u32,
+}
+
+/// `out = x / rms(x) × weight`, row by row.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let h = weight.len();
+    for (row, o) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
+        let mean = row.iter().map(|v| v * v).sum::<f32>() / h as f32;
+        let inv = 1.0 / (mean + eps).sqrt();
+        o.iter_mut().zip(row).zip(weight).for_each(|((o, v), g)| *o = v * inv * g);
+    }
+}
+
+/// `x · wᵀ`: `x` is `[rows, w.cols]`, the result `[rows, w.rows]`.
+pub fn matmul(x: &[f32], rows: usize, w: &Matrix) -> Vec<f32> {
+    let (n, k) = (w.rows, w.cols);
+    debug_assert_eq!(x.len(), rows * k);
+    if rows == 0 {
+        return Vec::new();
+    }
+    if rows <= GEMV_TOKENS {
+        // Output-major: each task reads its weight rows once, for every token.
+        let mut by_output = vec![0.0; n * rows];
+        by_output.par_chunks_mut(ROWS_PER_TASK * rows).enumerate().for_each(|(task, out)| {
+            for (j, o) in out.chunks_exact_mut(rows).enumerate() {
+                let wr = w.row(task * ROWS_PER_TASK + j);
+                for (r, o) in o.iter_mut().enumerate() {
+                    *o = dot(&x[r * k..(r + 1) * k], wr);
+                }
+            }
+        });
+        let mut y = vec![0.0; rows * n];
+        for (j, o) in by_output.chunks_exact(rows).enumerate() {
+            for (r, v) in o.iter().enumerate() {
+                y[r * n + j] = *v;
+            }
+        }
+        return y;
+    }
+    // yᵀ = w · xᵀ, written through a transposed view of y: matrixmultiply's threads split the
+    // first dimension, the weight's outputs.
+    let a = ArrayView2::from_shape((n, k), &w.data).expect("weight shape");
+    let b = ArrayView2::from_shape((rows, k), x).expect("input shape");
+    let mut y = vec![0.0; rows * n];
+    let mut yt = ArrayViewMut2::from_shape((rows, n), &mut y).expect("output shape");
+    general_mat_mul(1.0, &a, &b.t(), 0.0, &mut yt.view_mut().reversed_axes());
+    y
+}
+
+/// A dot product in sixteen lanes, which the compiler turns into SIMD.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..16 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `out += a × x`.
+fn axpy(a: f32, x: &[f32], out: &mut [f32]) {
+    out.iter_mut().zip(x).for_each(|(o, x)| *o += a * x);
+}
+
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    x.iter_mut().for_each(|v| *v /= sum);
+}

@@ -1,0 +1,446 @@
+//! GGUF, llama.cpp's model file (version 2 and 3): metadata, tensor directory, and the tensors
+//! dequantized to f32.
+//!
+//! Written by hand: the format is a short header of typed key-value pairs and a tensor table
+//! (github.com/ggml-org/ggml/blob/master/docs/gguf.md), and no maintained Rust crate reads it
+//! without pulling in a whole tensor framework (candle). The block formats decoded here are the
+//! ones Llama-family files ship in: F32, F16, BF16, Q8_0, Q4_0 and Q4_1. A file with any other
+//! type in a tensor the decoder needs is refused at load, naming the tensor and its type.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use half::{bf16, f16};
+
+/// A metadata value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Uint(u64),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    String(String),
+    Array(Vec<Value>),
+}
+
+impl Value {
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            Value::Uint(v) => Some(v),
+            Value::Int(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            Value::Float(v) => Some(v),
+            Value::Uint(v) => Some(v as f64),
+            Value::Int(v) => Some(v as f64),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            Value::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    pub fn as_array(&self) -> Option<&[Value]> {
+        match self {
+            Value::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// ggml's tensor element types this reader decodes (ggml.h's `ggml_type` numbers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    F32,
+    F16,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+    Bf16,
+    /// Any other ggml type, by number: listed, never decoded.
+    Other(u32),
+}
+
+impl Kind {
+    fn from_code(code: u32) -> Kind {
+        match code {
+            0 => Kind::F32,
+            1 => Kind::F16,
+            2 => Kind::Q4_0,
+            3 => Kind::Q4_1,
+            8 => Kind::Q8_0,
+            30 => Kind::Bf16,
+            other => Kind::Other(other),
+        }
+    }
+
+    /// Elements per block and bytes per block.
+    fn block(self) -> Option<(usize, usize)> {
+        match self {
+            Kind::F32 => Some((1, 4)),
+            Kind::F16 | Kind::Bf16 => Some((1, 2)),
+            Kind::Q4_0 => Some((32, 18)),
+            Kind::Q4_1 => Some((32, 20)),
+            Kind::Q8_0 => Some((32, 34)),
+            Kind::Other(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Kind::F32 => f.write_str("F32"),
+            Kind::F16 => f.write_str("F16"),
+            Kind::Q4_0 => f.write_str("Q4_0"),
+            Kind::Q4_1 => f.write_str("Q4_1"),
+            Kind::Q8_0 => f.write_str("Q8_0"),
+            Kind::Bf16 => f.write_str("BF16"),
+            Kind::Other(n) => write!(f, "ggml type {n} (not one of F32, F16, BF16, Q8_0, Q4_0, Q4_1)"),
+        }
+    }
+}
+
+/// One entry of the tensor directory.
+#[derive(Debug, Clone)]
+pub struct TensorInfo {
+    /// ggml's order: `dims[0]` is the innermost (contiguous) dimension.
+    pub dims: Vec<u64>,
+    pub kind: Kind,
+    /// From the start of the data section.
+    offset: u64,
+}
+
+impl TensorInfo {
+    pub fn elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
+}
+
+/// A parsed GGUF file, its bytes kept for the tensors.
+pub struct Gguf {
+    pub version: u32,
+    pub metadata: HashMap<String, Value>,
+    pub tensors: HashMap<String, TensorInfo>,
+    bytes: Vec<u8>,
+    data: usize,
+}
+
+impl std::fmt::Debug for Gguf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gguf")
+            .field("version", &self.version)
+            .field("metadata", &self.metadata.len())
+            .field("tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+const MAGIC: &[u8; 4] = b"GGUF";
+/// Keys, strings and arrays longer than this are a damaged file, not a model.
+const MAX_LENGTH: u64 = 1 << 30;
+
+impl Gguf {
+    pub fn open(path: &Path) -> Result<Gguf, String> {
+        let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+        Gguf::parse(bytes)
+    }
+
+    /// Parses the header and the tensor directory; every tensor's extent is checked against the
+    /// file's length here, so that reading one later cannot run past the end.
+    pub fn parse(bytes: Vec<u8>) -> Result<Gguf, String> {
+        let mut r = Reader { bytes: &bytes, at: 0 };
+        if r.take(4)? != MAGIC {
+            return Err("not a GGUF file (its first four bytes are not 'GGUF')".into());
+        }
+        let version = r.u32()?;
+        if !(2..=3).contains(&version) {
+            return Err(format!("GGUF version {version}; this reader takes versions 2 and 3"));
+        }
+        let tensor_count = r.u64()?;
+        let kv_count = r.u64()?;
+        let mut metadata = HashMap::new();
+        for _ in 0..kv_count {
+            let key = r.string()?;
+            let kind = r.u32()?;
+            let value = r.value(kind).map_err(|e| format!("metadata '{key}': {e}"))?;
+            metadata.insert(key, value);
+        }
+        let mut tensors = HashMap::new();
+        for _ in 0..tensor_count {
+            let name = r.string()?;
+            let n_dims = r.u32()?;
+            if n_dims > 4 {
+                return Err(format!("tensor '{name}' has {n_dims} dimensions; GGUF allows at most 4"));
+            }
+            let dims = (0..n_dims).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
+            let kind = Kind::from_code(r.u32()?);
+            let offset = r.u64()?;
+            tensors.insert(name, TensorInfo { dims, kind, offset });
+        }
+        let alignment = match metadata.get("general.alignment") {
+            None => 32,
+            Some(v) => v.as_u64().filter(|a| *a > 0).ok_or("metadata 'general.alignment' is not a positive integer")?,
+        } as usize;
+        let data = r.at.div_ceil(alignment) * alignment;
+        for (name, t) in &tensors {
+            if let Some((per_block, block_bytes)) = t.kind.block() {
+                let n = t.elements();
+                if n % per_block as u64 != 0 {
+                    return Err(format!("tensor '{name}': {n} elements is not a whole number of {} blocks", t.kind));
+                }
+                let end = data as u64 + t.offset + n / per_block as u64 * block_bytes as u64;
+                if end > bytes.len() as u64 {
+                    return Err(format!(
+                        "tensor '{name}' ends at byte {end}, past the end of the file ({} bytes): the file is truncated",
+                        bytes.len()
+                    ));
+                }
+            }
+        }
+        Ok(Gguf { version, metadata, tensors, bytes, data })
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.metadata.get(key)
+    }
+
+    /// A tensor's elements as f32, in ggml's order (row-major with `dims[0]` innermost).
+    pub fn tensor(&self, name: &str) -> Result<Vec<f32>, String> {
+        let t = self.tensors.get(name).ok_or_else(|| format!("tensor '{name}' is missing"))?;
+        let (per_block, block_bytes) =
+            t.kind.block().ok_or_else(|| format!("tensor '{name}' is of {}; it cannot be read", t.kind))?;
+        let n = t.elements() as usize;
+        let start = self.data + t.offset as usize;
+        let raw = &self.bytes[start..start + n / per_block * block_bytes];
+        Ok(dequantize(t.kind, raw, n))
+    }
+}
+
+/// Decodes `n` elements of `kind` from `raw` (whose length the directory check guarantees).
+fn dequantize(kind: Kind, raw: &[u8], n: usize) -> Vec<f32> {
+    let half = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let mut out = Vec::with_capacity(n);
+    match kind {
+        Kind::F32 => out.extend(raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+        Kind::F16 => out.extend(raw.chunks_exact(2).map(half)),
+        Kind::Bf16 => out.extend(raw.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())),
+        // 32 values: an f16 scale, then 32 signed bytes.
+        Kind::Q8_0 => {
+            for block in raw.chunks_exact(34) {
+                let d = half(&block[..2]);
+                out.extend(block[2..].iter().map(|&q| f32::from(q as i8) * d));
+            }
+        }
+        // 32 values: an f16 scale, then 16 bytes whose low nibbles are values 0..16 and high
+        // nibbles values 16..32, each offset by 8.
+        Kind::Q4_0 => {
+            for block in raw.chunks_exact(18) {
+                let d = half(&block[..2]);
+                let qs = &block[2..];
+                out.extend(qs.iter().map(|&q| (f32::from(q & 0x0f) - 8.0) * d));
+                out.extend(qs.iter().map(|&q| (f32::from(q >> 4) - 8.0) * d));
+            }
+        }
+        // 32 values: an f16 scale and an f16 minimum, then the nibbles as for Q4_0, unsigned.
+        Kind::Q4_1 => {
+            for block in raw.chunks_exact(20) {
+                let (d, m) = (half(&block[..2]), half(&block[2..4]));
+                let qs = &block[4..];
+                out.extend(qs.iter().map(|&q| f32::from(q & 0x0f) * d + m));
+                out.extend(qs.iter().map(|&q| f32::from(q >> 4) * d + m));
+            }
+        }
+        Kind::Other(_) => unreachable!("refused before decoding"),
+    }
+    out
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+        let end = self.at.checked_add(n).filter(|e| *e <= self.bytes.len()).ok_or_else(|| {
+            format!("the header runs past the end of the file (byte {} of {})", self.at, self.bytes.len())
+        })?;
+        let s = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], String> {
+        Ok(self.take(N)?.try_into().expect("took N bytes"))
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    fn length(&mut self) -> Result<usize, String> {
+        let n = self.u64()?;
+        if n > MAX_LENGTH {
+            return Err(format!("a length of {n} (at byte {}) is past any real file's", self.at - 8));
+        }
+        Ok(n as usize)
+    }
+
+    fn string(&mut self) -> Result<String, String> {
+        let n = self.length()?;
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| format!("a string at byte {} is not UTF-8", self.at - n))
+    }
+
+    fn value(&mut self, kind: u32) -> Result<Value, String> {
+        Ok(match kind {
+            0 => Value::Uint(self.array::<1>()?[0].into()),
+            1 => Value::Int((self.array::<1>()?[0] as i8).into()),
+            2 => Value::Uint(u16::from_le_bytes(self.array()?).into()),
+            3 => Value::Int(i16::from_le_bytes(self.array()?).into()),
+            4 => Value::Uint(self.u32()?.into()),
+            5 => Value::Int(i32::from_le_bytes(self.array()?).into()),
+            6 => Value::Float(f32::from_le_bytes(self.array()?).into()),
+            7 => Value::Bool(self.array::<1>()?[0] != 0),
+            8 => Value::String(self.string()?),
+            9 => {
+                let inner = self.u32()?;
+                let n = self.length()?;
+                let mut items = Vec::with_capacity(n.min(1 << 20));
+                for _ in 0..n {
+                    items.push(self.value(inner)?);
+                }
+                Value::Array(items)
+            }
+            10 => Value::Uint(self.u64()?),
+            11 => Value::Int(i64::from_le_bytes(self.array()?)),
+            12 => Value::Float(f64::from_le_bytes(self.array()?)),
+            other => return Err(format!("value type {other} is not one of GGUF's (0 to 12)")),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A GGUF file written byte by byte, from the format's description.
+    fn file(tensors: &[(&str, &[u64], u32, Vec<u8>)]) -> Vec<u8> {
+        fn string(out: &mut Vec<u8>, s: &str) {
+            out.extend((s.len() as u64).to_le_bytes());
+            out.extend(s.as_bytes());
+        }
+        let mut out = b"GGUF".to_vec();
+        out.extend(3u32.to_le_bytes());
+        out.extend((tensors.len() as u64).to_le_bytes());
+        out.extend(2u64.to_le_bytes());
+        string(&mut out, "general.architecture");
+        out.extend(8u32.to_le_bytes());
+        string(&mut out, "llama");
+        string(&mut out, "llama.rope.freq_base");
+        out.extend(6u32.to_le_bytes());
+        out.extend(10000.0f32.to_le_bytes());
+        let mut offset = 0u64;
+        for (name, dims, kind, data) in tensors {
+            string(&mut out, name);
+            out.extend((dims.len() as u32).to_le_bytes());
+            for d in *dims {
+                out.extend(d.to_le_bytes());
+            }
+            out.extend(kind.to_le_bytes());
+            out.extend(offset.to_le_bytes());
+            offset += (data.len() as u64).div_ceil(32) * 32;
+        }
+        while !out.len().is_multiple_of(32) {
+            out.push(0);
+        }
+        for (_, _, _, data) in tensors {
+            out.extend(data);
+            while !out.len().is_multiple_of(32) {
+                out.push(0);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn reads_metadata_and_decodes_every_block_format() {
+        let h = |x: f32| f16::from_f32(x).to_le_bytes();
+        // Q8_0: scale 0.5, values -64..-32.
+        let mut q8 = h(0.5).to_vec();
+        q8.extend((0..32).map(|i| (i as i8 - 64) as u8));
+        // Q4_0: scale 2, nibbles: low = i % 16, high = 15 - i % 16.
+        let mut q40 = h(2.0).to_vec();
+        q40.extend((0..16u8).map(|i| i | ((15 - i) << 4)));
+        // Q4_1: scale 0.25, minimum -1.
+        let mut q41 = h(0.25).to_vec();
+        q41.extend(h(-1.0));
+        q41.extend((0..16u8).map(|i| i | ((15 - i) << 4)));
+        let f32s: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let f16s: Vec<u8> = [0.5f32, 3.0].iter().flat_map(|&x| h(x)).collect();
+        let bf16s: Vec<u8> = [0.5f32, -8.0].iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect();
+        let bytes = file(&[
+            ("q8", &[32], 8, q8),
+            ("q40", &[16, 2], 2, q40),
+            ("q41", &[32], 3, q41),
+            ("f32", &[2], 0, f32s),
+            ("f16", &[2], 1, f16s),
+            ("bf16", &[2], 30, bf16s),
+        ]);
+        let g = Gguf::parse(bytes).unwrap();
+        assert_eq!(g.version, 3);
+        assert_eq!(g.get("general.architecture").and_then(Value::as_str), Some("llama"));
+        assert_eq!(g.get("llama.rope.freq_base").and_then(Value::as_f64), Some(10000.0));
+        assert_eq!(g.tensors["q40"].dims, vec![16, 2]);
+
+        let q8 = g.tensor("q8").unwrap();
+        assert_eq!(q8[0], -32.0);
+        assert_eq!(q8[31], -16.5);
+        let q40 = g.tensor("q40").unwrap();
+        assert_eq!(q40.len(), 32);
+        assert_eq!((q40[0], q40[1], q40[15]), ((0.0 - 8.0) * 2.0, (1.0 - 8.0) * 2.0, (15.0 - 8.0) * 2.0));
+        assert_eq!((q40[16], q40[31]), ((15.0 - 8.0) * 2.0, (0.0 - 8.0) * 2.0));
+        let q41 = g.tensor("q41").unwrap();
+        assert_eq!((q41[0], q41[15], q41[16], q41[31]), (-1.0, 2.75, 2.75, -1.0));
+        assert_eq!(g.tensor("f32").unwrap(), vec![1.5, -2.0]);
+        assert_eq!(g.tensor("f16").unwrap(), vec![0.5, 3.0]);
+        assert_eq!(g.tensor("bf16").unwrap(), vec![0.5, -8.0]);
+    }
+
+    #[test]
+    fn damaged_files_are_refused_with_the_reason() {
+        assert!(Gguf::parse(b"GGML\x03\0\0\0".to_vec()).unwrap_err().contains("not a GGUF file"));
+        let mut v1 = b"GGUF".to_vec();
+        v1.extend(1u32.to_le_bytes());
+        assert!(Gguf::parse(v1).unwrap_err().contains("version 1"));
+        // A tensor that claims more bytes than the file holds.
+        let mut truncated = file(&[("t", &[64], 0, vec![0; 256])]);
+        truncated.truncate(truncated.len() - 100);
+        let e = Gguf::parse(truncated).unwrap_err();
+        assert!(e.contains("tensor 't'") && e.contains("truncated"), "{e}");
+        // A type this reader does not decode is listed, and refused when read.
+        let g = Gguf::parse(file(&[("k", &[256], 12, vec![0; 144])])).unwrap();
+        let e = g.tensor("k").unwrap_err();
+        assert!(e.contains("tensor 'k'") && e.contains("ggml type 12"), "{e}");
+        assert!(g.tensor("absent").unwrap_err().contains("missing"));
+    }
+}

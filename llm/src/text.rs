@@ -1,0 +1,409 @@
+//! The model's text side: its own tokenizer, its own chat template, incremental
+//! detokenization, and which tokens end a turn.
+//!
+//! The tokenizer is Hugging Face's `tokenizers`, built from the model's `tokenizer.json` or, for
+//! a GGUF file, from a `tokenizer.json` written from the file's vocabulary, merges, token types
+//! and pre-tokenizer name (`tokenizer.ggml.*`), so both formats tokenize with the same code.
+//! Chat templates are Jinja, rendered with `minijinja` (with Python's string methods, as
+//! templates written for transformers call them).
+//!
+//! Detokenization works on bytes: each token's bytes are known up front (byte-level BPE maps
+//! bytes to printable characters one to one; SentencePiece vocabularies spell bytes `<0xNN>`
+//! and spaces `▁`), and a sequence's text is released as far as it is valid UTF-8, so a
+//! character split across tokens is sent whole with the token that completes it.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::{json, Value as Json};
+use tokenizers::Tokenizer;
+
+use super::gguf::{Gguf, Value};
+
+/// Control tokens that end a turn, by their text, as llama.cpp recognises them.
+const END_MARKERS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|endoftext|>",
+    "<end_of_turn>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "</s>",
+    "<|eom_id|>",
+];
+
+/// A message of a chat conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+pub struct Text {
+    tokenizer: Tokenizer,
+    /// Each token's bytes as text output; empty for special tokens.
+    bytes: Arc<Vec<Vec<u8>>>,
+    ends: HashSet<u32>,
+    bos: Option<(u32, String)>,
+    add_bos: bool,
+    template: Option<String>,
+    eos_text: String,
+}
+
+impl std::fmt::Debug for Text {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Text").field("vocab", &self.bytes.len()).field("ends", &self.ends).finish()
+    }
+}
+
+/// How the vocabulary spells bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Spelling {
+    /// GPT-2's byte-to-character map.
+    ByteLevel,
+    /// SentencePiece: `▁` for a space, `<0xNN>` for a byte.
+    Pieces,
+}
+
+impl Text {
+    pub fn from_gguf(g: &Gguf, file: &str) -> Result<Text, String> {
+        let field = |k: &str| g.get(k).ok_or_else(|| format!("{file}: metadata '{k}' is missing"));
+        let strings = |k: &str| -> Result<Vec<String>, String> {
+            field(k)?
+                .as_array()
+                .and_then(|a| a.iter().map(|v| v.as_str().map(str::to_owned)).collect::<Option<Vec<_>>>())
+                .ok_or_else(|| format!("{file}: metadata '{k}' is not an array of strings"))
+        };
+        let model = field("tokenizer.ggml.model")?.as_str().unwrap_or_default();
+        if model != "gpt2" {
+            return Err(format!(
+                "{file}: tokenizer.ggml.model is '{model}'; from GGUF the llm engine builds byte-level BPE (gpt2) \
+                 tokenizers — for a SentencePiece model use its Hugging Face folder (tokenizer.json)"
+            ));
+        }
+        let pre = g.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");
+        let pre_tokenizer = pre_tokenizer(pre).ok_or_else(|| {
+            format!(
+                "{file}: tokenizer.ggml.pre is '{pre}'; the llm engine knows default, gpt2, smollm, llama-bpe, \
+                 llama3, qwen2"
+            )
+        })?;
+        let tokens = strings("tokenizer.ggml.tokens")?;
+        let merges = strings("tokenizer.ggml.merges")?;
+        let types: Vec<u64> = match g.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
+            Some(a) => a.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),
+            None => vec![1; tokens.len()],
+        };
+        // Control (3) and user-defined (4) tokens are matched whole in text, as special tokens.
+        let special: Vec<(u32, &str)> = tokens
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| matches!(types.get(*i), Some(3 | 4)))
+            .map(|(i, t)| (i as u32, t.as_str()))
+            .collect();
+        let vocab: serde_json::Map<String, Json> =
+            tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
+        let spec = json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": special.iter().map(|(id, t)| json!({
+                "id": id, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
+                "normalized": false, "special": true,
+            })).collect::<Vec<_>>(),
+            "normalizer": null,
+            "pre_tokenizer": pre_tokenizer,
+            "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {
+                "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "vocab": vocab, "merges": merges,
+            },
+        });
+        let tokenizer = Tokenizer::from_bytes(spec.to_string().as_bytes())
+            .map_err(|e| format!("{file}: the tokenizer from its metadata does not build: {e}"))?;
+        let id = |k: &str| g.get(k).and_then(Value::as_u64).map(|v| v as u32);
+        let special_ids: HashSet<u32> = special.iter().map(|s| s.0).collect();
+        let bytes = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| if special_ids.contains(&(i as u32)) { Vec::new() } else { spell(t, Spelling::ByteLevel) })
+            .collect();
+        let mut ends: HashSet<u32> = special.iter().filter(|(_, t)| END_MARKERS.contains(t)).map(|s| s.0).collect();
+        ends.extend(id("tokenizer.ggml.eos_token_id"));
+        ends.extend(id("tokenizer.ggml.eot_token_id"));
+        let bos = id("tokenizer.ggml.bos_token_id").and_then(|b| Some((b, tokens.get(b as usize)?.clone())));
+        let eos_text = id("tokenizer.ggml.eos_token_id").and_then(|e| tokens.get(e as usize).cloned());
+        Ok(Text {
+            tokenizer,
+            bytes: Arc::new(bytes),
+            ends,
+            add_bos: g.get("tokenizer.ggml.add_bos_token").and_then(Value::as_bool).unwrap_or(false),
+            bos,
+            template: g.get("tokenizer.chat_template").and_then(Value::as_str).map(str::to_owned),
+            eos_text: eos_text.unwrap_or_default(),
+        })
+    }
+
+    /// From a Hugging Face folder: `tokenizer.json`, and `tokenizer_config.json` for the chat
+    /// template and the special tokens' names.
+    pub fn from_hf(dir: &Path) -> Result<Text, String> {
+        let path = dir.join("tokenizer.json");
+        let file = path.display().to_string();
+        let raw = std::fs::read(&path).map_err(|e| format!("{file}: cannot read: {e}"))?;
+        let tokenizer = Tokenizer::from_bytes(&raw).map_err(|e| format!("{file}: {e}"))?;
+        let spec: Json = serde_json::from_slice(&raw).map_err(|e| format!("{file}: {e}"))?;
+        let spelling =
+            if spec["decoder"].to_string().contains("ByteLevel") { Spelling::ByteLevel } else { Spelling::Pieces };
+        let special: HashSet<u32> = spec["added_tokens"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| t["special"].as_bool() == Some(true))
+            .filter_map(|t| t["id"].as_u64().map(|i| i as u32))
+            .collect();
+        let size = tokenizer.get_vocab_size(true);
+        let bytes = (0..size as u32)
+            .map(|i| match tokenizer.id_to_token(i) {
+                Some(t) if !special.contains(&i) => spell(&t, spelling),
+                _ => Vec::new(),
+            })
+            .collect();
+
+        let config_path = dir.join("tokenizer_config.json");
+        let config: Json = match std::fs::read(&config_path) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", config_path.display()))?,
+            Err(_) => Json::Null,
+        };
+        let name = |v: &Json| v.as_str().map(str::to_owned).or_else(|| v["content"].as_str().map(str::to_owned));
+        let template = match &config["chat_template"] {
+            Json::String(s) => Some(s.clone()),
+            // A list of named templates: the default one.
+            Json::Array(list) => list
+                .iter()
+                .find(|t| t["name"] == "default")
+                .or(list.first())
+                .and_then(|t| t["template"].as_str().map(str::to_owned)),
+            _ => None,
+        };
+        let eos_text = name(&config["eos_token"]).unwrap_or_default();
+        let mut ends: HashSet<u32> = special
+            .iter()
+            .filter(|&&i| tokenizer.id_to_token(i).is_some_and(|t| END_MARKERS.contains(&t.as_str())))
+            .copied()
+            .collect();
+        ends.extend(tokenizer.token_to_id(&eos_text));
+        let bos = name(&config["bos_token"]).and_then(|t| Some((tokenizer.token_to_id(&t)?, t)));
+        Ok(Text {
+            tokenizer,
+            bytes: Arc::new(bytes),
+            ends,
+            bos,
+            // tokenizer.json's post-processor adds what the model wants.
+            add_bos: false,
+            template,
+            eos_text,
+        })
+    }
+
+    /// Token ids of a text, special tokens in it recognised; the beginning-of-sequence token
+    /// added where the model wants one and the text does not already begin with it (a chat
+    /// template that writes `{{ bos_token }}`).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        let encoding = self.tokenizer.encode(text, true).map_err(|e| format!("the prompt cannot be tokenized: {e}"))?;
+        let mut ids = encoding.get_ids().to_vec();
+        if let Some((bos, _)) = &self.bos {
+            if self.add_bos && ids.first() != Some(bos) {
+                ids.insert(0, *bos);
+            }
+            // A post-processor's BOS before a template's own.
+            if ids.len() >= 2 && ids[0] == *bos && ids[1] == *bos {
+                ids.remove(0);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// The prompt of a conversation through the model's chat template.
+    pub fn chat(&self, messages: &[Message]) -> Result<String, String> {
+        let template = self.template.as_deref().ok_or("this model has no chat template; use /v1/completions")?;
+        let mut env = minijinja::Environment::new();
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |message: String| -> Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, message))
+        });
+        env.add_template("chat", template).map_err(|e| format!("the model's chat template does not parse: {e}"))?;
+        let messages: Vec<Json> = messages.iter().map(|m| json!({"role": m.role, "content": m.content})).collect();
+        env.get_template("chat")
+            .and_then(|t| {
+                t.render(minijinja::context! {
+                    messages => messages,
+                    add_generation_prompt => true,
+                    bos_token => self.bos.as_ref().map_or("", |b| b.1.as_str()),
+                    eos_token => self.eos_text,
+                })
+            })
+            .map_err(|e| format!("the model's chat template refuses these messages: {e}"))
+    }
+
+    /// A fresh incremental detokenizer for one sequence's produced tokens.
+    pub fn stream(&self) -> TextStream {
+        TextStream { bytes: self.bytes.clone(), pending: Vec::new() }
+    }
+
+    pub fn is_end(&self, token: u32) -> bool {
+        self.ends.contains(&token)
+    }
+
+    /// A token's text as output (empty for special tokens).
+    pub fn token_bytes(&self, token: u32) -> &[u8] {
+        self.bytes.get(token as usize).map_or(&[], Vec::as_slice)
+    }
+}
+
+/// The pre-tokenizer of llama.cpp's pre-tokenizer names, as `tokenizer.json` writes it.
+fn pre_tokenizer(name: &str) -> Option<Json> {
+    let byte_level =
+        |regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": regex});
+    let split = |pattern: &str| {
+        json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
+            byte_level(false),
+        ]})
+    };
+    Some(match name {
+        "default" | "gpt2" | "gpt-2" => byte_level(true),
+        "smollm" => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": true}, byte_level(true),
+        ]}),
+        "llama-bpe" | "llama3" => split(
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ),
+        "qwen2" => split(
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ),
+        _ => return None,
+    })
+}
+
+/// A vocabulary entry's bytes.
+fn spell(token: &str, spelling: Spelling) -> Vec<u8> {
+    match spelling {
+        Spelling::ByteLevel => {
+            let map = unicode_to_byte();
+            // Every character of a byte-level token is one byte; one that is not keeps its UTF-8.
+            let mut out = Vec::with_capacity(token.len());
+            for ch in token.chars() {
+                match map.get(&ch) {
+                    Some(b) => out.push(*b),
+                    None => out.extend(ch.to_string().as_bytes()),
+                }
+            }
+            out
+        }
+        Spelling::Pieces => {
+            if let Some(hex) = token.strip_prefix("<0x").and_then(|t| t.strip_suffix('>')) {
+                if let Ok(b) = u8::from_str_radix(hex, 16) {
+                    return vec![b];
+                }
+            }
+            token.replace('\u{2581}', " ").into_bytes()
+        }
+    }
+}
+
+/// GPT-2's map from its printable characters back to bytes: the printable Latin-1 bytes stand
+/// for themselves, the other 68 bytes are spelled from U+0100 up, in order.
+fn unicode_to_byte() -> &'static std::collections::HashMap<char, u8> {
+    static MAP: std::sync::OnceLock<std::collections::HashMap<char, u8>> = std::sync::OnceLock::new();
+    MAP.get_or_init(|| {
+        let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
+        let mut map = std::collections::HashMap::new();
+        let mut next = 256u32;
+        for b in 0..=255u8 {
+            let ch = if printable(b) {
+                char::from(b)
+            } else {
+                let c = char::from_u32(next).expect("below the surrogates");
+                next += 1;
+                c
+            };
+            map.insert(ch, b);
+        }
+        map
+    })
+}
+
+/// One sequence's output text, released as far as it is valid UTF-8.
+#[derive(Debug)]
+pub struct TextStream {
+    bytes: Arc<Vec<Vec<u8>>>,
+    pending: Vec<u8>,
+}
+
+impl TextStream {
+    /// The text that token completes.
+    pub fn push(&mut self, token: u32) -> String {
+        if let Some(b) = self.bytes.get(token as usize) {
+            self.pending.extend_from_slice(b);
+        }
+        let mut out = String::new();
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(s) => {
+                    out.push_str(s);
+                    self.pending.clear();
+                    return out;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    out.push_str(std::str::from_utf8(&self.pending[..valid]).expect("valid prefix"));
+                    match e.error_len() {
+                        // Incomplete at the end: wait for the bytes that complete it.
+                        None => {
+                            self.pending.drain(..valid);
+                            return out;
+                        }
+                        // Bytes no character can start with: shown as U+FFFD, as a lossy decode does.
+                        Some(n) => {
+                            out.push('\u{FFFD}');
+                            self.pending.drain(..valid + n);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_byte_map_is_a_bijection_and_spells_space_as_g_dot() {
+        let map = unicode_to_byte();
+        assert_eq!(map.len(), 256);
+        assert_eq!(map.values().collect::<HashSet<_>>().len(), 256);
+        assert_eq!(spell("Ġhello", Spelling::ByteLevel), b" hello");
+        assert_eq!(spell("Ċ", Spelling::ByteLevel), b"\n");
+        assert_eq!(spell("\u{2581}the", Spelling::Pieces), b" the");
+        assert_eq!(spell("<0xE2>", Spelling::Pieces), vec![0xE2]);
+    }
+
+    #[test]
+    fn a_character_split_across_tokens_is_released_whole() {
+        // "é€" as bytes split 1 | 2 | 2 over three tokens, then an invalid byte.
+        let parts: Vec<Vec<u8>> = vec![vec![0xC3], vec![0xA9, 0xE2], vec![0x82, 0xAC], vec![0xFF, b'a']];
+        let mut d = TextStream { bytes: Arc::new(parts), pending: Vec::new() };
+        assert_eq!(d.push(0), "");
+        assert_eq!(d.push(1), "é");
+        assert_eq!(d.push(2), "€");
+        assert_eq!(d.push(3), "\u{FFFD}a");
+        assert_eq!(d.push(99), "");
+    }
+}

