@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use crate::embed::{Device, Overflow};
 use crate::engine::sim::Faults;
+use crate::generation::llm::DEFAULT_KV_CACHE_MEMORY;
 use crate::generation::sim::SimLlmTimes;
 use crate::idempotency;
 use ferry_core::duration;
@@ -112,10 +113,11 @@ pub struct Cli {
     /// The model's name on the upstream LLM server (openai engine). [default: --model]
     #[arg(long, env = "FERRY_UPSTREAM_MODEL")]
     pub upstream_model: Option<String>,
-    /// Model files for the cuda engine (spec.model.source).
+    /// Model files for the cuda and llm engines (spec.model.source): the embedding model's
+    /// folder; a GGUF file or a Hugging Face folder for llm.
     #[arg(long, env = "FERRY_MODEL_SOURCE")]
     pub model_source: Option<PathBuf>,
-    /// `auto`, `cpu` or `cuda[:N]` (cuda engine). [default: auto]
+    /// `auto`, `cpu` or `cuda[:N]` (cuda and llm engines). [default: auto]
     #[arg(long, env = "FERRY_DEVICE")]
     pub device: Option<String>,
     /// Inputs longer than the model takes: `truncate` (keep the first tokens) or `refuse` (400)
@@ -135,9 +137,14 @@ pub struct Cli {
     /// (spec.generation.maxInterTokenLatency). [default: 200ms]
     #[arg(long, env = "FERRY_MAX_INTER_TOKEN_LATENCY", value_parser = duration::parse)]
     pub max_inter_token_latency: Option<Duration>,
-    /// KV-cache blocks of the sim-llm engine (spec.generation.kvBlocks). [default: 4096]
+    /// KV-cache blocks (spec.generation.kvBlocks). [default: sim-llm 4096; llm as many as
+    /// --kv-cache-memory holds]
     #[arg(long, env = "FERRY_KV_BLOCKS")]
     pub kv_blocks: Option<u32>,
+    /// Memory for the llm engine's KV cache, in bytes or with a Ki, Mi or Gi suffix, when
+    /// --kv-blocks is not given. [default: 1Gi]
+    #[arg(long, env = "FERRY_KV_CACHE_MEMORY", value_parser = parse_bytes)]
+    pub kv_cache_memory: Option<u64>,
     /// Tokens per KV-cache block (spec.generation.kvBlockSize). [default: 16]
     #[arg(long, env = "FERRY_KV_BLOCK_SIZE")]
     pub kv_block_size: Option<u32>,
@@ -162,7 +169,8 @@ pub struct GenerationSettings {
     pub max_sequences: u32,
     pub ttft_budget: Duration,
     pub max_inter_token_latency: Duration,
-    pub kv_blocks: u32,
+    /// As configured; each engine has its default.
+    pub kv_blocks: Option<u32>,
     pub kv_block_size: u32,
     pub max_queue_tokens: u64,
 }
@@ -186,6 +194,12 @@ pub enum EngineSettings {
         device: Device,
         long_inputs: Overflow,
     },
+    /// The built-in decoder serving the model at `source` (a GGUF file or a Hugging Face folder).
+    Llm {
+        source: PathBuf,
+        device: Device,
+        kv_cache_memory: u64,
+    },
     /// Simulated generation: the prompt cycled, steps of a configured time.
     SimLlm {
         times: SimLlmTimes,
@@ -201,7 +215,7 @@ pub enum EngineSettings {
 impl EngineSettings {
     /// Whether the engine generates text, scheduled per step.
     pub fn generates(&self) -> bool {
-        matches!(self, EngineSettings::SimLlm { .. } | EngineSettings::OpenAi { .. })
+        matches!(self, EngineSettings::SimLlm { .. } | EngineSettings::Llm { .. } | EngineSettings::OpenAi { .. })
     }
 }
 
@@ -315,6 +329,17 @@ impl Settings {
                     })?,
                     batch_time_estimate: cli.batch_time_estimate.unwrap_or(100 * MS),
                 },
+                "llm" => EngineSettings::Llm {
+                    source: cli.model_source.clone().or(model.source.clone().map(PathBuf::from)).ok_or_else(|| {
+                        ConfigError(
+                            "--model-source (spec.model.source) is required when --engine is llm: a GGUF file, or a \
+                             Hugging Face folder with config.json, *.safetensors and tokenizer.json"
+                                .into(),
+                        )
+                    })?,
+                    device: device(cli.device.as_deref())?,
+                    kv_cache_memory: cli.kv_cache_memory.unwrap_or(DEFAULT_KV_CACHE_MEMORY),
+                },
                 "cuda" => EngineSettings::Cuda {
                     source: cli.model_source.clone().or(model.source.map(PathBuf::from)).ok_or_else(|| {
                         ConfigError(
@@ -323,12 +348,7 @@ impl Settings {
                                 .into(),
                         )
                     })?,
-                    device: match cli.device.as_deref() {
-                        None => Device::Auto,
-                        Some(text) => Device::parse(text).ok_or_else(|| {
-                            ConfigError(format!("--device is '{text}'; it must be auto, cpu, cuda or cuda:N"))
-                        })?,
-                    },
+                    device: device(cli.device.as_deref())?,
                     long_inputs: match cli.long_inputs.as_deref() {
                         None => Overflow::Truncate,
                         Some(text) => Overflow::parse(text).ok_or_else(|| {
@@ -363,7 +383,7 @@ impl Settings {
                 },
                 other => {
                     return Err(ConfigError(format!(
-                        "spec.engine.kind (--engine) is '{other}'; it must be one of sim, cuda, remote, sim-llm, openai"
+                        "spec.engine.kind (--engine) is '{other}'; it must be one of sim, cuda, remote, sim-llm, llm, openai"
                     )))
                 }
             },
@@ -378,7 +398,7 @@ impl Settings {
                     .max_inter_token_latency
                     .or(generation.max_inter_token_latency.as_ref().map(|d| d.duration()))
                     .unwrap_or(200 * MS),
-                kv_blocks: cli.kv_blocks.or(generation.kv_blocks).unwrap_or(4096),
+                kv_blocks: cli.kv_blocks.or(generation.kv_blocks),
                 kv_block_size: cli.kv_block_size.or(generation.kv_block_size).unwrap_or(16),
                 max_queue_tokens: cli.max_queue_tokens.or(generation.max_queue_tokens).unwrap_or(1 << 18),
             },
@@ -430,7 +450,7 @@ impl Settings {
         for (field, value) in [
             ("spec.generation.maxBatchTokens (--max-batch-tokens)", g.max_batch_tokens),
             ("spec.generation.maxSequences (--max-sequences)", g.max_sequences),
-            ("spec.generation.kvBlocks (--kv-blocks)", g.kv_blocks),
+            ("spec.generation.kvBlocks (--kv-blocks)", g.kv_blocks.unwrap_or(1)),
             ("spec.generation.kvBlockSize (--kv-block-size)", g.kv_block_size),
         ] {
             if value == 0 {
@@ -452,6 +472,35 @@ impl Settings {
         }
         Ok(())
     }
+}
+
+fn device(text: Option<&str>) -> Result<Device, ConfigError> {
+    match text {
+        None => Ok(Device::Auto),
+        Some(text) => Device::parse(text)
+            .ok_or_else(|| ConfigError(format!("--device is '{text}'; it must be auto, cpu, cuda or cuda:N"))),
+    }
+}
+
+/// A byte count: digits, optionally with a binary suffix (`512Mi`, `2Gi`).
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, ""),
+    };
+    let scale: u64 = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        _ => return Err(format!("'{text}' is not a byte count: digits, optionally followed by Ki, Mi, Gi or Ti")),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| format!("'{text}' is not a byte count: digits, optionally followed by Ki, Mi, Gi or Ti"))
 }
 
 fn probability(flag: &str, value: Option<f64>) -> Result<f64, ConfigError> {

@@ -21,6 +21,7 @@ use crate::front::{self, Backend, Front, Generating, Served};
 use crate::generation::engine::{KvLayout, StepEngine};
 use crate::generation::relay::Relay;
 use crate::generation::shell::Generator;
+use crate::generation::llm::LlmEngine;
 use crate::generation::sim::SimLlm;
 use crate::metrics::Metrics;
 use ferry_core::estimate::Estimator;
@@ -80,7 +81,7 @@ pub async fn shutdown_signal() {
 /// should exit and say why rather than serve nothing.
 pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading), String> {
     if settings.engine.generates() {
-        return Ok((build_generation(settings, metrics), Box::pin(std::future::pending())));
+        return Ok((build_generation(settings, metrics)?, Box::pin(std::future::pending())));
     }
     let mut loading = None;
     let (engine, estimator): (Arc<dyn Engine>, Estimator) = match settings.engine {
@@ -99,7 +100,7 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading),
             loading = Some((engine.clone(), loaded));
             (engine, Estimator::new(Duration::from_millis(100), Duration::ZERO))
         }
-        EngineSettings::SimLlm { .. } | EngineSettings::OpenAi { .. } => {
+        EngineSettings::SimLlm { .. } | EngineSettings::Llm { .. } | EngineSettings::OpenAi { .. } => {
             unreachable!("generation engines are built by build_generation")
         }
     };
@@ -165,14 +166,40 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading),
 }
 
 /// The generation model version: its step engine, its ledger and the task around it; or the
-/// relay to its upstream server.
-fn build_generation(settings: &Settings, metrics: &Metrics) -> Front {
+/// relay to its upstream server. Fails when the llm engine's model cannot load.
+fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, String> {
     let g = &settings.generation;
     let model_metrics = metrics.generation(&settings.model, &settings.version);
-    let backend = match &settings.engine {
-        EngineSettings::SimLlm { times } => {
-            let engine: Arc<dyn StepEngine> =
-                Arc::new(SimLlm::new(*times, KvLayout { blocks: g.kv_blocks, block_size: g.kv_block_size }));
+    let step_engine: Option<Arc<dyn StepEngine>> = match &settings.engine {
+        EngineSettings::SimLlm { times } => Some(Arc::new(SimLlm::new(
+            *times,
+            KvLayout { blocks: g.kv_blocks.unwrap_or(4096), block_size: g.kv_block_size },
+        ))),
+        EngineSettings::Llm { source, device, kv_cache_memory } => {
+            let started = std::time::Instant::now();
+            let size = match g.kv_blocks {
+                Some(blocks) => ferry_llm::KvSize::Blocks(blocks),
+                None => ferry_llm::KvSize::Bytes(*kv_cache_memory),
+            };
+            let engine = LlmEngine::load(source, *device, size, g.kv_block_size)
+                .map_err(|e| format!("the llm engine cannot start: {e}"))?;
+            let cost = engine.cost();
+            tracing::info!(
+                source = %source.display(),
+                kv_blocks = engine.kv().blocks,
+                kv_block_size = engine.kv().block_size,
+                context = engine.model().context_length(),
+                load_time = ?started.elapsed(),
+                decode = ?(cost.fixed + cost.per_decode),
+                prefill_per_token = ?cost.per_prefill_token,
+                "model loaded; ready"
+            );
+            Some(Arc::new(engine))
+        }
+        _ => None,
+    };
+    let backend = match (step_engine, &settings.engine) {
+        (Some(engine), _) => {
             let kv = engine.kv();
             let policy = generation::scheduler::Policy {
                 max_batch_tokens: g.max_batch_tokens,
@@ -194,7 +221,7 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Front {
                 generation::ledger::Ledger::new(scheduler, settings.deadline_margin, settings.retry.max_attempts);
             Backend::Steps { generator: Generator::spawn(ledger, engine.clone(), model_metrics), engine }
         }
-        EngineSettings::OpenAi { upstream, model } => {
+        (None, EngineSettings::OpenAi { upstream, model }) => {
             let policy = WindowPolicy {
                 max_in_flight: g.max_sequences,
                 max_queue: settings.max_queue,
@@ -217,14 +244,14 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Front {
         itl: g.max_inter_token_latency,
     };
     let deadlines = DeadlinePolicy { budget: settings.latency_budget, max_timeout: settings.max_timeout };
-    Front::new(
+    Ok(Front::new(
         Vec::new(),
         vec![Arc::new(served)],
         deadlines,
         settings.max_request_bytes,
         metrics.clone(),
         settings.idempotency,
-    )
+    ))
 }
 
 /// Resolves, with the reason, only if the engine fails to load; pends forever otherwise.

@@ -8,11 +8,13 @@
 //!   streams each sequence's text to its caller.
 //! - [`stop`]: `stop` strings, matched across token boundaries without ever sending one.
 //! - [`sim`]: the `sim-llm` engine.
+//! - [`llm`]: the `llm` engine: ferry-llm's decoder serving a real model.
 //! - [`relay`]: the shell around ferry-core's concurrency window, in front of an
 //!   OpenAI-compatible LLM server beside the sidecar (engine `openai`).
 //! - [`stream`]: what a caller holds: text pieces and one end, checked against the deadlines.
 
 pub mod engine;
+pub mod llm;
 pub mod relay;
 pub mod shell;
 pub mod sim;

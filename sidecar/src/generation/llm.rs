@@ -1,0 +1,135 @@
+//! The `llm` engine: ferry-llm's decoder behind the step-engine contract, so the generation
+//! shell, admission and the OpenAI front serve a real model exactly as they serve `sim-llm`.
+//!
+//! A step runs on tokio's blocking pool (the forward pass takes the CPU for milliseconds to
+//! seconds); its future owns what it needs. The first step-time estimate comes from timing a
+//! one-token decode and a 64-token prefill at load, before anything is admitted; the scheduler
+//! learns the real costs from then on.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_core::generation::step::StepCost;
+use ferry_llm::{KvSize, Model, Seq};
+
+use super::engine::{Detokenizer, KvLayout, LanguageModel, Message, Sampling, StepEngine, StepInput};
+use crate::embed::Device;
+use crate::engine::{BoxFuture, EngineError};
+
+pub struct LlmEngine {
+    model: Arc<Model>,
+    kv: KvLayout,
+    cost: StepCost,
+}
+
+impl LlmEngine {
+    /// Loads the model and times it. `--device cuda` is refused: this build's decoder runs on
+    /// the CPU (`auto` says so once in the log).
+    pub fn load(source: &Path, device: Device, size: KvSize, block_size: u32) -> Result<LlmEngine, String> {
+        match device {
+            Device::Cuda(n) => {
+                return Err(format!(
+                    "--device cuda:{n}: the llm engine's forward pass runs on the CPU in this build; use --device cpu or auto"
+                ))
+            }
+            Device::Auto => tracing::info!("device auto: the llm engine's forward pass runs on the CPU"),
+            Device::Cpu => {}
+        }
+        let model = Arc::new(Model::load(source, size, block_size)?);
+        let kv = KvLayout { blocks: model.kv_blocks(), block_size };
+        let cost = calibrate(&model, block_size).map_err(|e| format!("the first steps failed: {e}"))?;
+        Ok(LlmEngine { model, kv, cost })
+    }
+}
+
+/// Times a one-token decode after a 64-token prefill on the idle cache.
+fn calibrate(model: &Model, block_size: u32) -> Result<StepCost, String> {
+    let prefill = 64u32.min(model.context_length() - 1);
+    let blocks: Vec<u32> = (0..(prefill + 1).div_ceil(block_size)).collect();
+    let prompt = vec![0; prefill as usize];
+    let greedy = Some(ferry_llm::Sampling::GREEDY);
+    let started = Instant::now();
+    model.step(&[Seq { tokens: &prompt, start: 0, blocks: &blocks, sample: greedy }])?;
+    let long = started.elapsed();
+    let started = Instant::now();
+    model.step(&[Seq { tokens: &[0], start: prefill, blocks: &blocks, sample: greedy }])?;
+    let one = started.elapsed();
+    let fixed = one.mul_f64(0.8);
+    Ok(StepCost {
+        fixed,
+        per_decode: one - fixed,
+        per_prefill_token: long.saturating_sub(fixed) / prefill.max(1),
+        per_context_token: Duration::ZERO,
+    })
+}
+
+impl LanguageModel for LlmEngine {
+    fn context_length(&self) -> u32 {
+        self.model.context_length()
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.model.text().encode(text)
+    }
+
+    fn chat(&self, messages: &[Message]) -> Result<String, String> {
+        let messages: Vec<ferry_llm::Message> =
+            messages.iter().map(|m| ferry_llm::Message { role: m.role.clone(), content: m.content.clone() }).collect();
+        self.model.text().chat(&messages)
+    }
+
+    fn detokenizer(&self) -> Box<dyn Detokenizer> {
+        Box::new(Text(self.model.text().stream()))
+    }
+
+    fn is_end(&self, token: u32) -> bool {
+        self.model.text().is_end(token)
+    }
+}
+
+struct Text(ferry_llm::TextStream);
+
+impl Detokenizer for Text {
+    fn push(&mut self, token: u32) -> String {
+        self.0.push(token)
+    }
+}
+
+impl StepEngine for LlmEngine {
+    fn model(&self) -> &dyn LanguageModel {
+        self
+    }
+
+    fn kv(&self) -> KvLayout {
+        self.kv
+    }
+
+    fn cost(&self) -> StepCost {
+        self.cost
+    }
+
+    fn platform(&self) -> &str {
+        "ferry_llm"
+    }
+
+    fn step(&self, step: StepInput) -> BoxFuture<Result<Vec<u32>, EngineError>> {
+        let model = self.model.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                let sampling = |s: &Sampling| ferry_llm::Sampling { temperature: s.temperature, top_p: s.top_p, seed: s.seed };
+                let seqs: Vec<Seq> = step
+                    .sequences
+                    .iter()
+                    .map(|s| Seq { tokens: &s.tokens, start: s.start, blocks: &s.blocks, sample: s.sample.as_ref().map(sampling) })
+                    .collect();
+                model.step(&seqs).map(|s| s.tokens).map_err(EngineError)
+            })
+            .await
+            .map_err(|e| EngineError(format!("the step's thread failed: {e}")))?
+        })
+    }
+}
+
+/// The KV cache's budget on the CPU when neither `--kv-blocks` nor `--kv-cache-memory` is given.
+pub const DEFAULT_KV_CACHE_MEMORY: u64 = 1 << 30;
