@@ -52,9 +52,11 @@ pub const GENERATION_TOKENS: &str = "ferry_generation_tokens_total";
 pub const STEP_TOKENS: &str = "ferry_step_tokens";
 /// Histogram: engine seconds per step.
 pub const STEP_DURATION: &str = "ferry_step_duration_seconds";
+/// Histogram: sequences per engine step (decodes and prefill chunks): the continuous batch's size.
+pub const STEP_SEQUENCES: &str = "ferry_step_sequences";
 
 /// The generation metrics above, for tests that check an exposition against the contract.
-pub const GENERATION: [&str; 10] = [
+pub const GENERATION: [&str; 11] = [
     TIME_TO_FIRST_TOKEN,
     INTER_TOKEN_LATENCY,
     SEQUENCES,
@@ -65,6 +67,7 @@ pub const GENERATION: [&str; 10] = [
     GENERATION_TOKENS,
     STEP_TOKENS,
     STEP_DURATION,
+    STEP_SEQUENCES,
 ];
 
 /// Every request-level metric name above, for tests that check an exposition against the contract.

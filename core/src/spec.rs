@@ -104,6 +104,10 @@ pub enum EngineKind {
     /// Simulated text generation, scheduled per engine step (tests, demos, capacity planning).
     #[serde(rename = "sim-llm")]
     SimLlm,
+    /// The built-in Llama-family decoder, in the sidecar: `model.source` a GGUF file or a
+    /// Hugging Face folder.
+    #[serde(rename = "llm")]
+    Llm,
     /// An OpenAI-compatible LLM server (vLLM, SGLang, TGI, llama.cpp) beside the sidecar, which
     /// batches by itself; the sidecar admits, orders and limits what it has in flight.
     #[serde(rename = "openai")]
@@ -117,13 +121,14 @@ impl EngineKind {
             EngineKind::Cuda => "cuda",
             EngineKind::Remote => "remote",
             EngineKind::SimLlm => "sim-llm",
+            EngineKind::Llm => "llm",
             EngineKind::OpenAi => "openai",
         }
     }
 
     /// Whether the engine generates text (scheduled per step) rather than running batches.
     pub fn generates(self) -> bool {
-        matches!(self, EngineKind::SimLlm | EngineKind::OpenAi)
+        matches!(self, EngineKind::SimLlm | EngineKind::Llm | EngineKind::OpenAi)
     }
 
     /// Whether a server container runs beside the sidecar (`image`, `port`).

@@ -184,7 +184,7 @@ pub fn sidecar_args(spec: &InferenceServiceSpec, checked: &Checked) -> Vec<Strin
             args.push(format!("--sim-batch-time={}", sim.batch_time.as_str()));
             args.push(format!("--sim-per-item={}", sim.per_item.as_str()));
         }
-        EngineKind::Cuda => {
+        EngineKind::Cuda | EngineKind::Llm => {
             args.extend(source.map(|s| format!("--model-source={s}")));
             // A pod given GPUs must use one: a sidecar that fell back to the CPU would serve at a
             // fraction of the planned capacity, so it fails to start instead, saying why.
@@ -261,8 +261,10 @@ pub fn deployment(isvc: &InferenceService, images: &Images) -> Result<Deployment
     let mut containers = Vec::new();
     match spec.engine.kind {
         EngineKind::Sim | EngineKind::SimLlm => {}
-        EngineKind::Cuda => {
-            sidecar.resources = Some(gpu_limits(gpus));
+        EngineKind::Cuda | EngineKind::Llm => {
+            if gpus > 0 {
+                sidecar.resources = Some(gpu_limits(gpus));
+            }
             sidecar.volume_mounts = mounts.clone();
         }
         EngineKind::Remote | EngineKind::OpenAi => containers.push(Container {

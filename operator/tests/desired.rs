@@ -67,7 +67,7 @@ fn the_quickstart_runs_the_sim_engine_with_its_numbers() {
 /// arguments, parsed by the sidecar's own command-line parser and resolved as it resolves them.
 #[test]
 fn the_sidecar_reads_its_arguments_as_the_spec_says() {
-    for name in ["quickstart.yaml", "cuda.yaml", "remote.yaml", "generation.yaml", "vllm.yaml"] {
+    for name in ["quickstart.yaml", "cuda.yaml", "remote.yaml", "generation.yaml", "llm.yaml", "vllm.yaml"] {
         let isvc = example(name);
         let args = containers(&isvc)[0].args.clone().unwrap();
         let cli = Cli::try_parse_from(std::iter::once("ferry-sidecar".to_owned()).chain(args.clone()))
@@ -90,6 +90,15 @@ fn the_sidecar_reads_its_arguments_as_the_spec_says() {
             (EngineKind::Cuda, EngineSettings::Cuda { source, .. }) => {
                 assert_eq!(source.to_str(), Some("/models/all-minilm-l6-v2"))
             }
+            (EngineKind::Llm, EngineSettings::Llm { source, device, .. }) => {
+                // The claim's file, mounted; a pod without GPUs decodes on the CPU.
+                assert_eq!(source.to_str(), Some("/models/SmolLM2-135M-Instruct.Q4_1.gguf"), "{name}");
+                assert_eq!(*device, ferry_sidecar::embed::Device::Cpu, "{name}");
+                assert_eq!(gpus(&containers(&isvc)[0]), None, "{name}: gpus: 0 asks for none");
+                let g = spec.generation.clone().expect("the example sets spec.generation");
+                assert_eq!(settings.generation.kv_blocks, g.kv_blocks, "{name}");
+                assert_eq!(Some(settings.generation.max_sequences), g.max_sequences, "{name}");
+            }
             (EngineKind::Remote, EngineSettings::Remote { upstream, .. }) => {
                 assert_eq!(upstream, &format!("http://127.0.0.1:{}", spec.engine.port))
             }
@@ -106,7 +115,7 @@ fn the_sidecar_reads_its_arguments_as_the_spec_says() {
                 assert_eq!(Some(s.ttft_budget), g.ttft_budget.map(|d| d.duration()), "{name}");
                 assert_eq!(Some(s.max_inter_token_latency), g.max_inter_token_latency.map(|d| d.duration()), "{name}");
                 assert_eq!(Some(s.kv_block_size), g.kv_block_size, "{name}");
-                assert_eq!(Some(s.kv_blocks), g.kv_blocks, "{name}");
+                assert_eq!(s.kv_blocks, g.kv_blocks, "{name}");
             }
             (EngineKind::OpenAi, EngineSettings::OpenAi { upstream, model }) => {
                 assert_eq!(upstream, &format!("http://127.0.0.1:{}", spec.engine.port), "{name}");

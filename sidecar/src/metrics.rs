@@ -36,6 +36,7 @@ pub struct Metrics {
     generation_tokens: IntCounterVec,
     step_tokens: HistogramVec,
     step_duration: HistogramVec,
+    step_sequences: HistogramVec,
 }
 
 /// Inter-token latency buckets: 1 ms to 1 s.
@@ -112,6 +113,11 @@ impl Metrics {
                 exponential_buckets(1.0, 2.0, 14).expect("valid buckets"),
             ),
             step_duration: hist(metric::STEP_DURATION, "Engine time per step.", SECONDS.to_vec()),
+            step_sequences: hist(
+                metric::STEP_SEQUENCES,
+                "Sequences per engine step (decodes and prefill chunks).",
+                exponential_buckets(1.0, 2.0, 12).expect("valid buckets"),
+            ),
             registry,
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
@@ -135,6 +141,7 @@ impl Metrics {
             Box::new(m.generation_tokens.clone()),
             Box::new(m.step_tokens.clone()),
             Box::new(m.step_duration.clone()),
+            Box::new(m.step_sequences.clone()),
         ];
         for c in collectors {
             m.registry.register(c).expect("metric names are unique");
@@ -197,6 +204,7 @@ impl Metrics {
             generation_tokens: self.generation_tokens.with_label_values(&mv),
             step_tokens: self.step_tokens.with_label_values(&mv),
             step_duration: self.step_duration.with_label_values(&mv),
+            step_sequences: self.step_sequences.with_label_values(&mv),
         }
     }
 
@@ -280,6 +288,7 @@ pub struct GenerationMetrics {
     pub generation_tokens: prometheus::IntCounter,
     pub step_tokens: prometheus::Histogram,
     pub step_duration: prometheus::Histogram,
+    pub step_sequences: prometheus::Histogram,
 }
 
 impl GenerationMetrics {

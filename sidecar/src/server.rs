@@ -19,9 +19,9 @@ use crate::engine::sim::SimEngine;
 use crate::engine::Engine;
 use crate::front::{self, Backend, Front, Generating, Served};
 use crate::generation::engine::{KvLayout, StepEngine};
+use crate::generation::llm::LlmEngine;
 use crate::generation::relay::Relay;
 use crate::generation::shell::Generator;
-use crate::generation::llm::LlmEngine;
 use crate::generation::sim::SimLlm;
 use crate::metrics::Metrics;
 use ferry_core::estimate::Estimator;
@@ -176,7 +176,7 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, Str
             KvLayout { blocks: g.kv_blocks.unwrap_or(4096), block_size: g.kv_block_size },
         ))),
         EngineSettings::Llm { source, device, kv_cache_memory } => {
-            let started = std::time::Instant::now();
+            let started = tokio::time::Instant::now();
             let size = match g.kv_blocks {
                 Some(blocks) => ferry_llm::KvSize::Blocks(blocks),
                 None => ferry_llm::KvSize::Bytes(*kv_cache_memory),

@@ -25,7 +25,8 @@ def sidecar_binary():
 
 
 class Sidecar:
-    """A ferry-sidecar process on the sim-llm engine; `flags` override the defaults."""
+    """A ferry-sidecar process on the sim-llm engine; `flags` override the defaults (another
+    `engine` drops the sim settings)."""
 
     def __init__(self, **flags):
         settings = {
@@ -43,6 +44,8 @@ class Sidecar:
             "max_inter_token_latency": "1s",
             **flags,
         }
+        if settings["engine"] != "sim-llm":
+            settings = {k: v for k, v in settings.items() if not k.startswith("sim_")}
         args = [str(sidecar_binary())] + [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
         self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.process.stdout.readline()

@@ -62,8 +62,13 @@ def smollm(path):
     for messages in CHAT:
         text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tok(text, add_special_tokens=False)["input_ids"]
-        cases.append({"kind": "chat", "messages": messages, "text": text, "prompt": ids,
-                      "steps": greedy(model, ids)})
+        steps = greedy(model, ids)
+        # The answer a server gives: the greedy tokens up to the end of the turn, as text.
+        tokens = [s["token"] for s in steps]
+        if tok.eos_token_id in tokens:
+            tokens = tokens[:tokens.index(tok.eos_token_id)]
+        cases.append({"kind": "chat", "messages": messages, "text": text, "prompt": ids, "steps": steps,
+                      "answer": tok.decode(tokens, skip_special_tokens=True)})
     write("smollm2.json", {"model": name, "cases": cases})
 
 

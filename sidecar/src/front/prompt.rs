@@ -219,7 +219,11 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
         model: body.model,
         prompt,
         max_tokens,
-        sampling: Sampling { temperature: temperature as f32, top_p: top_p as f32, seed: body.seed.unwrap_or(0) },
+        sampling: Sampling {
+            temperature: temperature as f32,
+            top_p: top_p as f32,
+            seed: body.seed.unwrap_or_else(rand::random),
+        },
         stop,
         stream,
         include_usage: stream && body.stream_options.unwrap_or_default().include_usage,

@@ -8,7 +8,9 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use ferry_core::generation::step::StepCost;
 use ferry_llm::{KvSize, Model, Seq};
@@ -117,11 +119,17 @@ impl StepEngine for LlmEngine {
         let model = self.model.clone();
         Box::pin(async move {
             tokio::task::spawn_blocking(move || {
-                let sampling = |s: &Sampling| ferry_llm::Sampling { temperature: s.temperature, top_p: s.top_p, seed: s.seed };
+                let sampling =
+                    |s: &Sampling| ferry_llm::Sampling { temperature: s.temperature, top_p: s.top_p, seed: s.seed };
                 let seqs: Vec<Seq> = step
                     .sequences
                     .iter()
-                    .map(|s| Seq { tokens: &s.tokens, start: s.start, blocks: &s.blocks, sample: s.sample.as_ref().map(sampling) })
+                    .map(|s| Seq {
+                        tokens: &s.tokens,
+                        start: s.start,
+                        blocks: &s.blocks,
+                        sample: s.sample.as_ref().map(sampling),
+                    })
                     .collect();
                 model.step(&seqs).map(|s| s.tokens).map_err(EngineError)
             })

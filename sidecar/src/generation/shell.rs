@@ -361,6 +361,7 @@ impl Task {
             Effect::StepEnded { plan, took, .. } => {
                 self.metrics.step_duration.observe(took.as_secs_f64());
                 self.metrics.step_tokens.observe(f64::from(plan.shape.tokens()));
+                self.metrics.step_sequences.observe(plan.members.len() as f64);
             }
             Effect::Late(n) => self.metrics.late_results.inc_by(n),
         }

