@@ -3,12 +3,11 @@
 //! projection is one GEMM for the whole step; attention per token and head over the sequence's
 //! own KV blocks; logits only for the sequences that sample.
 //!
-//! Threads: the GEMMs split the weight's rows (its outputs) across rayon's pool — for a
-//! handful of tokens as a blocked matrix-vector product that reads each weight once, for more
-//! with matrixmultiply's packed GEMM; attention splits tokens × heads.
+//! Threads, all rayon's pool: a projection of a handful of tokens is a matrix-vector product
+//! that reads each weight row once (decode is bound by memory); of more, the `gemm` crate's
+//! packed GEMM (bound by arithmetic: prefill and large decode batches); attention splits tokens
+//! × key-value heads.
 
-use ndarray::linalg::general_mat_mul;
-use ndarray::{ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
 
 use super::kv::KvCache;
@@ -17,7 +16,7 @@ use crate::Seq;
 
 /// Up to this many tokens, a projection reads each weight row once and dots it with every token
 /// (memory-bound decode); past it, the packed GEMM's reuse wins.
-const GEMV_TOKENS: usize = 8;
+const GEMV_TOKENS: usize = 4;
 /// Output rows per task of the matrix-vector path.
 const ROWS_PER_TASK: usize = 32;
 
@@ -84,12 +83,16 @@ pub fn forward(w: &Weights, rope: &Rope, cache: &mut KvCache, seqs: &[Seq<'_>]) 
             tokens.push(Token { seq: s, position: p, slot: cache.slot(seq.blocks, p)?, id });
         }
     }
+    // Each sequence's cache slots for positions 0 up to its last new token, shared by every layer.
+    let slots: Vec<Vec<usize>> = seqs
+        .iter()
+        .map(|seq| (0..seq.start as usize + seq.tokens.len()).map(|p| cache.slot(seq.blocks, p)).collect())
+        .collect::<Result<_, _>>()?;
     let t = tokens.len();
     let mut x = Vec::with_capacity(t * h);
     for tok in &tokens {
         x.extend_from_slice(w.embed.row(tok.id as usize));
     }
-    let scale = 1.0 / (hd as f32).sqrt();
     let mut normed = vec![0.0; t * h];
     for (l, layer) in w.layers.iter().enumerate() {
         rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut normed);
@@ -106,29 +109,8 @@ pub fn forward(w: &Weights, rope: &Rope, cache: &mut KvCache, seqs: &[Seq<'_>]) 
             cache.write(l, tokens[i].slot, &kv[..kvd], &kv[kvd..]);
         }
         let mut attended = vec![0.0; t * qd];
-        let store = &*cache;
-        let (keys, values) = store.layer(l);
-        let group = c.heads / c.kv_heads;
-        attended.par_chunks_mut(hd).enumerate().try_for_each(|(i, out)| -> Result<(), String> {
-            let (ti, head) = (i / c.heads, i % c.heads);
-            let tok = &tokens[ti];
-            let q = &qkv[ti * width + head * hd..][..hd];
-            let kv_off = (head / group) * hd;
-            let table = seqs[tok.seq].blocks;
-            // The sequence's positions 0..=p, each in its block's slot.
-            let mut scores = Vec::with_capacity(tok.position + 1);
-            let mut slots = Vec::with_capacity(tok.position + 1);
-            for p in 0..=tok.position {
-                let slot = store.slot(table, p)?;
-                slots.push(slot);
-                scores.push(dot(q, &keys[slot * kvd + kv_off..][..hd]) * scale);
-            }
-            softmax(&mut scores);
-            for (wgt, slot) in scores.iter().zip(&slots) {
-                axpy(*wgt, &values[slot * kvd + kv_off..][..hd], out);
-            }
-            Ok(())
-        })?;
+        let (keys, values) = cache.layer(l);
+        attend(&mut attended, &qkv, width, &tokens, &slots, (c.heads, c.kv_heads, hd), keys, values);
         let o = matmul(&attended, t, &layer.out);
         x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
 
@@ -158,6 +140,48 @@ pub fn forward(w: &Weights, rope: &Rope, cache: &mut KvCache, seqs: &[Seq<'_>]) 
     rms_norm(&last, &w.norm, c.rms_eps, &mut final_norm);
     let logits = matmul(&final_norm, rows, w.lm_head());
     Ok(logits.chunks_exact(c.vocab).map(<[f32]>::to_vec).collect())
+}
+
+/// Causal attention of every new token over its sequence's cached keys and values, one task
+/// per token and key-value head: the query heads that share those keys (GQA) read each key and
+/// value row once.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    out: &mut [f32],
+    qkv: &[f32],
+    width: usize,
+    tokens: &[Token],
+    slots: &[Vec<usize>],
+    (heads, kv_heads, hd): (usize, usize, usize),
+    keys: &[f32],
+    values: &[f32],
+) {
+    let group = heads / kv_heads;
+    let kvd = kv_heads * hd;
+    let scale = 1.0 / (hd as f32).sqrt();
+    out.par_chunks_mut(group * hd).enumerate().for_each(|(i, out)| {
+        let (ti, kvh) = (i / kv_heads, i % kv_heads);
+        let tok = &tokens[ti];
+        let q = &qkv[ti * width + kvh * group * hd..][..group * hd];
+        let context = &slots[tok.seq][..=tok.position];
+        let n = context.len();
+        let mut scores = vec![0.0f32; group * n];
+        for (j, &slot) in context.iter().enumerate() {
+            let k = &keys[slot * kvd + kvh * hd..][..hd];
+            for g in 0..group {
+                scores[g * n + j] = dot(&q[g * hd..(g + 1) * hd], k) * scale;
+            }
+        }
+        for row in scores.chunks_exact_mut(n) {
+            softmax(row);
+        }
+        for (j, &slot) in context.iter().enumerate() {
+            let v = &values[slot * kvd + kvh * hd..][..hd];
+            for g in 0..group {
+                axpy(scores[g * n + j], v, &mut out[g * hd..(g + 1) * hd]);
+            }
+        }
+    });
 }
 
 struct Token {
@@ -203,14 +227,45 @@ pub fn matmul(x: &[f32], rows: usize, w: &Matrix) -> Vec<f32> {
         }
         return y;
     }
-    // yᵀ = w · xᵀ, written through a transposed view of y: matrixmultiply's threads split the
-    // first dimension, the weight's outputs.
-    let a = ArrayView2::from_shape((n, k), &w.data).expect("weight shape");
-    let b = ArrayView2::from_shape((rows, k), x).expect("input shape");
     let mut y = vec![0.0; rows * n];
-    let mut yt = ArrayViewMut2::from_shape((rows, n), &mut y).expect("output shape");
-    general_mat_mul(1.0, &a, &b.t(), 0.0, &mut yt.view_mut().reversed_axes());
+    gemm_into(&mut y, x, rows, w);
     y
+}
+
+/// `y = x · wᵀ` with the `gemm` crate (runtime-dispatched AVX2/AVX-512 kernels, threaded on
+/// rayon's pool).
+#[allow(unsafe_code)]
+fn gemm_into(y: &mut [f32], x: &[f32], rows: usize, w: &Matrix) {
+    let (n, k) = (w.rows, w.cols);
+    assert!(y.len() == rows * n && x.len() == rows * k && w.data.len() == n * k, "GEMM operands' sizes");
+    let threads = rayon::current_num_threads();
+    // SAFETY: the three pointers come from slices of exactly the sizes the strides address
+    // (checked above): y is rows × n row-major, x rows × k row-major, and wᵀ is read as a k × n
+    // matrix with column stride k over w's n × k elements; y is written only, and it aliases
+    // neither input (a `&mut` beside two `&`).
+    unsafe {
+        gemm::gemm(
+            rows,
+            n,
+            k,
+            y.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.data.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None },
+        );
+    }
 }
 
 /// A dot product in sixteen lanes, which the compiler turns into SIMD.

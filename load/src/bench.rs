@@ -14,6 +14,8 @@
 //!    the streaming client on the same kind of trace.
 //! 6. Ferry in front of llama.cpp's own server (PyPI xllamacpp, SmolLM2-135M): the same trace
 //!    sent to the server directly and through the sidecar's `openai` engine.
+//! 7. Ferry's built-in decoder against llama.cpp's server on the same F32 weights
+//!    ([`crate::decoder`]).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -36,16 +38,18 @@ pub struct BenchOptions {
     pub seconds: u64,
     /// Only the generation section, printed rather than written.
     pub generation_only: bool,
+    /// Only the decoder section, printed rather than written.
+    pub decoder_only: bool,
 }
 
 /// A server process, killed when dropped.
-struct Server {
+pub(crate) struct Server {
     _child: Child,
-    base: String,
+    pub(crate) base: String,
 }
 
 impl Server {
-    async fn start(program: &Path, args: &[&str]) -> anyhow::Result<Server> {
+    pub(crate) async fn start(program: &Path, args: &[&str]) -> anyhow::Result<Server> {
         let mut child = Command::new(program)
             .args(args)
             .stdout(Stdio::piped())
@@ -75,7 +79,7 @@ fn sidecar_binary() -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-async fn sidecar(args: &[&str]) -> anyhow::Result<Server> {
+pub(crate) async fn sidecar(args: &[&str]) -> anyhow::Result<Server> {
     let mut all = vec!["--model", "m", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"];
     all.extend_from_slice(args);
     Server::start(&sidecar_binary()?, &all).await
@@ -165,9 +169,13 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<String> {
         upstream(&mut md, secs).await?;
         return Ok(md);
     }
+    if options.decoder_only {
+        crate::decoder::section(&mut md, secs).await?;
+        return Ok(md);
+    }
 
     // 1. Overhead.
-    eprintln!("1/6 overhead: echo server vs sidecar with a 0 ms engine");
+    eprintln!("1/7 overhead: echo server vs sidecar with a 0 ms engine");
     let echo = Server::start(&std::env::current_exe()?, &["echo", "--listen", "127.0.0.1:0"]).await?;
     let echo_url = format!("{}/echo", echo.base);
     let bare = sidecar(&[
@@ -239,7 +247,7 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<String> {
     );
 
     // 2. The problem statement's scenario.
-    eprintln!("2/6 the scenario: 1000 req/s, 100 ms batches, 4 and 5 workers");
+    eprintln!("2/7 the scenario: 1000 req/s, 100 ms batches, 4 and 5 workers");
     let mut scenario = Vec::new();
     for workers in ["4", "5"] {
         let mut args = SCENARIO.to_vec();
@@ -273,7 +281,7 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<String> {
     );
 
     // 3. Overload.
-    eprintln!("3/6 overload: twice the capacity of 4 workers");
+    eprintln!("3/7 overload: twice the capacity of 4 workers");
     let capacity = 1280.0;
     let mut args = SCENARIO.to_vec();
     args.extend(["--workers", "4", "--latency-budget", "200ms"]);
@@ -300,7 +308,7 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<String> {
     );
 
     // 4. Policies.
-    eprintln!("4/6 policies: fixed delay and no batching");
+    eprintln!("4/7 policies: fixed delay and no batching");
     let mut policies = vec![
         ("Ferry's rule (deadline-aware)", "1000", scenario[0].1.clone()),
         ("Ferry's rule (deadline-aware)", "2560", overload.clone()),
@@ -349,6 +357,7 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<String> {
     );
     generation(&mut md, secs).await?;
     upstream(&mut md, secs).await?;
+    crate::decoder::section(&mut md, secs).await?;
     std::fs::write(&options.out, &md)?;
     Ok(md)
 }
@@ -371,7 +380,7 @@ async fn upstream(md: &mut String, secs: u64) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    eprintln!("6/6 upstream: llama.cpp's server directly and behind the sidecar");
+    eprintln!("6/7 upstream: llama.cpp's server directly and behind the sidecar");
     let script = root.join("tests/upstream/llama_server.py");
     let port = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -430,8 +439,12 @@ async fn upstream(md: &mut String, secs: u64) -> anyhow::Result<()> {
         let requests = trace::trace(&shape);
         let mut goodput = Vec::new();
         for (name, base) in [("llama.cpp directly", &llama.base), ("through Ferry", &sidecar.base)] {
-            let target =
-                stream::Target { url: format!("{base}/v1/completions"), model: "m".into(), send_deadlines: true };
+            let target = stream::Target {
+                url: format!("{base}/v1/completions"),
+                model: "m".into(),
+                send_deadlines: true,
+                salt: None,
+            };
             let s =
                 summary::Summary::of(&stream::run(&target, &requests, Duration::from_secs(60)).await?, shape.duration);
             let _ = writeln!(md, "| {rate:.0} req/s | {name} | {} |", summary::cells(&s));
@@ -457,7 +470,7 @@ async fn generation(md: &mut String, secs: u64) -> anyhow::Result<()> {
     use ferry_core::generation::scheduler::Discipline;
     use ferry_core::generation::step::StepCost;
 
-    eprintln!("5/6 generation: three disciplines in virtual time, then the sidecar over HTTP");
+    eprintln!("5/7 generation: three disciplines in virtual time, then the sidecar over HTTP");
     let us = Duration::from_micros(1);
     let service = policies::Service {
         cost: StepCost {
@@ -568,8 +581,12 @@ async fn generation(md: &mut String, secs: u64) -> anyhow::Result<()> {
             "100ms",
         ])
         .await?;
-        let target =
-            stream::Target { url: format!("{}/v1/completions", server.base), model: "m".into(), send_deadlines: true };
+        let target = stream::Target {
+            url: format!("{}/v1/completions", server.base),
+            model: "m".into(),
+            send_deadlines: true,
+            salt: None,
+        };
         let samples = stream::run(&target, &trace::trace(&shape), Duration::from_secs(30)).await?;
         let s = summary::Summary::of(&samples, shape.duration);
         let _ = writeln!(md, "| {:.0} % ({:.1} req/s) | {} |", load * 100.0, shape.rate, summary::cells(&s));

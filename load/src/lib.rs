@@ -11,8 +11,10 @@
 //! - [`generation`]: generation load — traces of LLM requests, the OpenAI streaming client,
 //!   their summary, and the scheduling disciplines compared in virtual time.
 //! - [`bench`]: the benchmark suite: real sidecar processes on 127.0.0.1, side by side.
+//! - [`decoder`]: its section on the built-in decoder against llama.cpp's server.
 
 pub mod bench;
+pub mod decoder;
 pub mod echo;
 pub mod generation;
 pub mod plot;

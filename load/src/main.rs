@@ -41,6 +41,9 @@ enum Command {
         /// Run only the generation section and print it (BENCHMARKS.md is left as it is).
         #[arg(long)]
         generation_only: bool,
+        /// Run only the built-in decoder's section (7) and print it.
+        #[arg(long)]
+        decoder_only: bool,
     },
 }
 
@@ -137,10 +140,10 @@ fn main() -> ExitCode {
                 echo::serve(listener).await?;
                 Ok(())
             }
-            Command::Bench { out, seconds, generation_only } => {
-                let md = bench::run(&BenchOptions { out: out.clone(), seconds, generation_only }).await?;
+            Command::Bench { out, seconds, generation_only, decoder_only } => {
+                let md = bench::run(&BenchOptions { out: out.clone(), seconds, generation_only, decoder_only }).await?;
                 println!("{md}");
-                if !generation_only {
+                if !generation_only && !decoder_only {
                     eprintln!("wrote {}", out.display());
                 }
                 Ok(())
@@ -208,7 +211,8 @@ async fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         tpot: args.tpot,
         seed: args.seed,
     };
-    let target = stream::Target { url: args.url, model: args.model, send_deadlines: !args.no_deadline_headers };
+    let target =
+        stream::Target { url: args.url, model: args.model, send_deadlines: !args.no_deadline_headers, salt: None };
     let samples = stream::run(&target, &trace::trace(&shape), Duration::from_secs(60)).await?;
     let s = summary::Summary::of(&samples, shape.duration);
     if args.json {

@@ -55,7 +55,7 @@ async fn a_streamed_open_loop_run_measures_every_token() {
         seed: 9,
     };
     let requests = trace(&shape);
-    let target = Target { url, model: "m".into(), send_deadlines: true };
+    let target = Target { url, model: "m".into(), send_deadlines: true, salt: None };
     let samples = stream::run(&target, &requests, Duration::from_secs(30)).await.unwrap();
     assert_eq!(samples.len(), requests.len());
     for s in &samples {

@@ -90,6 +90,7 @@ pub fn run(service: &Service, discipline: Discipline, trace: &[Request]) -> Vec<
                 gaps: fate.tokens.windows(2).map(|w| w[1] - w[0]).collect(),
                 end,
                 tokens: fate.tokens.len() as u32,
+                prompt_tokens: r.prompt,
                 completed,
             }
         })

@@ -21,6 +21,9 @@ pub struct Target {
     pub model: String,
     /// Send the deadlines as headers.
     pub send_deadlines: bool,
+    /// Begin each prompt with a word of its own (`s{salt}-{index}`), so that a server that caches
+    /// prompt prefixes across requests (llama.cpp's slots do) prefills every prompt anew.
+    pub salt: Option<u64>,
 }
 
 /// Sends the whole trace and waits for every answer (at most `drain` after the last was sent).
@@ -35,7 +38,7 @@ pub async fn run(target: &Target, trace: &[Request], drain: Duration) -> anyhow:
     for (i, request) in trace.iter().copied().enumerate() {
         sleep_until(start + request.at).await;
         let (client, target) = (client.clone(), target.clone());
-        tasks.spawn(async move { (i, one(&client, &target, request, start + request.at).await) });
+        tasks.spawn(async move { (i, one(&client, &target, i, request, start + request.at).await) });
     }
     let mut samples: Vec<Option<Sample>> = vec![None; trace.len()];
     while let Some(done) = tasks.join_next().await {
@@ -45,12 +48,23 @@ pub async fn run(target: &Target, trace: &[Request], drain: Duration) -> anyhow:
     Ok(samples.into_iter().map(|s| s.expect("every request has its sample")).collect())
 }
 
-async fn one(client: &reqwest::Client, target: &Target, request: Request, scheduled: Instant) -> Sample {
-    let mut sample =
-        Sample { request, status: None, first: None, gaps: Vec::new(), end: None, tokens: 0, completed: false };
+async fn one(client: &reqwest::Client, target: &Target, index: usize, request: Request, scheduled: Instant) -> Sample {
+    let mut sample = Sample {
+        request,
+        status: None,
+        first: None,
+        gaps: Vec::new(),
+        end: None,
+        tokens: 0,
+        prompt_tokens: 0,
+        completed: false,
+    };
     let body = json!({
         "model": target.model,
-        "prompt": prompt_text(request.prompt),
+        "prompt": match target.salt {
+            Some(salt) => format!("s{salt}-{index} {}", prompt_text(request.prompt)),
+            None => prompt_text(request.prompt),
+        },
         "max_tokens": request.max_tokens,
         "temperature": 0,
         "stream": true,
@@ -90,6 +104,9 @@ async fn one(client: &reqwest::Client, target: &Target, request: Request, schedu
             }
             if let Some(u) = value.get("usage").and_then(|u| u["completion_tokens"].as_u64()) {
                 usage = Some(u as u32);
+            }
+            if let Some(p) = value.get("usage").and_then(|u| u["prompt_tokens"].as_u64()) {
+                sample.prompt_tokens = p as u32;
             }
             let choice = &value["choices"][0];
             let text = choice["text"].as_str().or_else(|| choice["delta"]["content"].as_str()).unwrap_or("");

@@ -22,6 +22,8 @@ pub struct Sample {
     /// From its scheduled arrival to its end (the last token, the error, or the refusal).
     pub end: Option<Duration>,
     pub tokens: u32,
+    /// Its prompt's tokens, as the server's `usage` counted them (0 when it sent none).
+    pub prompt_tokens: u32,
     /// It finished (`finish_reason`, and `[DONE]` for a stream).
     pub completed: bool,
 }
@@ -158,6 +160,7 @@ mod tests {
             gaps: vec![Duration::from_millis(10); 2],
             end: Some(Duration::from_millis(end_ms)),
             tokens: 3,
+            prompt_tokens: 8,
             completed,
         }
     }
