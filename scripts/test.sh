@@ -57,8 +57,10 @@ TARGET=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo clippy -p ferry-sidecar --all-targets --features cuda --locked -- -D warnings
+cargo clippy -p ferry-llm --all-targets --features cuda --locked -- -D warnings
 cargo test --workspace --locked
 # The CUDA build: it compiles and links without a CUDA toolkit, and NVRTC compiles its kernels.
 cargo build -p ferry-sidecar --features cuda --bin ferry-embed --locked
 LD_LIBRARY_PATH="$PWD/$NVRTC" "$TARGET/debug/ferry-embed" kernels
+LD_LIBRARY_PATH="$PWD/$NVRTC" cargo test -p ferry-llm --features cuda --test kernels --locked
 FERRY_SIDECAR_BIN="$TARGET/debug/ferry-sidecar" .venv/bin/pytest -q tests/chart tests/embedding tests/generation tests/upstream

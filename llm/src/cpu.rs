@@ -30,17 +30,8 @@ pub struct Rope {
 
 impl Rope {
     pub fn new(head_dim: usize, theta: f32, positions: usize) -> Rope {
-        let half = head_dim / 2;
-        let (mut cos, mut sin) = (Vec::with_capacity(positions * half), Vec::with_capacity(positions * half));
-        for p in 0..positions {
-            for i in 0..half {
-                let inv = (theta as f64).powf(-((2 * i) as f64) / head_dim as f64);
-                let (s, c) = (p as f64 * inv).sin_cos();
-                cos.push(c as f32);
-                sin.push(s as f32);
-            }
-        }
-        Rope { half, cos, sin }
+        let (cos, sin) = crate::device::rope_tables(head_dim, theta, positions);
+        Rope { half: head_dim / 2, cos, sin }
     }
 
     pub fn positions(&self) -> usize {

@@ -15,13 +15,20 @@
 //!   stacked).
 //! - [`text`]: tokenizer, chat template, incremental detokenization, end-of-turn tokens.
 //! - [`kv`]: the paged KV store the block tables index.
-//! - [`cpu`]: the forward pass of a step on the CPU.
+//! - [`cpu`]: the forward pass of a step on the CPU (the fast host path).
+//! - [`device`]: the same pass written once as device operations (projections and the kernels
+//!   of `kernels.cu`), run by `gpu` (feature `cuda`: cuBLAS and NVRTC through cudarc) and by
+//!   [`host`], which emulates them so that the GPU's algorithm is tested where there is no GPU.
 //! - [`sample`]: the next token from logits, drawn from (seed, position).
-//! - [`Model`]: all of it loaded, with its cache.
+//! - [`Model`]: all of it loaded on a [`Device`], with its cache; [`read`] the files alone.
 
 pub mod config;
 pub mod cpu;
+pub mod device;
 pub mod gguf;
+#[cfg(feature = "cuda")]
+pub mod gpu;
+pub mod host;
 pub mod kv;
 pub mod sample;
 pub mod text;
@@ -67,84 +74,166 @@ pub struct Sampled {
 }
 
 /// How large the KV cache is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum KvSize {
     /// Exactly this many blocks.
     Blocks(u32),
     /// As many blocks as fit in this many bytes.
     Bytes(u64),
+    /// As many blocks as fit in this share of the device's memory left free once the weights
+    /// are loaded (the GPU's; on the CPU, of the memory available).
+    Fraction(f64),
+}
+
+/// Where the forward pass runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    /// The GPU of this ordinal (feature `cuda`).
+    Cuda(usize),
 }
 
 /// A loaded model and its KV cache.
 pub struct Model {
+    text: Text,
+    config: Config,
+    blocks: u32,
+    positions: usize,
+    backend: Backend,
+    source: PathBuf,
+}
+
+enum Backend {
+    Cpu(Box<CpuDecoder>),
+    #[cfg(feature = "cuda")]
+    Gpu(Box<gpu::GpuDecoder>),
+}
+
+/// The decoder on the CPU: its weights, rotary tables and KV cache.
+struct CpuDecoder {
     weights: Weights,
     rope: Rope,
-    text: Text,
     cache: Mutex<KvCache>,
-    source: PathBuf,
 }
 
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Model").field("source", &self.source).field("config", &self.weights.config).finish()
+        f.debug_struct("Model").field("source", &self.source).field("config", &self.config).finish()
     }
+}
+
+/// Blocks of `block_size` tokens that `bytes` hold at `per_token` bytes a token.
+fn blocks_in(bytes: u64, per_token: u64, block_size: u32) -> u32 {
+    (bytes / (per_token * u64::from(block_size))).min(u64::from(u32::MAX)) as u32
+}
+
+/// Bytes of memory available on this machine (`MemAvailable`), if the kernel says.
+fn memory_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
 }
 
 impl Model {
     /// Loads the model at `source` (a `.gguf` file, a folder holding one, or a Hugging Face
-    /// folder with `config.json`) and allocates its KV cache. Every failure names the file and
-    /// the field at fault.
-    pub fn load(source: &Path, size: KvSize, block_size: u32) -> Result<Model, String> {
+    /// folder with `config.json`) onto `device` and allocates its KV cache. Every failure names
+    /// the file and the field at fault.
+    pub fn load(source: &Path, device: Device, size: KvSize, block_size: u32) -> Result<Model, String> {
         if block_size == 0 {
             return Err("the KV block size is 0; it must be at least 1".into());
         }
         let (weights, text) = read(source)?;
-        let c = &weights.config;
-        let per_token = KvCache::bytes_per_token(c.layers, c.kv_dim()) as u64;
-        let blocks = match size {
-            KvSize::Blocks(b) => b,
-            KvSize::Bytes(bytes) => (bytes / (per_token * block_size as u64)).min(u32::MAX as u64) as u32,
+        let config = weights.config.clone();
+        let per_token = KvCache::bytes_per_token(config.layers, config.kv_dim()) as u64;
+        let enough = |blocks: u32| -> Result<u32, String> {
+            if blocks < 2 {
+                return Err(format!(
+                    "the KV cache holds {blocks} blocks of {block_size} tokens ({per_token} bytes a token for this \
+                     model); it needs at least 2"
+                ));
+            }
+            Ok(blocks)
         };
-        if blocks < 2 {
-            return Err(format!(
-                "the KV cache holds {blocks} blocks of {block_size} tokens ({per_token} bytes a token for this \
-                 model); it needs at least 2"
-            ));
-        }
-        let rope = Rope::new(c.head_dim, c.rope_theta, c.context);
-        let cache = KvCache::new(c.layers, c.kv_dim(), blocks as usize, block_size as usize);
-        Ok(Model { weights, rope, text, cache: Mutex::new(cache), source: source.to_owned() })
+        let (backend, blocks, positions) = match device {
+            Device::Cpu => {
+                let blocks = enough(match size {
+                    KvSize::Blocks(b) => b,
+                    KvSize::Bytes(bytes) => blocks_in(bytes, per_token, block_size),
+                    KvSize::Fraction(f) => {
+                        let free = memory_available()
+                            .ok_or("the memory available is unknown (no /proc/meminfo); give the KV cache's size")?;
+                        blocks_in((free as f64 * f) as u64, per_token, block_size)
+                    }
+                })?;
+                let rope = Rope::new(config.head_dim, config.rope_theta, config.context);
+                let cache = KvCache::new(config.layers, config.kv_dim(), blocks as usize, block_size as usize);
+                (Backend::Cpu(Box::new(CpuDecoder { weights, rope, cache: Mutex::new(cache) })), blocks, config.context)
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda(ordinal) => {
+                let (decoder, blocks) = gpu::GpuDecoder::new(&weights, ordinal, size, block_size, enough)?;
+                let positions = decoder.positions();
+                (Backend::Gpu(Box::new(decoder)), blocks, positions)
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(ordinal) => {
+                return Err(format!(
+                    "device cuda:{ordinal}: this build of the decoder has no CUDA code (cargo feature `cuda`)"
+                ))
+            }
+        };
+        Ok(Model { text, config, blocks, positions, backend, source: source.to_owned() })
     }
 
     pub fn config(&self) -> &Config {
-        &self.weights.config
+        &self.config
     }
 
     pub fn text(&self) -> &Text {
         &self.text
     }
 
+    /// Where the forward pass runs.
+    pub fn device(&self) -> Device {
+        match &self.backend {
+            Backend::Cpu(_) => Device::Cpu,
+            #[cfg(feature = "cuda")]
+            Backend::Gpu(g) => Device::Cuda(g.ordinal()),
+        }
+    }
+
     /// Blocks of the KV cache.
     pub fn kv_blocks(&self) -> u32 {
-        self.cache.lock().map_or(0, |c| c.blocks as u32)
+        self.blocks
     }
 
     /// Bytes the KV cache takes a token.
     pub fn kv_bytes_per_token(&self) -> usize {
-        KvCache::bytes_per_token(self.weights.config.layers, self.weights.config.kv_dim())
+        KvCache::bytes_per_token(self.config.layers, self.config.kv_dim())
     }
 
     /// Prompt plus produced tokens a sequence may hold.
     pub fn context_length(&self) -> u32 {
-        self.rope.positions() as u32
+        self.positions as u32
     }
 
     /// Runs one step: writes the new tokens' keys and values into their blocks, and samples
     /// one token after the last new token of each sequence that asks.
     pub fn step(&self, seqs: &[Seq<'_>]) -> Result<Sampled, String> {
-        let logits = {
-            let mut cache = self.cache.lock().map_err(|_| "the KV cache lock is poisoned".to_owned())?;
-            cpu::forward(&self.weights, &self.rope, &mut cache, seqs)?
+        let logits = match &self.backend {
+            Backend::Cpu(d) => {
+                let mut cache = d.cache.lock().map_err(|_| "the KV cache lock is poisoned".to_owned())?;
+                cpu::forward(&d.weights, &d.rope, &mut cache, seqs)?
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Gpu(g) => g.step(seqs)?,
         };
         let sampling = seqs.iter().filter_map(|s| s.sample.map(|m| (m, s.start + s.tokens.len() as u32)));
         let tokens = sampling.zip(&logits).map(|((m, position), l)| sample::sample(l, &m, position)).collect();
@@ -153,7 +242,7 @@ impl Model {
 }
 
 /// Reads weights and text side from either format.
-fn read(source: &Path) -> Result<(Weights, Text), String> {
+pub fn read(source: &Path) -> Result<(Weights, Text), String> {
     let shown = source.display().to_string();
     let file = if source.is_dir() {
         if source.join("config.json").is_file() {

@@ -14,7 +14,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ferry_llm::{KvSize, Message, Model, Sampling, Seq};
+use ferry_llm::{Device, KvSize, Message, Model, Sampling, Seq};
 use serde_json::Value;
 
 const BLOCK: u32 = 16;
@@ -103,7 +103,7 @@ fn check_against(model: &Model, reference: &Value, tolerance: f32) {
 
 #[test]
 fn smollm2_matches_transformers_on_plain_and_chat_prompts() {
-    let model = Model::load(&smollm_path(), KvSize::Blocks(64), BLOCK).expect("load");
+    let model = Model::load(&smollm_path(), Device::Cpu, KvSize::Blocks(64), BLOCK).expect("load");
     let c = model.config();
     assert_eq!((c.layers, c.hidden, c.heads, c.kv_heads, c.head_dim, c.ffn, c.vocab), (30, 576, 9, 3, 64, 1536, 49152));
     check_against(&model, &reference("smollm2.json"), 1e-3);
@@ -111,7 +111,7 @@ fn smollm2_matches_transformers_on_plain_and_chat_prompts() {
 
 #[test]
 fn smollm2_tokenizes_and_templates_as_the_reference() {
-    let model = Model::load(&smollm_path(), KvSize::Blocks(2), BLOCK).expect("load");
+    let model = Model::load(&smollm_path(), Device::Cpu, KvSize::Blocks(2), BLOCK).expect("load");
     let text = model.text();
     for case in reference("smollm2.json")["cases"].as_array().expect("cases") {
         if case["kind"] == "chat" {
@@ -145,7 +145,7 @@ fn smollm2_tokenizes_and_templates_as_the_reference() {
 fn tiny_llama_and_qwen2_match_transformers() {
     for family in ["llama", "qwen2"] {
         let dir = root().join(format!("tests/llm/reference/tiny-{family}"));
-        let model = Model::load(&dir, KvSize::Blocks(16), BLOCK).expect("load");
+        let model = Model::load(&dir, Device::Cpu, KvSize::Blocks(16), BLOCK).expect("load");
         assert_eq!(model.config().qkv_bias, family == "qwen2");
         check_against(&model, &reference(&format!("tiny-{family}.json")), 1e-3);
     }
@@ -153,7 +153,7 @@ fn tiny_llama_and_qwen2_match_transformers() {
 
 #[test]
 fn paged_batched_and_recomputed_sequences_equal_their_full_runs() {
-    let model = Model::load(&smollm_path(), KvSize::Blocks(64), BLOCK).expect("load");
+    let model = Model::load(&smollm_path(), Device::Cpu, KvSize::Blocks(64), BLOCK).expect("load");
     let text = model.text();
     let prompts: Vec<Vec<u32>> = ["Once upon a time", "The three laws of robotics are", "1, 2, 3, 4,"]
         .iter()
@@ -242,10 +242,10 @@ fn a_file_that_is_not_a_model_is_refused_naming_it() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("broken.gguf");
     std::fs::write(&file, b"GGUF\x03\0\0\0").unwrap();
-    let e = Model::load(&file, KvSize::Blocks(4), BLOCK).unwrap_err();
+    let e = Model::load(&file, Device::Cpu, KvSize::Blocks(4), BLOCK).unwrap_err();
     assert!(e.contains("broken.gguf") && e.contains("past the end"), "{e}");
     std::fs::write(dir.join("config.json"), r#"{"model_type": "gpt_neox", "hidden_size": 8}"#).unwrap();
-    let e = Model::load(&dir, KvSize::Blocks(4), BLOCK).unwrap_err();
+    let e = Model::load(&dir, Device::Cpu, KvSize::Blocks(4), BLOCK).unwrap_err();
     assert!(e.contains("config.json"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -12,7 +12,6 @@ use serde::Deserialize;
 
 use crate::embed::{Device, Overflow};
 use crate::engine::sim::Faults;
-use crate::generation::llm::DEFAULT_KV_CACHE_MEMORY;
 use crate::generation::sim::SimLlmTimes;
 use crate::idempotency;
 use ferry_core::duration;
@@ -142,7 +141,7 @@ pub struct Cli {
     #[arg(long, env = "FERRY_KV_BLOCKS")]
     pub kv_blocks: Option<u32>,
     /// Memory for the llm engine's KV cache, in bytes or with a Ki, Mi or Gi suffix, when
-    /// --kv-blocks is not given. [default: 1Gi]
+    /// --kv-blocks is not given. [default: 1Gi on the CPU, 90 % of the GPU's free memory]
     #[arg(long, env = "FERRY_KV_CACHE_MEMORY", value_parser = parse_bytes)]
     pub kv_cache_memory: Option<u64>,
     /// Tokens per KV-cache block (spec.generation.kvBlockSize). [default: 16]
@@ -198,7 +197,8 @@ pub enum EngineSettings {
     Llm {
         source: PathBuf,
         device: Device,
-        kv_cache_memory: u64,
+        /// The KV cache's memory when `--kv-blocks` is not given (default: the device's).
+        kv_cache_memory: Option<u64>,
     },
     /// Simulated generation: the prompt cycled, steps of a configured time.
     SimLlm {
@@ -338,7 +338,7 @@ impl Settings {
                         )
                     })?,
                     device: device(cli.device.as_deref())?,
-                    kv_cache_memory: cli.kv_cache_memory.unwrap_or(DEFAULT_KV_CACHE_MEMORY),
+                    kv_cache_memory: cli.kv_cache_memory,
                 },
                 "cuda" => EngineSettings::Cuda {
                     source: cli.model_source.clone().or(model.source.map(PathBuf::from)).ok_or_else(|| {

@@ -177,15 +177,12 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, Str
         ))),
         EngineSettings::Llm { source, device, kv_cache_memory } => {
             let started = tokio::time::Instant::now();
-            let size = match g.kv_blocks {
-                Some(blocks) => ferry_llm::KvSize::Blocks(blocks),
-                None => ferry_llm::KvSize::Bytes(*kv_cache_memory),
-            };
-            let engine = LlmEngine::load(source, *device, size, g.kv_block_size)
+            let engine = LlmEngine::load(source, *device, g.kv_blocks, *kv_cache_memory, g.kv_block_size)
                 .map_err(|e| format!("the llm engine cannot start: {e}"))?;
             let cost = engine.cost();
             tracing::info!(
                 source = %source.display(),
+                device = ?engine.device(),
                 kv_blocks = engine.kv().blocks,
                 kv_block_size = engine.kv().block_size,
                 context = engine.model().context_length(),

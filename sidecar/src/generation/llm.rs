@@ -25,23 +25,54 @@ pub struct LlmEngine {
     cost: StepCost,
 }
 
+/// The KV cache's share of the GPU memory left once the weights are loaded, when its size is
+/// not given.
+pub const DEFAULT_GPU_KV_FRACTION: f64 = 0.9;
+
 impl LlmEngine {
-    /// Loads the model and times it. `--device cuda` is refused: this build's decoder runs on
-    /// the CPU (`auto` says so once in the log).
-    pub fn load(source: &Path, device: Device, size: KvSize, block_size: u32) -> Result<LlmEngine, String> {
-        match device {
-            Device::Cuda(n) => {
-                return Err(format!(
-                    "--device cuda:{n}: the llm engine's forward pass runs on the CPU in this build; use --device cpu or auto"
-                ))
+    /// Loads the model onto its device and times it. The KV cache holds `kv_blocks` blocks,
+    /// else what `kv_memory` bytes hold, else 1 GiB's worth on the CPU and 90 % of the GPU
+    /// memory left free by the weights. `auto` takes GPU 0 when this build has the CUDA code
+    /// and the GPU can be used, and says in one log line when it falls back to the CPU.
+    pub fn load(
+        source: &Path,
+        device: Device,
+        kv_blocks: Option<u32>,
+        kv_memory: Option<u64>,
+        block_size: u32,
+    ) -> Result<LlmEngine, String> {
+        let size = |gpu: bool| match (kv_blocks, kv_memory) {
+            (Some(b), _) => KvSize::Blocks(b),
+            (None, Some(bytes)) => KvSize::Bytes(bytes),
+            (None, None) if gpu => KvSize::Fraction(DEFAULT_GPU_KV_FRACTION),
+            (None, None) => KvSize::Bytes(DEFAULT_KV_CACHE_MEMORY),
+        };
+        let model = match device {
+            Device::Cpu => Model::load(source, ferry_llm::Device::Cpu, size(false), block_size)?,
+            Device::Cuda(n) => Model::load(source, ferry_llm::Device::Cuda(n), size(true), block_size)?,
+            Device::Auto if !cfg!(feature = "cuda") => {
+                tracing::info!("device auto: this build has no CUDA code (cargo feature 'cuda'); running on the CPU");
+                Model::load(source, ferry_llm::Device::Cpu, size(false), block_size)?
             }
-            Device::Auto => tracing::info!("device auto: the llm engine's forward pass runs on the CPU"),
-            Device::Cpu => {}
-        }
-        let model = Arc::new(Model::load(source, size, block_size)?);
+            Device::Auto => match Model::load(source, ferry_llm::Device::Cuda(0), size(true), block_size) {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::info!("device auto: the llm engine cannot use GPU 0 ({e}); running on the CPU");
+                    Model::load(source, ferry_llm::Device::Cpu, size(false), block_size)?
+                }
+            },
+        };
+        let model = Arc::new(model);
         let kv = KvLayout { blocks: model.kv_blocks(), block_size };
         let cost = calibrate(&model, block_size).map_err(|e| format!("the first steps failed: {e}"))?;
         Ok(LlmEngine { model, kv, cost })
+    }
+}
+
+impl LlmEngine {
+    /// Where the forward pass runs.
+    pub fn device(&self) -> ferry_llm::Device {
+        self.model.device()
     }
 }
 
