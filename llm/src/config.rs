@@ -186,7 +186,12 @@ impl Config {
             vocab: c.vocab_size,
             rope_theta: rope.and_then(|r| r.rope_theta).or(c.rope_theta).unwrap_or(10_000.0) as f32,
             rms_eps: c.rms_norm_eps.unwrap_or(1e-6) as f32,
-            context: c.max_position_embeddings,
+            // Attention over a sliding window (Mistral 7B v0.1) is full attention up to the window:
+            // the context served stops there rather than attend past what the model was made for.
+            context: match (c.sliding_window, c.use_sliding_window) {
+                (Some(w), Some(true) | None) if w > 0 => c.max_position_embeddings.min(w),
+                _ => c.max_position_embeddings,
+            },
             qkv_bias: family == Family::Qwen2 || c.attention_bias.unwrap_or(false),
         }
         .checked(&file)
@@ -210,10 +215,63 @@ struct HfConfig {
     rope_scaling: Option<serde_json::Value>,
     hidden_act: Option<String>,
     attention_bias: Option<bool>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
 }
 
 #[derive(Deserialize)]
 struct RopeParameters {
     rope_theta: Option<f64>,
     rope_type: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hf(name: &str, json: &str) -> Result<Config, String> {
+        let dir = std::env::temp_dir().join(format!("ferry-llm-config-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.json"), json).unwrap();
+        let c = Config::from_hf(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        c
+    }
+
+    const MISTRAL: &str = r#"{"model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+        "vocab_size": 32000, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "sliding_window": 4096, "hidden_act": "silu"}"#;
+
+    #[test]
+    fn hub_and_transformers_layouts_read_alike() {
+        let m = hf("mistral", MISTRAL).unwrap();
+        assert_eq!((m.family, m.kv_heads, m.head_dim, m.rope_theta), (Family::Llama, 8, 128, 10000.0));
+        // A sliding window of 4096 serves a context of 4096.
+        assert_eq!(m.context, 4096);
+        let qwen = MISTRAL
+            .replace("\"mistral\"", "\"qwen2\"")
+            .replace("\"sliding_window\": 4096", "\"sliding_window\": 4096, \"use_sliding_window\": false");
+        let q = hf("qwen", &qwen).unwrap();
+        assert!(q.qkv_bias);
+        assert_eq!(q.context, 32768);
+        let nested = MISTRAL.replace(
+            "\"rope_theta\": 10000.0",
+            "\"rope_parameters\": {\"rope_theta\": 500000.0, \"rope_type\": \"default\"}",
+        );
+        assert_eq!(hf("nested", &nested).unwrap().rope_theta, 500000.0);
+    }
+
+    #[test]
+    fn other_models_and_inconsistent_shapes_are_refused_naming_the_field() {
+        let e = hf("neox", &MISTRAL.replace("\"mistral\"", "\"gpt_neox\"")).unwrap_err();
+        assert!(e.contains("config.json") && e.contains("model_type is 'gpt_neox'"), "{e}");
+        let e = hf("heads", &MISTRAL.replace("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 5")).unwrap_err();
+        assert!(e.contains("key-value head count is 5"), "{e}");
+        let e = hf("act", &MISTRAL.replace("\"silu\"", "\"gelu\"")).unwrap_err();
+        assert!(e.contains("hidden_act is 'gelu'"), "{e}");
+        let e = hf("scaling", &MISTRAL.replace("\"sliding_window\": 4096", "\"rope_scaling\": {\"type\": \"yarn\"}"))
+            .unwrap_err();
+        assert!(e.contains("rope_scaling"), "{e}");
+    }
 }
