@@ -91,7 +91,7 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
 else
   LLM_DEVICE=cpu
 fi
-for tiny in tests/llm/reference/tiny-llama tests/llm/reference/tiny-qwen2; do
+for tiny in tests/llm/reference/tiny-llama tests/llm/reference/tiny-qwen2 tests/llm/reference/tiny-llama3; do
   "$LLM_BIN" "$tiny" --device "$LLM_DEVICE" --min-cosine 0.99999 --sizes 1,8 | tee -a "$OUT/llm-compare.jsonl"
 done
 if [ -f "$LLM" ]; then

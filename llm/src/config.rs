@@ -28,6 +28,9 @@ pub struct Config {
     pub ffn: usize,
     pub vocab: usize,
     pub rope_theta: f32,
+    /// Per-frequency divisors of the rotary embedding (Llama 3.1's scaling): frequency `i` is
+    /// `θ^(−2i/d) / factors[i]`. `None`: unscaled.
+    pub rope_factors: Option<Vec<f32>>,
     pub rms_eps: f32,
     /// Prompt plus produced tokens the model was trained for.
     pub context: usize,
@@ -123,13 +126,23 @@ impl Config {
                 })?
             }
         };
-        if let Some(kind) = g.get(&key("rope.scaling.type")).and_then(Value::as_str) {
-            if kind != "none" && kind != "linear" {
+        // Linear scaling divides every frequency by the factor (positions by it, in effect).
+        let linear = match g.get(&key("rope.scaling.type")).and_then(Value::as_str) {
+            None | Some("none") => None,
+            Some("linear") => match g.get(&key("rope.scaling.factor")).and_then(Value::as_f64) {
+                Some(f) if f > 0.0 => Some(f as f32),
+                _ => {
+                    return Err(format!(
+                        "{file}: {arch}.rope.scaling.type is linear without a positive {arch}.rope.scaling.factor"
+                    ))
+                }
+            },
+            Some(kind) => {
                 return Err(format!(
                     "{file}: {arch}.rope.scaling.type is '{kind}'; the llm engine applies none or linear"
-                ));
+                ))
             }
-        }
+        };
         Config {
             family,
             layers: uint("block_count")?,
@@ -140,6 +153,8 @@ impl Config {
             ffn: uint("feed_forward_length")?,
             vocab,
             rope_theta: float("rope.freq_base", Some(10_000.0))?,
+            // Llama 3.1 files carry their scaling as a tensor of divisors (read with the weights).
+            rope_factors: linear.map(|f| vec![f; head_dim / 2]),
             rms_eps: float("attention.layer_norm_rms_epsilon", None)?,
             context: uint("context_length")?,
             qkv_bias: family == Family::Qwen2,
@@ -166,25 +181,43 @@ impl Config {
         if let Some(act) = c.hidden_act.as_deref().filter(|a| *a != "silu") {
             return Err(format!("{file}: hidden_act is '{act}'; the Llama family's is silu"));
         }
-        // transformers 5 writes rope_theta under rope_parameters; older and hub configs at the top.
+        // Llama's attention_bias also biases o_proj, and mlp_bias gate/up/down: neither is read.
+        if family == Family::Llama && c.attention_bias == Some(true) {
+            return Err(format!("{file}: attention_bias is true; the llm engine runs Llama without attention biases"));
+        }
+        if c.mlp_bias == Some(true) {
+            return Err(format!("{file}: mlp_bias is true; the llm engine runs the MLP without biases"));
+        }
+        // transformers 5 writes rope_theta and the scaling under rope_parameters; older and hub
+        // configs put rope_theta at the top and the scaling in rope_scaling.
         let rope = c.rope_parameters.as_ref();
-        if let Some(kind) = rope.and_then(|r| r.rope_type.as_deref()).filter(|t| *t != "default") {
-            return Err(format!("{file}: rope_parameters.rope_type is '{kind}'; the llm engine applies default"));
-        }
-        if let Some(s) = c.rope_scaling.as_ref().filter(|s| !s.is_null()) {
-            return Err(format!("{file}: rope_scaling is {s}; the llm engine applies no rope scaling"));
-        }
+        let scaling = match (rope, c.rope_scaling.as_ref().filter(|s| !s.is_null())) {
+            (Some(r), _) if r.rope_type.as_deref().is_some_and(|t| t != "default") => {
+                Some(("rope_parameters", serde_json::to_value(r).unwrap_or_default()))
+            }
+            (_, Some(s)) => Some(("rope_scaling", s.clone())),
+            _ => None,
+        };
         let heads = c.num_attention_heads;
+        let head_dim = c.head_dim.unwrap_or(c.hidden_size.checked_div(heads).unwrap_or(0));
+        let rope_theta = rope.and_then(|r| r.rope_theta).or(c.rope_theta).unwrap_or(10_000.0) as f32;
+        let rope_factors = match scaling {
+            None => None,
+            Some((field, s)) => {
+                Some(rope_scaling_factors(&s, head_dim, rope_theta).map_err(|e| format!("{file}: {field} {e}"))?)
+            }
+        };
         Config {
             family,
             layers: c.num_hidden_layers,
             hidden: c.hidden_size,
             heads,
             kv_heads: c.num_key_value_heads.unwrap_or(heads),
-            head_dim: c.head_dim.unwrap_or(c.hidden_size.checked_div(heads).unwrap_or(0)),
+            head_dim,
             ffn: c.intermediate_size,
             vocab: c.vocab_size,
-            rope_theta: rope.and_then(|r| r.rope_theta).or(c.rope_theta).unwrap_or(10_000.0) as f32,
+            rope_theta,
+            rope_factors,
             rms_eps: c.rms_norm_eps.unwrap_or(1e-6) as f32,
             // Attention over a sliding window (Mistral 7B v0.1) is full attention up to the window:
             // the context served stops there rather than attend past what the model was made for.
@@ -192,7 +225,7 @@ impl Config {
                 (Some(w), Some(true) | None) if w > 0 => c.max_position_embeddings.min(w),
                 _ => c.max_position_embeddings,
             },
-            qkv_bias: family == Family::Qwen2 || c.attention_bias.unwrap_or(false),
+            qkv_bias: family == Family::Qwen2,
         }
         .checked(&file)
     }
@@ -215,14 +248,60 @@ struct HfConfig {
     rope_scaling: Option<serde_json::Value>,
     hidden_act: Option<String>,
     attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
     sliding_window: Option<usize>,
     use_sliding_window: Option<bool>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, serde::Serialize)]
 struct RopeParameters {
     rope_theta: Option<f64>,
     rope_type: Option<String>,
+    #[serde(flatten)]
+    rest: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Rotary scaling as per-frequency divisors: `linear` divides all by `factor`; Llama 3.1's
+/// (`rope_type: llama3`) keeps wavelengths
+/// shorter than `original / high_freq_factor`, divides those longer than
+/// `original / low_freq_factor` by `factor`, and blends those between — transformers'
+/// `_compute_llama3_parameters`. Any other kind of scaling is refused.
+fn rope_scaling_factors(s: &serde_json::Value, head_dim: usize, theta: f32) -> Result<Vec<f32>, String> {
+    let kind = s["rope_type"].as_str().or(s["type"].as_str()).unwrap_or("missing");
+    let number = |k: &str| s[k].as_f64().ok_or_else(|| format!("has no number '{k}'"));
+    if kind == "linear" {
+        let factor = number("factor")?;
+        if factor <= 0.0 {
+            return Err(format!("has factor {factor}; it must be > 0"));
+        }
+        return Ok(vec![factor as f32; head_dim / 2]);
+    }
+    if kind != "llama3" {
+        return Err(format!("is of type '{kind}'; the llm engine applies linear or llama3 scaling, or none"));
+    }
+    let (factor, low, high) = (number("factor")?, number("low_freq_factor")?, number("high_freq_factor")?);
+    let original = number("original_max_position_embeddings")?;
+    if !(factor > 0.0 && high > low && low > 0.0) {
+        return Err(format!(
+            "has factor {factor}, low_freq_factor {low}, high_freq_factor {high}: need factor > 0 and high > low > 0"
+        ));
+    }
+    let (low_wavelen, high_wavelen) = (original / low, original / high);
+    Ok((0..head_dim / 2)
+        .map(|i| {
+            let inv = f64::from(theta).powf(-((2 * i) as f64) / head_dim as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / inv;
+            let scaled = if wavelen < high_wavelen {
+                inv
+            } else if wavelen > low_wavelen {
+                inv / factor
+            } else {
+                let smooth = (original / wavelen - low) / (high - low);
+                (1.0 - smooth) * inv / factor + smooth * inv
+            };
+            (inv / scaled) as f32
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -255,6 +334,11 @@ mod tests {
         let q = hf("qwen", &qwen).unwrap();
         assert!(q.qkv_bias);
         assert_eq!(q.context, 32768);
+        let linear =
+            MISTRAL.replace("\"sliding_window\": 4096", "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 4.0}");
+        assert_eq!(hf("linear", &linear).unwrap().rope_factors, Some(vec![4.0; 64]));
+        let biased = MISTRAL.replace("\"sliding_window\": 4096", "\"attention_bias\": true");
+        assert!(hf("biased", &biased).unwrap_err().contains("attention_bias is true"));
         let nested = MISTRAL.replace(
             "\"rope_theta\": 10000.0",
             "\"rope_parameters\": {\"rope_theta\": 500000.0, \"rope_type\": \"default\"}",

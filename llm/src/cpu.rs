@@ -29,9 +29,9 @@ pub struct Rope {
 }
 
 impl Rope {
-    pub fn new(head_dim: usize, theta: f32, positions: usize) -> Rope {
-        let (cos, sin) = crate::device::rope_tables(head_dim, theta, positions);
-        Rope { half: head_dim / 2, cos, sin }
+    pub fn new(config: &crate::Config, positions: usize) -> Rope {
+        let (cos, sin) = crate::device::rope_tables(config, positions);
+        Rope { half: config.head_dim / 2, cos, sin }
     }
 
     pub fn positions(&self) -> usize {
@@ -63,6 +63,9 @@ pub fn forward(w: &Weights, rope: &Rope, cache: &mut KvCache, seqs: &[Seq<'_>]) 
     // bad step writes nothing.
     let mut tokens = Vec::new();
     for (s, seq) in seqs.iter().enumerate() {
+        if seq.sample.is_some() && seq.tokens.is_empty() {
+            return Err(format!("sequence {s} of the step samples after no new token"));
+        }
         for (k, &id) in seq.tokens.iter().enumerate() {
             let p = seq.start as usize + k;
             if id as usize >= c.vocab {

@@ -90,7 +90,10 @@ impl StepIndex {
             sample_rows: Vec::new(),
             longest: 0,
         };
-        for seq in seqs {
+        for (s, seq) in seqs.iter().enumerate() {
+            if seq.sample.is_some() && seq.tokens.is_empty() {
+                return Err(format!("sequence {s} of the step samples after no new token"));
+            }
             let start = ix.context.len() as u32;
             let end = seq.start as usize + seq.tokens.len();
             if end > positions {
@@ -110,7 +113,7 @@ impl StepIndex {
                 ix.context_start.push(start);
             }
             ix.longest = ix.longest.max(end);
-            if seq.sample.is_some() && !seq.tokens.is_empty() {
+            if seq.sample.is_some() {
                 ix.sample_rows.push((ix.ids.len() - 1) as u32);
             }
         }
@@ -314,13 +317,16 @@ pub fn forward<O: Ops>(
     Ok(ops.download(&logits)?.chunks_exact(config.vocab).map(<[f32]>::to_vec).collect())
 }
 
-/// The rotary tables of [`crate::cpu::Rope`], flattened for a device.
-pub fn rope_tables(head_dim: usize, theta: f32, positions: usize) -> (Vec<f32>, Vec<f32>) {
+/// The rotary tables, `[position][head_dim / 2]`: cos and sin of `position × θ^(−2i/d)`, each
+/// frequency divided by its factor when the model scales them (Llama 3.1).
+pub fn rope_tables(config: &Config, positions: usize) -> (Vec<f32>, Vec<f32>) {
+    let (head_dim, theta) = (config.head_dim, config.rope_theta);
     let half = head_dim / 2;
+    let factor = |i: usize| config.rope_factors.as_ref().map_or(1.0, |f| f64::from(f[i]));
     let (mut cos, mut sin) = (Vec::with_capacity(positions * half), Vec::with_capacity(positions * half));
     for p in 0..positions {
         for i in 0..half {
-            let inv = (theta as f64).powf(-((2 * i) as f64) / head_dim as f64);
+            let inv = (theta as f64).powf(-((2 * i) as f64) / head_dim as f64) / factor(i);
             let (s, c) = (p as f64 * inv).sin_cos();
             cos.push(c as f32);
             sin.push(s as f32);

@@ -127,8 +127,9 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
+    /// Its element count (the directory check refuses a file where this overflows).
     pub fn elements(&self) -> u64 {
-        self.dims.iter().product()
+        self.dims.iter().try_fold(1u64, |n, d| n.checked_mul(*d)).unwrap_or(u64::MAX)
     }
 }
 
@@ -164,7 +165,7 @@ impl Gguf {
     /// Parses the header and the tensor directory; every tensor's extent is checked against the
     /// file's length here, so that reading one later cannot run past the end.
     pub fn parse(bytes: Vec<u8>) -> Result<Gguf, String> {
-        let mut r = Reader { bytes: &bytes, at: 0 };
+        let mut r = Reader { bytes: &bytes, at: 0, depth: 0 };
         if r.take(4)? != MAGIC {
             return Err("not a GGUF file (its first four bytes are not 'GGUF')".into());
         }
@@ -200,11 +201,17 @@ impl Gguf {
         let data = r.at.div_ceil(alignment) * alignment;
         for (name, t) in &tensors {
             if let Some((per_block, block_bytes)) = t.kind.block() {
-                let n = t.elements();
+                let n = t.dims.iter().try_fold(1u64, |n, d| n.checked_mul(*d)).ok_or_else(|| {
+                    format!("tensor '{name}' has dims {:?}, more elements than any file holds", t.dims)
+                })?;
                 if n % per_block as u64 != 0 {
                     return Err(format!("tensor '{name}': {n} elements is not a whole number of {} blocks", t.kind));
                 }
-                let end = data as u64 + t.offset + n / per_block as u64 * block_bytes as u64;
+                let end = (n / per_block as u64)
+                    .checked_mul(block_bytes as u64)
+                    .and_then(|size| size.checked_add(t.offset))
+                    .and_then(|e| e.checked_add(data as u64))
+                    .unwrap_or(u64::MAX);
                 if end > bytes.len() as u64 {
                     return Err(format!(
                         "tensor '{name}' ends at byte {end}, past the end of the file ({} bytes): the file is truncated",
@@ -274,6 +281,7 @@ fn dequantize(kind: Kind, raw: &[u8], n: usize) -> Vec<f32> {
 struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
+    depth: u32,
 }
 
 impl Reader<'_> {
@@ -323,12 +331,18 @@ impl Reader<'_> {
             7 => Value::Bool(self.array::<1>()?[0] != 0),
             8 => Value::String(self.string()?),
             9 => {
+                // Arrays of arrays nest one level in real files; a deep nest is damage.
+                self.depth += 1;
+                if self.depth > 4 {
+                    return Err("arrays nested more than 4 deep".into());
+                }
                 let inner = self.u32()?;
                 let n = self.length()?;
                 let mut items = Vec::with_capacity(n.min(1 << 20));
                 for _ in 0..n {
                     items.push(self.value(inner)?);
                 }
+                self.depth -= 1;
                 Value::Array(items)
             }
             10 => Value::Uint(self.u64()?),

@@ -137,10 +137,10 @@ impl GpuDecoder {
         let per_token = KvCache::bytes_per_token(c.layers, c.kv_dim()) as u64;
         let blocks = enough(match size {
             KvSize::Blocks(b) => b,
-            KvSize::Bytes(bytes) => (bytes / (per_token * u64::from(block_size))) as u32,
+            KvSize::Bytes(bytes) => (bytes / (per_token * u64::from(block_size))).min(u64::from(u32::MAX)) as u32,
             KvSize::Fraction(f) => {
-                let (free, _total) = cudarc::driver::result::mem_get_info().map_err(|e| at(err(e)))?;
-                ((free as f64 * f) as u64 / (per_token * u64::from(block_size))) as u32
+                let (free, _total) = cuda.stream.context().mem_get_info().map_err(|e| at(err(e)))?;
+                ((free as f64 * f) as u64 / (per_token * u64::from(block_size))).min(u64::from(u32::MAX)) as u32
             }
         })?;
         // The attention kernel keeps a context's scores in shared memory.
@@ -149,7 +149,7 @@ impl GpuDecoder {
             tracing_note(ordinal, c.context, positions);
         }
         let slots = blocks as usize * block_size as usize;
-        let (cos, sin) = device::rope_tables(c.head_dim, c.rope_theta, positions);
+        let (cos, sin) = device::rope_tables(c, positions);
         let cache = DeviceCache {
             keys: cuda.zeros(c.layers * slots * c.kv_dim()).map_err(at)?,
             values: cuda.zeros(c.layers * slots * c.kv_dim()).map_err(at)?,

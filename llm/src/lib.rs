@@ -172,7 +172,7 @@ impl Model {
                         blocks_in((free as f64 * f) as u64, per_token, block_size)
                     }
                 })?;
-                let rope = Rope::new(config.head_dim, config.rope_theta, config.context);
+                let rope = Rope::new(&config, config.context);
                 let cache = KvCache::new(config.layers, config.kv_dim(), blocks as usize, block_size as usize);
                 (Backend::Cpu(Box::new(CpuDecoder { weights, rope, cache: Mutex::new(cache) })), blocks, config.context)
             }

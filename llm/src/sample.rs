@@ -85,7 +85,7 @@ mod tests {
 
     #[test]
     fn top_p_keeps_only_the_nucleus() {
-        // Token 3 holds ~88 % of the mass; top_p 0.5 leaves only it.
+        // Token 3 holds ~93 % of the mass; top_p 0.5 leaves only it.
         let logits = [0.0, 0.0, 0.0, 4.0, 0.0];
         let s = Sampling { temperature: 1.0, top_p: 0.5, seed: 0 };
         assert!((0..200).all(|p| sample(&logits, &s, p) == 3));

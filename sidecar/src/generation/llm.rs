@@ -76,9 +76,12 @@ impl LlmEngine {
     }
 }
 
-/// Times a one-token decode after a 64-token prefill on the idle cache.
+/// Times a one-token decode after a prefill of 64 tokens (fewer if the cache or the context
+/// holds less) on the idle cache.
 fn calibrate(model: &Model, block_size: u32) -> Result<StepCost, String> {
-    let prefill = 64u32.min(model.context_length() - 1);
+    let room =
+        u64::from(model.kv_blocks()).saturating_mul(u64::from(block_size)).min(u64::from(model.context_length()));
+    let prefill = 64u32.min(room.saturating_sub(1) as u32).max(1);
     let blocks: Vec<u32> = (0..(prefill + 1).div_ceil(block_size)).collect();
     let prompt = vec![0; prefill as usize];
     let greedy = Some(ferry_llm::Sampling::GREEDY);
