@@ -147,7 +147,11 @@ impl Text {
             tokenizer,
             bytes: Arc::new(bytes),
             ends,
-            add_bos: g.get("tokenizer.ggml.add_bos_token").and_then(Value::as_bool).unwrap_or(false),
+            // Llama 3 vocabularies begin every sequence with BOS unless the file says otherwise.
+            add_bos: g
+                .get("tokenizer.ggml.add_bos_token")
+                .and_then(Value::as_bool)
+                .unwrap_or(matches!(pre, "llama-bpe" | "llama3")),
             bos,
             template: g.get("tokenizer.chat_template").and_then(Value::as_str).map(str::to_owned),
             eos_text: eos_text.unwrap_or_default(),
@@ -352,6 +356,13 @@ pub struct TextStream {
 }
 
 impl TextStream {
+    /// What is left when the sequence ends: bytes of an unfinished character, as U+FFFD.
+    pub fn finish(&mut self) -> String {
+        let rest = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        rest
+    }
+
     /// The text that token completes.
     pub fn push(&mut self, token: u32) -> String {
         if let Some(b) = self.bytes.get(token as usize) {
@@ -411,5 +422,9 @@ mod tests {
         assert_eq!(d.push(2), "€");
         assert_eq!(d.push(3), "\u{FFFD}a");
         assert_eq!(d.push(99), "");
+        // A sequence that ends inside a character gives it as U+FFFD, once.
+        assert_eq!(d.push(0), "");
+        assert_eq!(d.finish(), "\u{FFFD}");
+        assert_eq!(d.finish(), "");
     }
 }

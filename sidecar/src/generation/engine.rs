@@ -84,6 +84,12 @@ pub trait LanguageModel: Send + Sync + 'static {
 pub trait Detokenizer: Send {
     /// The text that token completes.
     fn push(&mut self, token: u32) -> String;
+
+    /// What is still held when the sequence ends (bytes of a character its last token left
+    /// unfinished, shown as U+FFFD as a lossy decode would).
+    fn finish(&mut self) -> String {
+        String::new()
+    }
 }
 
 /// KV cache layout the engine offers.

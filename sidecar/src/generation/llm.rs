@@ -130,6 +130,10 @@ impl Detokenizer for Text {
     fn push(&mut self, token: u32) -> String {
         self.0.push(token)
     }
+
+    fn finish(&mut self) -> String {
+        self.0.finish()
+    }
 }
 
 impl StepEngine for LlmEngine {

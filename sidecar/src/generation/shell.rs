@@ -333,7 +333,10 @@ impl Task {
                 match end {
                     End::Finished(reason) => {
                         if reason == FinishReason::Length {
-                            let rest = caller.stop.finish();
+                            // A character cut by max_tokens, then what the stop matcher held.
+                            let cut = caller.detokenizer.finish();
+                            let mut rest = caller.stop.push(&cut).text;
+                            rest.push_str(&caller.stop.finish());
                             if !rest.is_empty() {
                                 caller.send(Piece::Text(rest), now);
                             }
