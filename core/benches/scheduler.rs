@@ -29,6 +29,7 @@ fn ticket_within(id: u64, t0: Instant, horizon: Duration) -> Ticket {
         rows: 1 + (id % 4) as u32,
         bytes: 256,
         priority: if id.is_multiple_of(10) { Priority::Batch } else { Priority::Interactive },
+        tenant: 0,
         tokens: Tokens::default(),
     }
 }

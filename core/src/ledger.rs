@@ -220,7 +220,21 @@ impl Ledger {
 
     fn submit(&mut self, ticket: Ticket, now: Instant, effects: &mut Vec<Effect>) {
         match self.scheduler.admit(ticket, now) {
-            Ok(()) => {
+            Ok(shed) => {
+                for t in shed {
+                    if self.requests.remove(&t.id).is_some() {
+                        let message = if t.priority > ticket.priority {
+                            "queue full: this batch-tier request gave its place to interactive work (batch-tier work \
+                             is shed first)"
+                        } else {
+                            "queue full: this request's tenant is past its fair share, and its place went to a \
+                             tenant within its share"
+                        };
+                        let refusal = Refusal::new(Outcome::QueueFull, message)
+                            .retry_after(Duration::from_secs(1));
+                        refuse(effects, &t, refusal);
+                    }
+                }
                 let entry = Entry {
                     ticket,
                     place: Place::Waiting,

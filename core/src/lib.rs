@@ -10,6 +10,8 @@
 //!   and dispatch (full, `maxWait`, deadline), per model version.
 //! - [`generation`]: the token-level scheduler for LLM serving — the step rule, KV block
 //!   accounting, the step-time estimator, generation admission, its ledger and replay.
+//! - [`tenant`]: fair shares between tenants, the rule both schedulers compose batches and steps
+//!   with; [`quota`]: a tenant's token buckets.
 //! - [`margin`]: how early a deadline-driven batch leaves: a floor plus the measured lateness of
 //!   the timer and overshoot of the engine.
 //! - [`ledger`]: the batcher's whole state (waiters, attempts and fencing, held groups, deadlines
@@ -30,8 +32,10 @@ pub mod margin;
 pub mod metric;
 pub mod outcome;
 pub mod queue;
+pub mod quota;
 pub mod recovery;
 pub mod replay;
 pub mod scheduler;
 pub mod spec;
+pub mod tenant;
 pub mod ticket;

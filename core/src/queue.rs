@@ -1,22 +1,27 @@
-//! The waiting line of one model version: tickets in dispatch order (priority, then deadline,
-//! then arrival), with the running totals that admission bounds and metrics read.
+//! The waiting line of one model version: tickets by priority, then tenant, each tenant's in
+//! deadline order (then arrival) — the lanes that fair shares interleave into dispatch order —
+//! with the running totals that admission bounds and metrics read.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use tokio::time::Instant;
 
+use crate::tenant::TenantId;
 use crate::ticket::{Priority, RequestId, Ticket};
 
 type Key = (Instant, RequestId);
 
+/// One tenant's tickets of one priority, keyed by (deadline, id): iteration is its own order.
+type Lane = BTreeMap<Key, Ticket>;
+
 #[derive(Debug, Default, Clone)]
 pub struct Queue {
-    /// One ordered map per priority, keyed by (deadline, id): iteration is dispatch order.
-    by_priority: [BTreeMap<Key, Ticket>; 2],
+    /// One map of lanes per priority, a lane per tenant with tickets waiting.
+    by_priority: [BTreeMap<TenantId, Lane>; 2],
     /// Arrival order, for `maxWait`, which is measured from the oldest arrival.
     by_arrival: BTreeSet<Key>,
     /// Where each ticket sits, for cancellation by id.
-    index: HashMap<RequestId, (Priority, Instant)>,
+    index: HashMap<RequestId, (Priority, TenantId, Instant)>,
     bytes: u64,
     /// Rows and tokens of every queued ticket together, and how many have each longest row: what
     /// admission's shortcut bounds the queue's work with.
@@ -27,9 +32,10 @@ pub struct Queue {
 
 impl Queue {
     pub fn push(&mut self, ticket: Ticket) {
-        self.by_priority[ticket.priority.index()].insert((ticket.deadline, ticket.id), ticket);
+        let lanes = &mut self.by_priority[ticket.priority.index()];
+        lanes.entry(ticket.tenant).or_default().insert((ticket.deadline, ticket.id), ticket);
         self.by_arrival.insert((ticket.arrival, ticket.id));
-        self.index.insert(ticket.id, (ticket.priority, ticket.deadline));
+        self.index.insert(ticket.id, (ticket.priority, ticket.tenant, ticket.deadline));
         self.bytes += ticket.bytes;
         self.rows += u64::from(ticket.rows);
         self.tokens += u64::from(ticket.tokens.total);
@@ -37,8 +43,13 @@ impl Queue {
     }
 
     pub fn remove(&mut self, id: RequestId) -> Option<Ticket> {
-        let (priority, deadline) = self.index.remove(&id)?;
-        let ticket = self.by_priority[priority.index()].remove(&(deadline, id))?;
+        let (priority, tenant, deadline) = self.index.remove(&id)?;
+        let lanes = &mut self.by_priority[priority.index()];
+        let lane = lanes.get_mut(&tenant)?;
+        let ticket = lane.remove(&(deadline, id))?;
+        if lane.is_empty() {
+            lanes.remove(&tenant);
+        }
         self.by_arrival.remove(&(ticket.arrival, id));
         self.bytes -= ticket.bytes;
         self.rows -= u64::from(ticket.rows);
@@ -52,14 +63,25 @@ impl Queue {
         Some(ticket)
     }
 
-    /// Tickets in the order batches take them.
-    pub fn iter(&self) -> impl Iterator<Item = &Ticket> {
-        self.by_priority.iter().flat_map(|m| m.values())
+    pub fn get(&self, id: RequestId) -> Option<&Ticket> {
+        let (priority, tenant, deadline) = self.index.get(&id)?;
+        self.by_priority[priority.index()].get(tenant)?.get(&(*deadline, id))
     }
 
-    /// Tickets of one priority, in deadline order.
-    pub fn iter_priority(&self, priority: Priority) -> impl Iterator<Item = &Ticket> {
-        self.by_priority[priority.index()].values()
+    /// Every queued ticket, by priority and tenant (not in dispatch order).
+    pub fn iter(&self) -> impl Iterator<Item = &Ticket> {
+        self.by_priority.iter().flat_map(|lanes| lanes.values()).flat_map(|lane| lane.values())
+    }
+
+    /// The tenants with tickets of `priority` waiting, each with its tickets in deadline order:
+    /// what [`crate::tenant::Shares::merge`] interleaves into dispatch order.
+    pub fn lanes(&self, priority: Priority) -> impl Iterator<Item = (TenantId, &Lane)> {
+        self.by_priority[priority.index()].iter().map(|(t, lane)| (*t, lane))
+    }
+
+    /// The tenants with tickets of `priority` waiting.
+    pub fn backlogged(&self, priority: Priority) -> impl Iterator<Item = TenantId> + '_ {
+        self.by_priority[priority.index()].keys().copied()
     }
 
     pub fn len(&self) -> usize {
@@ -91,7 +113,7 @@ impl Queue {
 
     /// The earliest deadline among tickets of `priority` or a higher one.
     pub fn earliest_deadline_up_to(&self, priority: Priority) -> Option<Instant> {
-        self.by_priority[..=priority.index()].iter().filter_map(|m| m.first_key_value().map(|(k, _)| k.0)).min()
+        self.by_priority[..=priority.index()].iter().flat_map(|lanes| lanes.values()).filter_map(first_deadline).min()
     }
 
     pub fn oldest_arrival(&self) -> Option<Instant> {
@@ -99,15 +121,19 @@ impl Queue {
     }
 
     pub fn earliest_deadline(&self) -> Option<Instant> {
-        self.by_priority.iter().filter_map(|m| m.first_key_value().map(|(k, _)| k.0)).min()
+        self.earliest_deadline_up_to(Priority::Batch)
     }
 
     /// Removes and returns every ticket whose deadline is at or before `now`.
     pub fn take_expired(&mut self, now: Instant) -> Vec<Ticket> {
         let mut expired = Vec::new();
-        for map in &self.by_priority {
-            expired.extend(map.range(..=(now, RequestId::MAX)).map(|(_, t)| t.id));
+        for lane in self.by_priority.iter().flat_map(|lanes| lanes.values()) {
+            expired.extend(lane.range(..=(now, RequestId::MAX)).map(|(_, t)| t.id));
         }
         expired.into_iter().filter_map(|id| self.remove(id)).collect()
     }
+}
+
+fn first_deadline(lane: &Lane) -> Option<Instant> {
+    lane.first_key_value().map(|(k, _)| k.0)
 }

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::ledger::{Effect, Event, Ledger, RetryPolicy};
 use crate::outcome::Outcome;
+use crate::tenant::{TenantId, DEFAULT_TENANT};
 use crate::scheduler::{Scheduler, Trigger};
 use crate::ticket::{Priority, RequestId, Ticket, Tokens};
 
@@ -26,6 +27,7 @@ pub struct Arrival {
     pub timeout: Duration,
     pub bytes: u64,
     pub priority: Priority,
+    pub tenant: TenantId,
 }
 
 impl Arrival {
@@ -36,6 +38,7 @@ impl Arrival {
             timeout: Duration::from_millis(timeout_ms),
             bytes: 64,
             priority: Priority::Interactive,
+            tenant: DEFAULT_TENANT,
         }
     }
 
@@ -46,6 +49,11 @@ impl Arrival {
 
     pub fn priority(mut self, priority: Priority) -> Self {
         self.priority = priority;
+        self
+    }
+
+    pub fn tenant(mut self, tenant: TenantId) -> Self {
+        self.tenant = tenant;
         self
     }
 }
@@ -61,6 +69,9 @@ pub enum Fate {
     Expired { at: Duration },
     /// Answered 500 at `at` (the engine failed it).
     Failed { at: Duration },
+    /// Admitted, then refused 503 at `at` to make way (shed): a batch-tier request for
+    /// interactive work, or a tenant past its fair share for one within it.
+    Shed { at: Duration },
 }
 
 /// One batch that ran.
@@ -139,6 +150,7 @@ pub fn replay_ledger(mut ledger: Ledger, engine: impl Fn(u32) -> Duration, arriv
                 rows: a.rows,
                 bytes: a.bytes,
                 priority: a.priority,
+                tenant: a.tenant,
                 tokens: Tokens::default(),
             }));
         }
@@ -169,6 +181,7 @@ pub fn replay_ledger(mut ledger: Ledger, engine: impl Fn(u32) -> Duration, arriv
                     trace.fates[id as usize] = Some(match (admitted, refusal.outcome) {
                         (false, outcome) => Fate::Refused { at, outcome },
                         (true, Outcome::Failed) => Fate::Failed { at },
+                        (true, Outcome::QueueFull) => Fate::Shed { at },
                         (true, _) => Fate::Expired { at },
                     });
                 }

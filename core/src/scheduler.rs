@@ -15,7 +15,7 @@ mod forecast;
 #[cfg(test)]
 mod tests;
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -24,6 +24,7 @@ use crate::estimate::{CostModel, Estimator, Shape};
 use crate::margin::Margin;
 use crate::outcome::{Outcome, Refusal};
 use crate::queue::Queue;
+use crate::tenant::{Shares, TenantId};
 use crate::ticket::{Priority, RequestId, Ticket};
 
 /// The knobs of the dispatch rule and the queue bounds of one model version.
@@ -102,6 +103,8 @@ pub struct Scheduler {
     workers: Vec<Worker>,
     estimator: Estimator,
     margin: Margin,
+    /// The tenants' fair shares of seats, one per priority tier.
+    shares: [Shares; 2],
 }
 
 impl Scheduler {
@@ -114,6 +117,14 @@ impl Scheduler {
             probes: VecDeque::new(),
             workers: vec![Worker::Idle; workers],
             estimator,
+            shares: Default::default(),
+        }
+    }
+
+    /// Sets a tenant's weight: its share of seats against the other backlogged tenants.
+    pub fn set_weight(&mut self, tenant: TenantId, weight: u32) {
+        for shares in &mut self.shares {
+            shares.set_weight(tenant, weight);
         }
     }
 
@@ -122,32 +133,112 @@ impl Scheduler {
     }
 
     /// Admits `ticket` into the queue, or refuses it: queue full (count or bytes), or its
-    /// deadline cannot be met, or admitting it would make an admitted request of its priority
-    /// miss a deadline it could otherwise meet.
-    pub fn admit(&mut self, ticket: Ticket, now: Instant) -> Result<(), Refusal> {
-        let p = &self.policy;
-        if self.queue.len() >= p.max_queue {
-            return Err(Refusal::new(
+    /// deadline cannot be met, or admitting it would make an admitted request of its priority and
+    /// tenant (or of a tenant that fairness does not put behind it) miss a deadline it could
+    /// otherwise meet. Returns the admitted requests it displaces, which must be refused now
+    /// (shed) rather than left to miss their deadlines: batch-tier ones an interactive newcomer
+    /// needs the room or the seats of, and those of tenants past their fair share whose seats the
+    /// newcomer's tenant is owed.
+    pub fn admit(&mut self, ticket: Ticket, now: Instant) -> Result<Vec<Ticket>, Refusal> {
+        let mut shed = self.make_room(&ticket);
+        let (max_queue, max_queue_bytes) = (self.policy.max_queue, self.policy.max_queue_bytes);
+        if self.queue.len() >= max_queue {
+            let refusal = Refusal::new(
                 Outcome::QueueFull,
-                format!("queue full: {} requests waiting, the bound (maxQueue) is {}", self.queue.len(), p.max_queue),
-            )
-            .retry_after(self.drain_time(now)));
+                format!("queue full: {} requests waiting, the bound (maxQueue) is {max_queue}", self.queue.len()),
+            );
+            self.restore(shed);
+            return Err(refusal.retry_after(self.drain_time(now)));
         }
-        if self.queue.bytes() + ticket.bytes > p.max_queue_bytes {
-            return Err(Refusal::new(
+        if self.queue.bytes() + ticket.bytes > max_queue_bytes {
+            let refusal = Refusal::new(
                 Outcome::QueueFull,
                 format!(
-                    "queue full: {} bytes waiting plus this request's {} would pass the bound (--max-queue-bytes) of {}",
+                    "queue full: {} bytes waiting plus this request's {} would pass the bound (--max-queue-bytes) of \
+                     {max_queue_bytes}",
                     self.queue.bytes(),
                     ticket.bytes,
-                    p.max_queue_bytes
                 ),
-            )
-            .retry_after(self.drain_time(now)));
+            );
+            self.restore(shed);
+            return Err(refusal.retry_after(self.drain_time(now)));
         }
-        forecast::check_admission(self, &ticket, now)?;
-        self.queue.push(ticket);
-        Ok(())
+        match forecast::check_admission(self, &ticket, now) {
+            Ok(displaced) => {
+                shed.extend(displaced.into_iter().filter_map(|id| self.queue.remove(id)));
+                self.queue.push(ticket);
+                Ok(shed)
+            }
+            Err(refusal) => {
+                self.restore(shed);
+                Err(refusal)
+            }
+        }
+    }
+
+    /// At a queue bound, the room a newcomer may take from others: batch-tier requests for an
+    /// interactive one (latest deadline first), so that batch-tier work is shed before any
+    /// interactive request is refused; then, within its priority, the latest request of the
+    /// tenant holding the most of the waiting room for its weight, while that is more than the
+    /// newcomer's tenant would hold with it (one eager caller does not keep the whole waiting
+    /// room). Taken out of the queue; [`Scheduler::restore`] puts them back if the newcomer is
+    /// refused anyway.
+    fn make_room(&mut self, new: &Ticket) -> Vec<Ticket> {
+        let (max_queue, max_bytes) = (self.policy.max_queue, self.policy.max_queue_bytes);
+        let over = |q: &Queue| q.len() >= max_queue || q.bytes() + new.bytes > max_bytes;
+        let mut shed = Vec::new();
+        if !over(&self.queue) {
+            return shed;
+        }
+        if new.priority == Priority::Interactive {
+            let mut batch: Vec<(Instant, RequestId)> = self
+                .queue
+                .lanes(Priority::Batch)
+                .flat_map(|(_, lane)| lane.values().map(|t| (t.deadline, t.id)))
+                .collect();
+            batch.sort_unstable();
+            while over(&self.queue) {
+                let Some((_, id)) = batch.pop() else { break };
+                shed.extend(self.queue.remove(id));
+            }
+        }
+        let shares = &self.shares[new.priority.index()];
+        // Rows held per unit of weight, compared across tenants as rows × the other's weight.
+        let held = |rows: u64, tenant: TenantId| (rows, u64::from(shares.weight(tenant)));
+        while over(&self.queue) {
+            let lanes: Vec<(TenantId, u64, RequestId)> = self
+                .queue
+                .lanes(new.priority)
+                .filter_map(|(t, lane)| {
+                    let last = lane.values().next_back()?;
+                    Some((t, lane.values().map(|t| u64::from(t.rows)).sum(), last.id))
+                })
+                .collect();
+            let mine = lanes.iter().find(|l| l.0 == new.tenant).map_or(0, |l| l.1) + u64::from(new.rows);
+            let (mine, my_weight) = held(mine, new.tenant);
+            let most = lanes
+                .iter()
+                .filter(|l| l.0 != new.tenant)
+                .max_by_key(|l| {
+                    let (rows, weight) = held(l.1, l.0);
+                    // rows / weight, as an exact fraction key: compare by cross-multiplying.
+                    (u128::from(rows) << 32) / u128::from(weight)
+                })
+                .copied();
+            let Some((tenant, rows, last)) = most else { break };
+            let (rows, weight) = held(rows, tenant);
+            if u128::from(rows) * u128::from(my_weight) <= u128::from(mine) * u128::from(weight) {
+                break;
+            }
+            shed.extend(self.queue.remove(last));
+        }
+        shed
+    }
+
+    fn restore(&mut self, shed: Vec<Ticket>) {
+        for ticket in shed {
+            self.queue.push(ticket);
+        }
     }
 
     /// Puts an admitted request back in the queue (its batch failed and it is retried), with its
@@ -198,6 +289,9 @@ impl Scheduler {
             return Next::Dispatch(Trigger::Retry);
         }
         let Some(cut) = self.plan() else { return Next::Empty };
+        if !cut.interactive && self.reserved() {
+            return Next::WaitForWorker;
+        }
         if cut.full {
             return Next::Dispatch(Trigger::Full);
         }
@@ -210,6 +304,13 @@ impl Scheduler {
             return Next::Dispatch(Trigger::Deadline);
         }
         Next::At(wait_over.min(must_leave))
+    }
+
+    /// Whether the one idle worker is kept for interactive work: a batch of batch-tier requests
+    /// alone takes a worker only while another stays idle, so that it never holds up an
+    /// interactive dispatch (with a single worker it takes it: nothing else would run it).
+    fn reserved(&self) -> bool {
+        self.workers.len() > 1 && self.workers.iter().filter(|w| **w == Worker::Idle).count() < 2
     }
 
     /// When the owner of this scheduler must call in again even if nothing else happens: the next
@@ -240,6 +341,22 @@ impl Scheduler {
         let finish = now + self.estimator.estimate(planned);
         let (tickets, doomed): (Vec<Ticket>, Vec<Ticket>) = chosen.into_iter().partition(|t| t.deadline >= finish);
         let shape: Shape = tickets.iter().map(Ticket::shape).sum();
+        if probe.is_none() {
+            // Every ticket the cut took holds a seat, the doomed too (as the forecast counts).
+            for priority in [Priority::Interactive, Priority::Batch] {
+                let shares = &mut self.shares[priority.index()];
+                let seated = || tickets.iter().chain(&doomed).filter(|t| t.priority == priority);
+                let start = seated().map(|t| shares.served(t.tenant)).min();
+                for t in seated() {
+                    shares.charge(t.tenant, u64::from(t.rows));
+                }
+                if self.queue.backlogged(priority).next().is_none() {
+                    shares.advance(None);
+                } else if start.is_some() {
+                    shares.advance(start);
+                }
+            }
+        }
         if !tickets.is_empty() {
             let expected_end = now + self.estimator.estimate(shape);
             self.workers[worker] = Worker::Busy { since: now, shape, expected_end };
@@ -312,12 +429,34 @@ impl Scheduler {
 
     /// The batch that would leave now ([`cut`]: the rule admission's forecast uses too).
     fn plan(&self) -> Option<cut::Cut<'_>> {
-        cut::Cutter::new(
-            self.policy.max_batch_rows,
-            self.queue.iter_priority(Priority::Interactive),
-            self.queue.iter_priority(Priority::Batch),
-        )
-        .next()
+        let (interactive, batch) = (self.order(Priority::Interactive, None, None), self.order(Priority::Batch, None, None));
+        cut::Cutter::new(self.policy.max_batch_rows, interactive, batch).next()
+    }
+
+    /// The tickets of one priority in the order seats go to them: each tenant's in deadline
+    /// order, the tenants interleaved by their fair shares (of rows). `new`, when given, is
+    /// placed as if it were queued, and those in `skip` as if they were not.
+    fn order<'a>(
+        &'a self,
+        priority: Priority,
+        new: Option<&'a Ticket>,
+        skip: Option<&'a HashSet<RequestId>>,
+    ) -> cut::Tier<'a> {
+        let new = new.filter(|t| t.priority == priority);
+        let mut lanes: Vec<(TenantId, cut::Tickets<'a>)> = self
+            .queue
+            .lanes(priority)
+            .map(|(tenant, lane)| {
+                let queued = lane.values().filter(move |t| skip.is_none_or(|skip| !skip.contains(&t.id)));
+                let tickets: cut::Tickets<'a> = Box::new(forecast::with_new(queued, new.filter(|n| n.tenant == tenant)));
+                (tenant, tickets)
+            })
+            .collect();
+        if let Some(n) = new.filter(|n| !lanes.iter().any(|(t, _)| *t == n.tenant)) {
+            let at = lanes.partition_point(|(t, _)| *t < n.tenant);
+            lanes.insert(at, (n.tenant, Box::new(std::iter::once(n))));
+        }
+        cut::Tier::new(&self.shares[priority.index()], lanes)
     }
 
     /// The last instant this batch can start and still meet its tickets' deadlines (less the

@@ -3,6 +3,7 @@
 use tokio::time::Instant;
 
 use crate::estimate::Shape;
+use crate::tenant::TenantId;
 
 /// Sidecar-internal request number, assigned at arrival in increasing order (so it also breaks
 /// ties in arrival order).
@@ -42,6 +43,8 @@ pub struct Ticket {
     /// Payload size, counted against `--max-queue-bytes`.
     pub bytes: u64,
     pub priority: Priority,
+    /// Whose it is: seats are shared between tenants by weight ([`crate::tenant`]).
+    pub tenant: TenantId,
     /// Tokens of its rows, for engines whose batch time grows with sequence length (else zero).
     pub tokens: Tokens,
 }

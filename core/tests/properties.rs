@@ -17,6 +17,8 @@ struct Case {
     batch: Duration,
     per_row: Duration,
     max_queue: usize,
+    /// Of tenants 0, 1 and 2.
+    weights: [u32; 3],
     arrivals: Vec<Arrival>,
 }
 
@@ -31,17 +33,17 @@ fn long_queues() -> impl Strategy<Value = Case> {
 }
 
 fn traces(priorities: bool, timeouts: std::ops::RangeInclusive<u64>) -> impl Strategy<Value = Case> {
-    (1u32..=16, 0u64..=50, 1usize..=4, 1u64..=200, 0u64..=5, 1usize..=64).prop_flat_map(
-        move |(cap, max_wait, workers, batch, per_row, max_queue)| {
-            let arrival = (0u64..=30, 1..=cap, timeouts.clone(), any::<bool>());
+    (1u32..=16, 0u64..=50, 1usize..=4, 1u64..=200, 0u64..=5, 1usize..=64, [1u32..=3, 1u32..=3, 1u32..=3]).prop_flat_map(
+        move |(cap, max_wait, workers, batch, per_row, max_queue, weights)| {
+            let arrival = (0u64..=30, 1..=cap, timeouts.clone(), any::<bool>(), 0u16..=2);
             prop::collection::vec(arrival, 1..200).prop_map(move |raw| {
                 let mut at = 0;
                 let arrivals = raw
                     .into_iter()
-                    .map(|(gap, rows, timeout, batch_tier)| {
+                    .map(|(gap, rows, timeout, batch_tier, tenant)| {
                         at += gap;
                         let priority = if priorities && batch_tier { Priority::Batch } else { Priority::Interactive };
-                        Arrival::new(at, timeout).rows(rows).priority(priority)
+                        Arrival::new(at, timeout).rows(rows).priority(priority).tenant(tenant)
                     })
                     .collect();
                 Case {
@@ -51,6 +53,7 @@ fn traces(priorities: bool, timeouts: std::ops::RangeInclusive<u64>) -> impl Str
                     batch: Duration::from_millis(batch),
                     per_row: Duration::from_millis(per_row),
                     max_queue,
+                    weights,
                     arrivals,
                 }
             })
@@ -67,7 +70,10 @@ fn run(c: &Case, time_factor: u32) -> Trace {
         max_queue: c.max_queue,
         max_queue_bytes: u64::MAX,
     };
-    let scheduler = Scheduler::new(policy, c.workers, Estimator::new(c.batch, c.per_row));
+    let mut scheduler = Scheduler::new(policy, c.workers, Estimator::new(c.batch, c.per_row));
+    for (tenant, weight) in (0..).zip(c.weights) {
+        scheduler.set_weight(tenant, weight);
+    }
     let (batch, per_row) = (c.batch, c.per_row);
     replay(scheduler, move |rows| (batch + per_row * rows) * time_factor, &c.arrivals)
 }
@@ -114,24 +120,67 @@ fn check_invariants(c: &Case, t: &Trace) -> Result<(), TestCaseError> {
                 prop_assert_eq!(rides[i], 0);
             }
             Fate::Failed { .. } => prop_assert!(false, "request {} failed, with an engine that never fails", i),
+            Fate::Shed { at } => {
+                prop_assert!(*at <= a.at + a.timeout, "request {} shed after its deadline", i);
+                prop_assert_eq!(rides[i], 0);
+            }
         }
     }
     // No request waits past maxWait while a worker sits idle: from the moment its timer ran out
-    // until it left, every worker was busy.
+    // until it left, every worker was busy. A batch of batch-tier requests alone keeps one idle
+    // worker for interactive work: a batch-tier request waits only while fewer than two are idle.
+    // One that rides with interactive requests leaves when their timers say.
+    let interactive_waits: Vec<(Duration, Duration)> = (0..c.arrivals.len())
+        .filter(|&i| c.arrivals[i].priority == Priority::Interactive)
+        .filter_map(|i| {
+            let left = match t.fates[i].as_ref()? {
+                Fate::Done { dispatched, .. } => *dispatched,
+                Fate::Expired { at } | Fate::Shed { at } | Fate::Failed { at } => *at,
+                Fate::Refused { .. } => return None,
+            };
+            Some((c.arrivals[i].at, left))
+        })
+        .collect();
     for b in &t.batches {
+        let mixed = b.requests.iter().any(|&i| c.arrivals[i].priority == Priority::Interactive);
         for &i in &b.requests {
             let due = c.arrivals[i].at + c.max_wait;
-            if b.dispatched > due {
-                for w in 0..c.workers {
+            // A batch-tier rider leaves with the interactive requests, when their timers say.
+            if b.dispatched <= due || (mixed && c.arrivals[i].priority == Priority::Batch) {
+                continue;
+            }
+            if c.arrivals[i].priority == Priority::Batch {
+                // While interactive requests wait, their timers govern the next batch (a batch-tier
+                // batch alone would hold them up): only the idle time outside those spans counts.
+                let idle: Vec<Vec<(Duration, Duration)>> = (0..c.workers)
+                    .map(|w| uncovered(idle_spans(t, w, due, b.dispatched), &interactive_waits))
+                    .collect();
+                if c.workers == 1 {
+                    prop_assert!(idle[0].is_empty(), "batch-tier request {} waited past its maxWait at {:?} while the worker was idle: {:?}", i, due, idle[0]);
+                }
+                for (w1, w2) in (0..c.workers).flat_map(|a| (a + 1..c.workers).map(move |b| (a, b))) {
+                    let together = idle[w1].iter().any(|x| idle[w2].iter().any(|y| x.0.max(y.0) < x.1.min(y.1)));
                     prop_assert!(
-                        busy_throughout(t, w, due, b.dispatched),
-                        "request {} waited until {:?} past its maxWait at {:?} while worker {} was idle",
+                        !together,
+                        "batch-tier request {} waited until {:?} past its maxWait at {:?} while workers {} and {} were idle",
                         i,
                         b.dispatched,
                         due,
-                        w
+                        w1,
+                        w2
                     );
                 }
+                continue;
+            }
+            for w in 0..c.workers {
+                prop_assert!(
+                    idle_spans(t, w, due, b.dispatched).is_empty(),
+                    "request {} waited until {:?} past its maxWait at {:?} while worker {} was idle",
+                    i,
+                    b.dispatched,
+                    due,
+                    w
+                );
             }
         }
     }
@@ -152,16 +201,48 @@ fn no_admitted_request_expired(c: &Case, t: &Trace, up_to: Priority) -> Result<(
     Ok(())
 }
 
-/// Whether worker `w` was running a batch during all of `[from, to)`.
-fn busy_throughout(t: &Trace, w: usize, from: Duration, to: Duration) -> bool {
+/// What of `spans` no span of `covers` covers.
+fn uncovered(spans: Vec<(Duration, Duration)>, covers: &[(Duration, Duration)]) -> Vec<(Duration, Duration)> {
+    let mut out = spans;
+    for &(a, b) in covers {
+        out = out
+            .into_iter()
+            .flat_map(|(x, y)| {
+                if b <= x || y <= a {
+                    vec![(x, y)]
+                } else {
+                    [(x, a.max(x)), (b.min(y), y)].into_iter().filter(|s| s.0 < s.1).collect()
+                }
+            })
+            .collect();
+    }
+    out
+}
+
+/// The spans of `[from, to)` in which worker `w` ran no batch.
+fn idle_spans(t: &Trace, w: usize, from: Duration, to: Duration) -> Vec<(Duration, Duration)> {
+    let mut mine: Vec<(Duration, Duration)> =
+        t.batches.iter().filter(|b| b.worker == w).map(|b| (b.dispatched, b.finished)).collect();
+    mine.sort();
+    let mut spans = Vec::new();
     let mut at = from;
-    while at < to {
-        match t.batches.iter().find(|b| b.worker == w && b.dispatched <= at && at < b.finished) {
-            Some(b) => at = b.finished,
-            None => return false,
+    for (start, end) in mine {
+        if end <= at {
+            continue;
+        }
+        if start > at {
+            spans.push((at, start.min(to)));
+        }
+        at = at.max(end);
+        if at >= to {
+            break;
         }
     }
-    true
+    if at < to {
+        spans.push((at, to));
+    }
+    spans.retain(|s| s.0 < s.1);
+    spans
 }
 
 /// 300 cases a run; `PROPTEST_CASES` asks for more (or fewer).

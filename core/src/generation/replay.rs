@@ -17,6 +17,7 @@ use super::scheduler::{Policy, Scheduler, StepPlan};
 use super::sequence::{End, FinishReason, Request, SeqId};
 use super::step::{StepCost, StepEstimator};
 use crate::outcome::Refusal;
+use crate::tenant::{TenantId, DEFAULT_TENANT};
 use crate::ticket::Priority;
 
 /// One request of a trace.
@@ -31,6 +32,7 @@ pub struct Arrival {
     pub itl: Duration,
     pub timeout: Duration,
     pub priority: Priority,
+    pub tenant: TenantId,
     /// The caller goes away this long after arrival.
     pub cancel_after: Option<Duration>,
 }
@@ -47,6 +49,7 @@ impl Arrival {
             itl: hour,
             timeout: hour,
             priority: Priority::Interactive,
+            tenant: DEFAULT_TENANT,
             cancel_after: None,
         }
     }
@@ -68,6 +71,11 @@ impl Arrival {
 
     pub fn priority(mut self, priority: Priority) -> Self {
         self.priority = priority;
+        self
+    }
+
+    pub fn tenant(mut self, tenant: TenantId) -> Self {
+        self.tenant = tenant;
         self
     }
 
@@ -191,6 +199,7 @@ pub fn replay(setup: Setup, arrivals: &[Arrival]) -> Trace {
                 id,
                 arrival: now,
                 priority: a.priority,
+                tenant: a.tenant,
                 prompt: a.prompt,
                 max_tokens: a.max_tokens,
                 bytes: 64,

@@ -11,7 +11,7 @@
 //! 2. prefill gets the rest of the token budget, cut so that the step's estimated time stays
 //!    within the tightest inter-token target of the decoding sequences;
 //! 3. sequences mid-prefill continue first, then waiting ones start in order of priority, then
-//!    TTFT deadline, each only when the blocks for its chunk (plus the watermark) are free and
+//!    of their tenants' fair shares of step tokens ([`crate::tenant`]), then TTFT deadline, each only when the blocks for its chunk (plus the watermark) are free and
 //!    `maxSequences` allows; the first that cannot start stops the others (no overtaking, so that
 //!    a long prompt is not starved by short ones), and a step that had to preempt starts none;
 //! 4. before that, a sequence that can no longer meet its deadline even if every step it still
@@ -27,6 +27,7 @@ use super::kv::{Block, BlockPool};
 use super::sequence::{FinishReason, Request, SeqId};
 use super::step::{StepEstimator, StepShape};
 use crate::outcome::{Outcome, Refusal};
+use crate::tenant::{Shares, TenantId};
 use crate::ticket::Priority;
 
 /// How steps are composed. Ferry's rule is [`Discipline::Deadlines`]; the others are what other
@@ -154,6 +155,8 @@ pub struct Scheduler {
     /// A forecast's copy: sequences are not ended at their deadlines (the forecast reads when
     /// their tokens would come, however late).
     pub(crate) forecasting: bool,
+    /// The tenants' fair shares of step tokens, one per priority tier.
+    pub(crate) shares: [Shares; 2],
 }
 
 impl Scheduler {
@@ -168,6 +171,62 @@ impl Scheduler {
             queued_bytes: 0,
             queued_tokens: 0,
             forecasting: false,
+            shares: Default::default(),
+        }
+    }
+
+    /// Sets a tenant's weight: its share of step tokens against the other backlogged tenants.
+    pub fn set_weight(&mut self, tenant: TenantId, weight: u32) {
+        for shares in &mut self.shares {
+            shares.set_weight(tenant, weight);
+        }
+    }
+
+    /// Waiting sequences in the order they may start: by priority; within one, the tenants
+    /// interleaved by their fair shares of step tokens (each charged its prompt), each tenant's
+    /// own in TTFT-deadline order. The other disciplines know no tenants (as other servers).
+    fn start_order(&self) -> Vec<SeqId> {
+        let ids = |p: Priority| self.waiting.iter().filter(move |(q, _, _)| *q == p).map(|(_, _, id)| *id);
+        if self.policy.discipline != Discipline::Deadlines {
+            return self.waiting.iter().map(|(_, _, id)| *id).collect();
+        }
+        let mut order = Vec::with_capacity(self.waiting.len());
+        for priority in [Priority::Interactive, Priority::Batch] {
+            let mut lanes: BTreeMap<TenantId, Vec<SeqId>> = BTreeMap::new();
+            for id in ids(priority) {
+                lanes.entry(self.seqs[&id].request.tenant).or_default().push(id);
+            }
+            if lanes.len() <= 1 {
+                order.extend(lanes.into_values().flatten());
+                continue;
+            }
+            let seqs = &self.seqs;
+            let lanes = lanes.into_iter().map(|(t, ids)| (t, Box::new(ids.into_iter()) as Box<dyn Iterator<Item = SeqId>>));
+            order.extend(self.shares[priority.index()].merge(lanes, |id| u64::from(seqs[id].pending())));
+        }
+        order
+    }
+
+    /// A step was composed: each member's tenant is charged the tokens it feeds, and the shares
+    /// advance to where the step started (or level out when nobody waits).
+    fn charge(&mut self, members: &[Member]) {
+        for priority in [Priority::Interactive, Priority::Batch] {
+            let shares = &mut self.shares[priority.index()];
+            let fed: Vec<(TenantId, u32)> = members
+                .iter()
+                .map(|m| (self.seqs[&m.id].request, m.len))
+                .filter(|(r, _)| r.priority == priority)
+                .map(|(r, len)| (r.tenant, len))
+                .collect();
+            let start = fed.iter().map(|(t, _)| shares.served(*t)).min();
+            for (tenant, len) in fed {
+                shares.charge(tenant, u64::from(len));
+            }
+            if !self.waiting.iter().any(|(p, _, _)| *p == priority) {
+                shares.advance(None);
+            } else if start.is_some() {
+                shares.advance(start);
+            }
         }
     }
 
@@ -519,7 +578,7 @@ impl Scheduler {
         let mut mid: Vec<SeqId> =
             self.running.iter().copied().filter(|id| !decodes.contains(id) && self.seqs[id].pending() > 0).collect();
         mid.sort_by_key(|id| self.seqs[id].order(self.policy.discipline));
-        let waiting: Vec<SeqId> = self.waiting.iter().map(|(_, _, id)| *id).collect();
+        let waiting = self.start_order();
         for (id, new) in mid.into_iter().map(|id| (id, false)).chain(waiting.into_iter().map(|id| (id, true))) {
             if budget == 0 {
                 break;
@@ -573,6 +632,7 @@ impl Scheduler {
         if members.is_empty() {
             return None;
         }
+        self.charge(&members);
         let expected = self.estimator.estimate(shape);
         Some(StepPlan { members, shape, expected })
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::outcome::Refusal;
+use crate::tenant::TenantId;
 use crate::ticket::Priority;
 
 /// Sidecar-internal sequence number, assigned at arrival in increasing order.
@@ -18,6 +19,8 @@ pub struct Request {
     pub id: SeqId,
     pub arrival: Instant,
     pub priority: Priority,
+    /// Whose it is: step tokens are shared between tenants by weight ([`crate::tenant`]).
+    pub tenant: TenantId,
     /// Prompt tokens.
     pub prompt: u32,
     /// The most tokens it may produce (`max_tokens`).

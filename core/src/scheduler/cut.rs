@@ -2,11 +2,12 @@
 //! admission's forecast (that batch and every one after it) share, so that what admission promises
 //! is what dispatch does, priorities included.
 //!
-//! Interactive requests are taken in deadline order and never overtaken: a batch is full when it
+//! Within a priority, seats go to tenants by their fair shares ([`crate::tenant`]), each tenant's
+//! requests in deadline order. Interactive requests are never overtaken: a batch is full when it
 //! holds `maxBatchSize` rows or when the next interactive request does not fit. Seats still empty
-//! then go to batch-tier requests that fit, in deadline order, passing over those too large for
-//! what is left (they head the batch tier for the next batch): an empty seat on a departing batch
-//! is capacity that expires.
+//! then go to batch-tier requests that fit, passing over those too large for what is left (they
+//! head the batch tier for the next batch): an empty seat on a departing batch is capacity that
+//! expires.
 
 use std::collections::VecDeque;
 use std::iter::Peekable;
@@ -14,7 +15,8 @@ use std::iter::Peekable;
 use tokio::time::Instant;
 
 use crate::estimate::Shape;
-use crate::ticket::Ticket;
+use crate::tenant::{Shares, TenantId};
+use crate::ticket::{Priority, Ticket};
 
 /// How many batch-tier requests a batch passes over (too large for its last seats) before it stops
 /// looking for smaller ones, so that cutting stays cheap with a long batch-tier backlog.
@@ -33,15 +35,87 @@ pub(crate) struct Cut<'a> {
     /// deadline timers. A full batch, which leaves at once, has its own tickets' here.
     pub oldest: Instant,
     pub earliest_deadline: Instant,
+    /// It carries interactive requests (else only batch-tier ones).
+    pub interactive: bool,
 }
 
-/// Cuts successive batches from the interactive and the batch-tier requests, each given in
-/// deadline order.
-pub(crate) struct Cutter<'a, I: Iterator<Item = &'a Ticket>, B: Iterator<Item = &'a Ticket>> {
+pub(crate) type Tickets<'a> = Box<dyn Iterator<Item = &'a Ticket> + 'a>;
+
+struct Lane<'a> {
+    tenant: TenantId,
+    served: u64,
+    tickets: Peekable<Tickets<'a>>,
+}
+
+/// The requests of one priority, as seats go to them: each tenant's lane in deadline order, the
+/// next seat to the tenant with the least service ([`crate::tenant`]), charged when its request
+/// is taken into a batch — not when it is passed over or expires — exactly as dispatch charges.
+pub(crate) struct Tier<'a> {
+    shares: Shares,
+    lanes: Vec<Lane<'a>>,
+}
+
+impl<'a> Tier<'a> {
+    /// `lanes` in tenant order, each in deadline order; `shares` as they stand now.
+    pub fn new(shares: &Shares, lanes: Vec<(TenantId, Tickets<'a>)>) -> Self {
+        let lanes = lanes
+            .into_iter()
+            .map(|(tenant, tickets)| Lane { tenant, served: shares.served(tenant), tickets: tickets.peekable() })
+            .collect();
+        Tier { shares: shares.clone(), lanes }
+    }
+
+    /// The request whose turn it is, with its lane; heads whose deadline is at or before
+    /// `expired_by` are dropped into `gone` first.
+    fn peek(&mut self, expired_by: Option<Instant>, gone: &mut Vec<&'a Ticket>) -> Option<(usize, &'a Ticket)> {
+        let mut best: Option<(usize, u64)> = None;
+        for (i, lane) in self.lanes.iter_mut().enumerate() {
+            while let Some(&t) = lane.tickets.peek() {
+                if expired_by.is_some_and(|at| t.deadline <= at) {
+                    gone.push(t);
+                    lane.tickets.next();
+                } else {
+                    break;
+                }
+            }
+            if lane.tickets.peek().is_some() && best.is_none_or(|(_, served)| lane.served < served) {
+                best = Some((i, lane.served));
+            }
+        }
+        let (i, _) = best?;
+        Some((i, self.lanes[i].tickets.peek().copied().expect("peeked")))
+    }
+
+    /// Takes the head of lane `i` into a batch: its tenant is charged its rows.
+    fn seat(&mut self, i: usize) -> &'a Ticket {
+        let t = self.lanes[i].tickets.next().expect("peeked");
+        self.charge(t);
+        t
+    }
+
+    fn charge(&mut self, t: &Ticket) {
+        if let Some(lane) = self.lanes.iter_mut().find(|l| l.tenant == t.tenant) {
+            lane.served = lane.served.saturating_add(self.shares.cost(t.tenant, u64::from(t.rows)));
+        }
+    }
+}
+
+/// The order seats would go in if every request fitted: for ranking, not for cutting.
+impl<'a> Iterator for Tier<'a> {
+    type Item = &'a Ticket;
+
+    fn next(&mut self) -> Option<&'a Ticket> {
+        let (i, _) = self.peek(None, &mut Vec::new())?;
+        Some(self.seat(i))
+    }
+}
+
+/// Cuts successive batches from the interactive and the batch-tier requests.
+pub(crate) struct Cutter<'a> {
     cap: u32,
-    interactive: Peekable<I>,
-    batch: B,
-    /// Batch-tier requests passed over for size, in deadline order (all before what `batch` has left).
+    interactive: Tier<'a>,
+    batch: Tier<'a>,
+    /// Batch-tier requests passed over for size, in the order they were passed (not yet charged).
     passed: VecDeque<&'a Ticket>,
     /// Requests whose deadline is at or before this instant have left the queue (expired) by the
     /// time the next batch is cut, and are skipped.
@@ -50,16 +124,9 @@ pub(crate) struct Cutter<'a, I: Iterator<Item = &'a Ticket>, B: Iterator<Item = 
     pub gone: Vec<&'a Ticket>,
 }
 
-impl<'a, I: Iterator<Item = &'a Ticket>, B: Iterator<Item = &'a Ticket>> Cutter<'a, I, B> {
-    pub fn new(cap: u32, interactive: I, batch: B) -> Self {
-        Cutter {
-            cap,
-            interactive: interactive.peekable(),
-            batch,
-            passed: VecDeque::new(),
-            expired_by: None,
-            gone: Vec::new(),
-        }
+impl<'a> Cutter<'a> {
+    pub fn new(cap: u32, interactive: Tier<'a>, batch: Tier<'a>) -> Self {
+        Cutter { cap, interactive, batch, passed: VecDeque::new(), expired_by: None, gone: Vec::new() }
     }
 
     /// The next batch is cut at `at`: requests whose deadline has come by then are gone.
@@ -74,34 +141,9 @@ impl<'a, I: Iterator<Item = &'a Ticket>, B: Iterator<Item = &'a Ticket>> Cutter<
             keep
         });
     }
-
-    fn has_expired(&self, t: &Ticket) -> bool {
-        self.expired_by.is_some_and(|at| t.deadline <= at)
-    }
-
-    fn next_interactive(&mut self) -> Option<&'a Ticket> {
-        loop {
-            let t: &'a Ticket = self.interactive.peek().copied()?;
-            if !self.has_expired(t) {
-                return Some(t);
-            }
-            self.gone.push(t);
-            self.interactive.next();
-        }
-    }
-
-    fn next_batch_tier(&mut self) -> Option<&'a Ticket> {
-        loop {
-            let t = self.batch.next()?;
-            if !self.has_expired(t) {
-                return Some(t);
-            }
-            self.gone.push(t);
-        }
-    }
 }
 
-impl<'a, I: Iterator<Item = &'a Ticket>, B: Iterator<Item = &'a Ticket>> Iterator for Cutter<'a, I, B> {
+impl<'a> Iterator for Cutter<'a> {
     type Item = Cut<'a>;
 
     fn next(&mut self) -> Option<Cut<'a>> {
@@ -111,18 +153,20 @@ impl<'a, I: Iterator<Item = &'a Ticket>, B: Iterator<Item = &'a Ticket>> Iterato
             *shape = shape.join(t.shape());
             tickets.push(t);
         };
-        while let Some(t) = self.next_interactive() {
+        while let Some((lane, t)) = self.interactive.peek(self.expired_by, &mut self.gone) {
             if shape.rows + t.rows > cap {
-                return Some(self.cut(tickets, shape, true));
+                let n = tickets.len();
+                return Some(self.cut(tickets, shape, true, n));
             }
-            self.interactive.next();
-            take(&mut tickets, &mut shape, t);
+            take(&mut tickets, &mut shape, self.interactive.seat(lane));
         }
+        let (interactive, interactive_rows) = (tickets.len(), shape.rows);
         let mut passed_over = 0;
         let mut i = 0;
         while i < self.passed.len() && shape.rows < cap && passed_over <= FILL_LOOKAHEAD {
             if shape.rows + self.passed[i].rows <= cap {
                 let t = self.passed.remove(i).expect("in range");
+                self.batch.charge(t);
                 take(&mut tickets, &mut shape, t);
             } else {
                 passed_over += 1;
@@ -131,33 +175,43 @@ impl<'a, I: Iterator<Item = &'a Ticket>, B: Iterator<Item = &'a Ticket>> Iterato
         }
         let mut exhausted = false;
         while shape.rows < cap && passed_over <= FILL_LOOKAHEAD {
-            let Some(t) = self.next_batch_tier() else {
+            let Some((lane, t)) = self.batch.peek(self.expired_by, &mut self.gone) else {
                 exhausted = true;
                 break;
             };
             if shape.rows + t.rows <= cap {
-                take(&mut tickets, &mut shape, t);
+                take(&mut tickets, &mut shape, self.batch.seat(lane));
             } else {
+                self.batch.lanes[lane].tickets.next();
                 self.passed.push_back(t);
                 passed_over += 1;
             }
+        }
+        if interactive > 0 {
+            // Batch-tier riders take empty seats and change nothing else: the batch leaves when
+            // its interactive part would have left alone.
+            return Some(self.cut(tickets, shape, interactive_rows == cap, interactive));
         }
         // A batch that looked past FILL_LOOKAHEAD requests too large for its last seats is as
         // full as it will get; otherwise it is full at `maxBatchSize` rows, and one that is not
         // has taken everything that fits: only the passed-over requests are left.
         let full = shape.rows == cap || !exhausted;
-        (!tickets.is_empty()).then(|| self.cut(tickets, shape, full))
+        let n = tickets.len();
+        (n > 0).then(|| self.cut(tickets, shape, full, n))
     }
 }
 
-impl<'a, I: Iterator<Item = &'a Ticket>, B: Iterator<Item = &'a Ticket>> Cutter<'a, I, B> {
-    /// The cut of `tickets` (not empty), with its timers: of everything still waiting when it is
-    /// not full (itself and the passed-over), of its own tickets when it is.
-    fn cut(&self, tickets: Vec<&'a Ticket>, shape: Shape, full: bool) -> Cut<'a> {
-        let passed = if full { None } else { Some(self.passed.iter()) };
-        let waiting = || tickets.iter().chain(passed.clone().into_iter().flatten());
+impl<'a> Cutter<'a> {
+    /// The cut of `tickets` (not empty), with its timers, set by its first `timed` tickets: its
+    /// interactive ones when it has any; otherwise all of them, and when it is not full the
+    /// passed-over too (they are all that is left).
+    fn cut(&self, tickets: Vec<&'a Ticket>, shape: Shape, full: bool, timed: usize) -> Cut<'a> {
+        let passed = if full || timed < tickets.len() { None } else { Some(self.passed.iter()) };
+        let waiting = || tickets[..timed].iter().chain(passed.clone().into_iter().flatten());
         let oldest = waiting().map(|t| t.arrival).min().expect("a cut holds a ticket");
         let earliest_deadline = waiting().map(|t| t.deadline).min().expect("a cut holds a ticket");
-        Cut { tickets, shape, full, oldest, earliest_deadline }
+        // Interactive requests are taken first: a cut has some exactly when its first is one.
+        let interactive = tickets[0].priority == Priority::Interactive;
+        Cut { tickets, shape, full, oldest, earliest_deadline, interactive }
     }
 }

@@ -7,32 +7,40 @@
 //! when someone would miss with it.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::cut::Cutter;
+
+/// The most admitted requests one newcomer may displace; past that it is refused.
+const MAX_DISPLACED: usize = 16;
 use super::{Scheduler, Worker};
 use crate::outcome::{Outcome, Refusal};
 use crate::ticket::{Priority, RequestId, Ticket};
 
 /// Refuses `new` when it cannot finish before its deadline, or when admitting it would push an
-/// already admitted request of the same or a higher priority past a deadline it could otherwise
-/// meet (Clockwork's guarantee). Lower priorities are not protected from higher ones: batch-tier
-/// work only rides in seats interactive work leaves empty.
-pub(super) fn check_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Result<(), Refusal> {
+/// already admitted request past a deadline it could otherwise meet (Clockwork's guarantee) —
+/// unless that request is one `new` may displace: of a lower priority (batch-tier work only rides
+/// in seats interactive work leaves empty), or of another tenant that fair shares put behind `new`
+/// (that tenant is past its share; the promise of a seat was made while nobody else claimed it).
+/// Those are returned, to be shed now rather than left to miss.
+pub(super) fn check_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Result<Vec<RequestId>, Refusal> {
     if surely_admissible(s, new, now) {
         // Debug builds (every test) check the shortcut against the forecast it skips.
-        debug_assert!(forecast_admission(s, new, now).is_ok(), "the shortcut admitted what the forecast refuses");
-        return Ok(());
+        debug_assert!(
+            forecast_admission(s, new, now).is_ok_and(|shed| shed.is_empty()),
+            "the shortcut admitted what the forecast refuses"
+        );
+        return Ok(Vec::new());
     }
     forecast_admission(s, new, now)
 }
 
 /// The admission decision by the whole forecast, with and (when someone would miss) without `new`.
-fn forecast_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Result<(), Refusal> {
-    let with = completions(s, Some(new), now);
+fn forecast_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Result<Vec<RequestId>, Refusal> {
+    let with = completions(s, Some(new), None, now);
     let finish = with.iter().find(|(t, _)| t.id == new.id).and_then(|(_, end)| *end);
     let Some(finish) = finish else {
         return Err(Refusal::new(
@@ -69,39 +77,65 @@ fn forecast_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Result<(), R
         .retry_after(drain_time(s, now)));
     }
 
-    // Everyone of the same or a higher priority keeps their promise. Those behind it can be pushed
-    // to a later batch; those ahead of it can share its batch, which then takes longer (perRow).
-    // Only those that would miss with it are looked at again without it.
+    // Everyone keeps their promise, or is displaced by right. Those behind it can be pushed to a
+    // later batch; those ahead of it can share its batch, which then takes longer (perRow). Only
+    // those that would miss with it are looked at again without it.
     let misses = |t: &Ticket, end: Option<Instant>| end.is_none_or(|end| end > t.deadline);
-    let missed: Vec<(&Ticket, Option<Instant>)> =
-        with.into_iter().filter(|&(t, end)| t.id != new.id && t.priority <= new.priority && misses(t, end)).collect();
-    if missed.is_empty() {
-        return Ok(());
+    if !with.iter().any(|&(t, end)| t.id != new.id && misses(t, end)) {
+        return Ok(Vec::new());
     }
+    let missed: Vec<(Ticket, Option<Instant>)> = with.into_iter().map(|(t, end)| (*t, end)).collect();
     let without: HashMap<RequestId, Option<Instant>> =
-        completions(s, None, now).into_iter().map(|(t, end)| (t.id, end)).collect();
-    for (t, after) in missed {
-        if !misses(t, without[&t.id]) {
-            let after = after
-                .map_or_else(|| "never (it would expire waiting)".to_owned(), |a| format!("in {} ms", ms(a - now)));
-            return Err(Refusal::new(
-                Outcome::Infeasible,
-                format!(
-                    "deadline cannot be met without breaking an earlier promise: admitting this request would make a \
-                     queued one finish {after}, after its deadline in {} ms",
-                    ms(t.deadline.saturating_duration_since(now))
-                ),
-            )
-            .retry_after(drain_time(s, now)));
+        completions(s, None, None, now).into_iter().map(|(t, end)| (t.id, end)).collect();
+    // Who may be displaced, one at a time in forecast order, each time forecasting again: taking
+    // one out may be enough for the rest (and changes how they are cut: a batch that was full
+    // may now wait for its timers).
+    let mut rank: Option<HashMap<RequestId, usize>> = None;
+    let mut shed: HashSet<RequestId> = HashSet::new();
+    let mut forecast = missed;
+    for _ in 0..MAX_DISPLACED {
+        let broken = forecast.into_iter().find(|(t, end)| {
+            t.id != new.id && misses(t, *end) && !shed.contains(&t.id) && !misses(t, without[&t.id])
+        });
+        let Some((t, after)) = broken else { return Ok(shed.into_iter().collect()) };
+        let displaceable = t.priority > new.priority
+            || (t.tenant != new.tenant && t.priority == new.priority && {
+                let rank = rank.get_or_insert_with(|| {
+                    s.order(new.priority, Some(new), None).enumerate().map(|(i, t)| (t.id, i)).collect()
+                });
+                rank[&t.id] > rank[&new.id]
+            });
+        if !displaceable {
+            return Err(broken_promise(s, &t, after, now));
+        }
+        shed.insert(t.id);
+        forecast = completions(s, Some(new), Some(&shed), now).into_iter().map(|(t, end)| (*t, end)).collect();
+        if let Some((_, end)) = forecast.iter().find(|(t, _)| t.id == new.id) {
+            if end.is_none_or(|end| end + s.margin.get() > new.deadline) {
+                return Err(broken_promise(s, &t, after, now));
+            }
         }
     }
-    Ok(())
+    Err(broken_promise(s, new, None, now))
+}
+
+fn broken_promise(s: &Scheduler, t: &Ticket, after: Option<Instant>, now: Instant) -> Refusal {
+    let after = after.map_or_else(|| "never (it would expire waiting)".to_owned(), |a| format!("in {} ms", ms(a - now)));
+    Refusal::new(
+        Outcome::Infeasible,
+        format!(
+            "deadline cannot be met without breaking an earlier promise: admitting this request would make a queued \
+             one finish {after}, after its deadline in {} ms",
+            ms(t.deadline.saturating_duration_since(now))
+        ),
+    )
+    .retry_after(drain_time(s, now))
 }
 
 /// A shortcut that decides most admissions into a long queue in O(log n) rather than the
 /// forecast's O(n): were every queued request and the newcomer to run one batch each, one after
 /// another, after the last busy worker is free and every timer has run out, they would still be
-/// done (with the margin) by the earliest deadline that admission protects. Every batch of the
+/// done (with the margin) by the earliest queued deadline. Every batch of the
 /// forecast starts no later than that and takes no longer than the estimator's bound, so the
 /// forecast would admit the newcomer too: this only skips the work, never changes the answer.
 fn surely_admissible(s: &Scheduler, new: &Ticket, now: Instant) -> bool {
@@ -112,13 +146,13 @@ fn surely_admissible(s: &Scheduler, new: &Ticket, now: Instant) -> bool {
     let longest = q.longest().max(new.tokens.longest);
     let work = s.estimator.bound(batches, rows, tokens, longest);
     let start = worker_free_times(s, now).into_iter().max().unwrap_or(now).max(now + s.policy.max_wait);
-    let tightest = q.earliest_deadline_up_to(new.priority).map_or(new.deadline, |d| d.min(new.deadline));
+    let tightest = q.earliest_deadline().map_or(new.deadline, |d| d.min(new.deadline));
     start + work + s.margin.get() <= tightest
 }
 
 /// How long until everything queued now has finished: a hint for `Retry-After`.
 pub(super) fn drain_time(s: &Scheduler, now: Instant) -> Duration {
-    let last_queued = completions(s, None, now).into_iter().filter_map(|(_, end)| end).max();
+    let last_queued = completions(s, None, None, now).into_iter().filter_map(|(_, end)| end).max();
     let last_busy = worker_free_times(s, now).into_iter().max();
     last_queued.max(last_busy).map_or(Duration::ZERO, |t| t - now)
 }
@@ -129,9 +163,14 @@ pub(super) fn drain_time(s: &Scheduler, now: Instant) -> Duration {
 /// that comes after the worker is free — as the dispatch rule would send it.
 /// `None`: the ticket expires before a worker takes it; one that rides in a batch it cannot finish
 /// in time (and so is expired when the batch leaves) gets the batch's end.
-fn completions<'a>(s: &'a Scheduler, new: Option<&'a Ticket>, now: Instant) -> Vec<(&'a Ticket, Option<Instant>)> {
-    let of = |p: Priority| with_new(s.queue.iter_priority(p), new.filter(|t| t.priority == p));
-    let mut cutter = Cutter::new(s.policy.max_batch_rows, of(Priority::Interactive), of(Priority::Batch));
+fn completions<'a>(
+    s: &'a Scheduler,
+    new: Option<&'a Ticket>,
+    skip: Option<&'a HashSet<RequestId>>,
+    now: Instant,
+) -> Vec<(&'a Ticket, Option<Instant>)> {
+    let (interactive, batch) = (s.order(Priority::Interactive, new, skip), s.order(Priority::Batch, new, skip));
+    let mut cutter = Cutter::new(s.policy.max_batch_rows, interactive, batch);
     let mut free: BinaryHeap<Reverse<Instant>> = worker_free_times(s, now).into_iter().map(Reverse).collect();
     let mut out = Vec::with_capacity(s.queue.len() + 1);
     loop {
@@ -147,7 +186,10 @@ fn completions<'a>(s: &'a Scheduler, new: Option<&'a Ticket>, now: Instant) -> V
             let must_leave = cut.earliest_deadline.checked_sub(s.margin.get() + took).unwrap_or(now);
             (cut.oldest + s.policy.max_wait).min(must_leave).max(now)
         };
-        let start = worker_free.max(leaves);
+        // A batch of batch-tier requests alone waits until a second worker is free as well
+        // (one is kept for interactive work).
+        let reserve = if cut.interactive || s.workers.len() < 2 { None } else { free.peek().map(|r| r.0) };
+        let start = worker_free.max(leaves).max(reserve.unwrap_or(worker_free));
         // As at dispatch: who cannot finish in time leaves the batch (expired), and the seat stays empty.
         let rides = |t: &Ticket| t.deadline >= start + took;
         let mut shape = cut.shape;
@@ -168,7 +210,7 @@ fn completions<'a>(s: &'a Scheduler, new: Option<&'a Ticket>, now: Instant) -> V
 }
 
 /// `tickets` (in deadline order) with `new` in its place among them.
-fn with_new<'a>(
+pub(super) fn with_new<'a>(
     tickets: impl Iterator<Item = &'a Ticket>,
     new: Option<&'a Ticket>,
 ) -> impl Iterator<Item = &'a Ticket> {

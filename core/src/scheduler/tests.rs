@@ -5,7 +5,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::*;
-use crate::replay::{replay, Arrival, Fate};
+use crate::replay::{replay, Arrival, Fate, Trace};
+use crate::tenant::TenantId;
 use crate::ticket::{Priority, Tokens};
 
 const MS: Duration = Duration::from_millis(1);
@@ -162,12 +163,13 @@ fn the_measured_timer_lateness_widens_the_margin_for_dispatch_and_admission_alik
         rows: 1,
         bytes: 1,
         priority: Priority::Interactive,
+        tenant: 0,
         tokens: Tokens::default(),
     };
     let refused = s.admit(tight(1), t0).unwrap_err();
     assert_eq!(refused.outcome, Outcome::Infeasible, "{refused}");
     let mut floor_only = with_margin(scheduler(4, 50, 1, 100), ms(2));
-    assert_eq!(floor_only.admit(tight(1), t0), Ok(()));
+    assert_eq!(floor_only.admit(tight(1), t0), Ok(Vec::new()));
 }
 
 #[test]
@@ -215,11 +217,145 @@ fn batch_tier_work_fills_the_seats_interactive_work_leaves() {
     ];
     let trace = replay(exercise(1), fixed(100), &arrivals);
     // Interactive A (2 rows) and C (1 row) go first. One seat is left: the batch-tier request
-    // due first needs two, so the one-row batch-tier request takes it.
+    // due first needs two, so the one-row batch-tier request takes it. The batch leaves when its
+    // interactive part would have (A's maxWait at 10 ms): a rider does not make it full.
     assert_eq!(trace.batches[0].requests, vec![0, 2, 1]);
-    assert_eq!(trace.batches[0].trigger, Trigger::Full);
-    assert_eq!(trace.fate(0), &done(1, 101, 4));
-    assert_eq!(trace.fate(3), &done(101, 201, 2));
+    assert_eq!(trace.batches[0].trigger, Trigger::MaxWait);
+    assert_eq!(trace.fate(0), &done(10, 110, 4));
+    assert_eq!(trace.fate(3), &done(110, 210, 2));
+}
+
+/// Seats per tenant in each batch of `trace`.
+fn seats(trace: &Trace, arrivals: &[Arrival]) -> Vec<[u32; 3]> {
+    trace
+        .batches
+        .iter()
+        .map(|b| {
+            let mut seats = [0; 3];
+            for &i in &b.requests {
+                seats[usize::from(arrivals[i].tenant)] += arrivals[i].rows;
+            }
+            seats
+        })
+        .collect()
+}
+
+/// Tenant `tenant` sends one row every `every_ms` for `for_ms`, each with `timeout_ms`.
+fn stream(tenant: TenantId, every_ms: u64, for_ms: u64, timeout_ms: u64) -> impl Iterator<Item = Arrival> {
+    (0..for_ms / every_ms).map(move |k| Arrival::new(k * every_ms, timeout_ms).tenant(tenant))
+}
+
+#[test]
+fn backlogged_tenants_of_equal_weight_get_equal_seats_whatever_they_send() {
+    // Cap 8, 100 ms a batch: 80 rows/s. Tenant 1 sends 500 rows/s, tenant 2 a tenth of that
+    // (50/s): both more than their half (40/s), so both are backlogged.
+    let mut s = scheduler(8, 10, 1, 100);
+    s.set_weight(1, 1);
+    s.set_weight(2, 1);
+    let arrivals: Vec<Arrival> = stream(1, 2, 3000, 60_000).chain(stream(2, 20, 3000, 60_000)).collect();
+    let trace = replay(s, fixed(100), &arrivals);
+    let seats = seats(&trace, &arrivals);
+    // Once both are backlogged (from the third batch on) every batch is split 4 and 4.
+    assert!(seats.len() > 25, "{} batches", seats.len());
+    for (i, batch) in seats.iter().enumerate().skip(2).take(25) {
+        assert_eq!(batch, &[0, 4, 4], "batch {i}");
+    }
+    // Without tenants, the same trace goes in deadline (here arrival) order: tenant 1 takes
+    // about ten seats in eleven.
+    let single: Vec<Arrival> = arrivals.iter().map(|a| a.tenant(0)).collect();
+    let plain = replay(scheduler(8, 10, 1, 100), fixed(100), &single);
+    let light: u32 = plain.batches[2..27].iter().flat_map(|b| &b.requests).filter(|&&i| arrivals[i].tenant == 2).count() as u32;
+    assert!(light < 25, "{light} seats of 200 for the light caller without fair shares");
+}
+
+#[test]
+fn a_light_tenant_waits_at_most_one_batch_behind_a_flood() {
+    // Tenant 1 floods (500 rows/s against 80 of capacity); tenant 2 sends one row every 250 ms.
+    let s = scheduler(8, 10, 1, 100);
+    let arrivals: Vec<Arrival> = stream(1, 2, 3000, 60_000).chain(stream(2, 250, 3000, 60_000)).collect();
+    let trace = replay(s, fixed(100), &arrivals);
+    let mut light = 0;
+    for (i, a) in arrivals.iter().enumerate().filter(|(_, a)| a.tenant == 2) {
+        let Fate::Done { dispatched, .. } = trace.fate(i) else { panic!("light request {i}: {:?}", trace.fate(i)) };
+        // It rides in the batch that leaves when the running one ends.
+        assert!(*dispatched - a.at <= ms(100), "light request {i} waited {:?}", *dispatched - a.at);
+        light += 1;
+    }
+    assert_eq!(light, 12);
+    // The flood is refused at admission once its share is promised, never answered late.
+    assert!((0..arrivals.len()).any(|i| matches!(trace.fate(i), Fate::Refused { .. })));
+    assert!((0..arrivals.len()).all(|i| !matches!(trace.fate(i), Fate::Expired { .. })));
+}
+
+#[test]
+fn weights_three_to_one_give_seats_three_to_one() {
+    let mut s = scheduler(8, 10, 1, 100);
+    s.set_weight(1, 3);
+    let arrivals: Vec<Arrival> = stream(1, 2, 3000, 60_000).chain(stream(2, 2, 3000, 60_000)).collect();
+    let trace = replay(s, fixed(100), &arrivals);
+    let seats = seats(&trace, &arrivals);
+    assert!(seats.len() > 25);
+    for (i, batch) in seats.iter().enumerate().skip(1).take(25) {
+        assert_eq!(batch, &[0, 6, 2], "batch {i}");
+    }
+}
+
+#[test]
+fn a_tenant_past_its_share_gives_up_its_seat_to_one_within_it_and_hears_so_at_once() {
+    // One row a batch. Tenant 1 queued three requests that each just fit; tenant 2's request is
+    // owed the next seat: tenant 1's second would miss for it, and is shed (503) now; its third
+    // then takes the second's place.
+    let trace = replay(
+        scheduler(1, 0, 1, 100),
+        fixed(100),
+        &[
+            Arrival::new(0, 150).tenant(1),
+            Arrival::new(0, 250).tenant(1),
+            Arrival::new(0, 350).tenant(1),
+            Arrival::new(1, 340).tenant(2),
+        ],
+    );
+    assert_eq!(trace.fate(0), &done(0, 100, 1));
+    assert_eq!(trace.fate(3), &done(100, 200, 1));
+    assert_eq!(trace.fate(1), &Fate::Shed { at: ms(1) });
+    assert_eq!(trace.fate(2), &done(200, 300, 1));
+    // Within one tenant an earlier promise still wins: the same request from tenant 1 is refused.
+    let trace = replay(
+        scheduler(1, 0, 1, 100),
+        fixed(100),
+        &[Arrival::new(0, 150), Arrival::new(0, 250), Arrival::new(0, 350), Arrival::new(1, 340)],
+    );
+    assert!(matches!(trace.fate(3), Fate::Refused { outcome: Outcome::Infeasible, .. }), "{:?}", trace.fate(3));
+    assert_eq!(trace.fate(2), &done(200, 300, 1));
+}
+
+#[test]
+fn batch_tier_work_fills_empty_seats_and_moves_no_interactive_timestamp() {
+    // Two workers; interactive requests of 1–3 rows at irregular times, never needing both
+    // workers at once (one is kept for them); a batch-tier backlog with long deadlines beside.
+    let interactive: Vec<Arrival> = [0u64, 137, 260, 390, 515, 640, 800, 930, 1050, 1200, 1330, 1460]
+        .iter()
+        .enumerate()
+        .map(|(k, &at)| Arrival::new(at, 300).rows(1 + (k as u32 % 3)))
+        .collect();
+    let batch: Vec<Arrival> = (0..200).map(|k| Arrival::new(k * 7, 20_000).priority(Priority::Batch).tenant(1)).collect();
+    let alone = replay(exercise(2), fixed(100), &interactive);
+    let all: Vec<Arrival> = interactive.iter().copied().chain(batch.iter().copied()).collect();
+    let mixed = replay(exercise(2), fixed(100), &all);
+    let times = |f: &Fate| match f {
+        Fate::Done { dispatched, finished, .. } => (*dispatched, *finished),
+        other => panic!("an interactive request ended {other:?}"),
+    };
+    for i in 0..interactive.len() {
+        assert_eq!(times(mixed.fate(i)), times(alone.fate(i)), "interactive request {i}");
+    }
+    // The batch tier rode: in the interactive batches' empty seats and on the spare worker.
+    let riders = mixed.batches.iter().filter(|b| b.requests.iter().any(|&i| i < interactive.len())).map(|b| {
+        b.requests.iter().filter(|&&i| i >= interactive.len()).count()
+    });
+    assert!(riders.sum::<usize>() > 0);
+    let served = (interactive.len()..all.len()).filter(|&i| matches!(mixed.fate(i), Fate::Done { .. })).count();
+    assert!(served > 150, "{served} of 200 batch-tier requests served");
 }
 
 #[test]
@@ -234,6 +370,7 @@ fn admission_never_breaks_an_earlier_promise() {
         rows: 1,
         bytes: 1,
         priority: Priority::Interactive,
+        tenant: 0,
         tokens: Tokens::default(),
     };
     s.admit(ticket(0, 0, 500), t0).unwrap();
@@ -259,6 +396,7 @@ fn the_queue_is_bounded_by_count_and_by_bytes() {
         rows: 1,
         bytes,
         priority: Priority::Interactive,
+        tenant: 0,
         tokens: Tokens::default(),
     };
     s.admit(ticket(0, 60), t0).unwrap();
@@ -305,6 +443,7 @@ fn next_names_the_timer_it_waits_for() {
         rows: 1,
         bytes: 1,
         priority: Priority::Interactive,
+        tenant: 0,
         tokens: Tokens::default(),
     };
     s.admit(t, t0).unwrap();
@@ -343,6 +482,7 @@ fn admission_prices_tokens() {
         rows: 1,
         bytes: 1,
         priority: Priority::Interactive,
+        tenant: 0,
         tokens: Tokens { total: tokens, longest: tokens },
     };
     let refused = s.admit(text(0, 300), t0).unwrap_err();

@@ -52,6 +52,7 @@ impl Harness {
             id,
             arrival,
             priority: Priority::Interactive,
+            tenant: 0,
             prompt,
             max_tokens,
             bytes: 10,
