@@ -149,9 +149,17 @@ fn prompt_ids(i: usize, len: u32) -> Vec<u32> {
 }
 
 pub fn replay(setup: Setup, arrivals: &[Arrival]) -> Trace {
+    replay_weighted(setup, arrivals, &[])
+}
+
+/// [`replay`] with tenants of these weights (the others weigh 1).
+pub fn replay_weighted(setup: Setup, arrivals: &[Arrival], weights: &[(TenantId, u32)]) -> Trace {
     let start = Instant::now();
-    let scheduler =
+    let mut scheduler =
         Scheduler::new(setup.policy, BlockPool::new(setup.blocks, setup.block_size), StepEstimator::new(setup.prior));
+    for &(tenant, weight) in weights {
+        scheduler.set_weight(tenant, weight);
+    }
     let mut ledger = Ledger::new(scheduler, setup.margin, 3);
     let mut order: Vec<usize> = (0..arrivals.len()).collect();
     order.sort_by_key(|&i| (arrivals[i].at, i));

@@ -209,3 +209,50 @@ fn first_come_first_served_admits_everything_and_finishes_late() {
     assert!(finished(&trace, 0));
     assert_eq!(trace.fates[0].tokens.len(), 10);
 }
+
+/// Tokens fed to each tenant's sequences (tenant by arrival) over the steps that start in
+/// `[from_ms, to_ms)`.
+fn tokens_by_tenant(trace: &Trace, arrivals: &[Arrival], from_ms: f64, to_ms: f64) -> [u32; 3] {
+    let mut fed = [0; 3];
+    for step in trace.steps.iter().filter(|s| (from_ms..to_ms).contains(&ms(s.started))) {
+        for m in &step.plan.members {
+            fed[usize::from(arrivals[m.id as usize].tenant)] += m.len;
+        }
+    }
+    fed
+}
+
+#[test]
+fn backlogged_tenants_of_equal_weight_share_step_tokens_whatever_they_send() {
+    // Four sequences at once, each a 50-token prompt and 20 tokens: about 14 sequences a second.
+    // Tenant 1 sends 100 a second, tenant 2 a tenth of that: both more than their half.
+    let setup = Setup { policy: Policy { max_sequences: 4, ..policy() }, ..setup() };
+    let arrivals: Vec<Arrival> = (0..300)
+        .map(|k| Arrival::new(k * 10, 50, 20).tenant(1))
+        .chain((0..30).map(|k| Arrival::new(k * 100, 50, 20).tenant(2)))
+        .collect();
+    let trace = replay(setup, &arrivals);
+    let fed = tokens_by_tenant(&trace, &arrivals, 500.0, 3000.0);
+    let ratio = f64::from(fed[2]) / f64::from(fed[1]);
+    assert!((0.8..=1.25).contains(&ratio), "tokens fed 1:2 = {fed:?}");
+    // Without tenants the same trace starts sequences in TTFT-deadline (arrival) order: the light
+    // caller gets about one token in eleven.
+    let single: Vec<Arrival> = arrivals.iter().map(|a| a.tenant(0)).collect();
+    let plain = replay(setup, &single);
+    let fed = tokens_by_tenant(&plain, &arrivals, 500.0, 3000.0);
+    assert!(f64::from(fed[2]) / f64::from(fed[1]) < 0.3, "tokens fed without fair shares {fed:?}");
+}
+
+#[test]
+fn weights_three_to_one_give_step_tokens_three_to_one() {
+    let setup = Setup { policy: Policy { max_sequences: 4, ..policy() }, ..setup() };
+    let arrivals: Vec<Arrival> = (0..300)
+        .map(|k| Arrival::new(k * 10, 50, 20).tenant(1))
+        .chain((0..300).map(|k| Arrival::new(k * 10, 50, 20).tenant(2)))
+        .collect();
+    let weighted = |tenant: u16, weight: u32| (tenant, weight);
+    let trace = super::replay::replay_weighted(setup, &arrivals, &[weighted(1, 3), weighted(2, 1)]);
+    let fed = tokens_by_tenant(&trace, &arrivals, 500.0, 3000.0);
+    let ratio = f64::from(fed[1]) / f64::from(fed[2]);
+    assert!((2.5..=3.5).contains(&ratio), "tokens fed 1:2 = {fed:?}");
+}
