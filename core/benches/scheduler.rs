@@ -30,6 +30,7 @@ fn ticket_within(id: u64, t0: Instant, horizon: Duration) -> Ticket {
         bytes: 256,
         priority: if id.is_multiple_of(10) { Priority::Batch } else { Priority::Interactive },
         tenant: 0,
+        weight: 1,
         tokens: Tokens::default(),
     }
 }

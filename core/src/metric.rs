@@ -10,9 +10,15 @@ pub const VERSION: &str = "version";
 pub const OUTCOME: &str = "outcome";
 /// Label of [`WORKERS`]: `busy` or `idle`.
 pub const STATE: &str = "state";
+/// The tenant a request was for (names from the tenants file; `default` without one).
+pub const TENANT: &str = "tenant";
 
 /// Counter: requests by how they ended.
 pub const REQUESTS: &str = "ferry_requests_total";
+/// Requests by tenant and how they ended (labels `tenant`, `outcome`).
+pub const TENANT_REQUESTS: &str = "ferry_tenant_requests_total";
+/// Admission to dispatch, by tenant (label `tenant`).
+pub const TENANT_QUEUE_WAIT: &str = "ferry_tenant_queue_wait_seconds";
 /// Gauge: requests waiting in the queue.
 pub const QUEUE_DEPTH: &str = "ferry_queue_depth";
 /// Gauge: payload bytes waiting in the queue.

@@ -10,6 +10,8 @@ use std::time::Duration;
 pub enum Outcome {
     Ok,
     Invalid,
+    /// No known `authorization: Bearer` token, with tenants configured.
+    Unauthorized,
     NotFound,
     TooLarge,
     Quota,
@@ -29,9 +31,10 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 14] = [
+    pub const ALL: [Outcome; 15] = [
         Outcome::Ok,
         Outcome::Invalid,
+        Outcome::Unauthorized,
         Outcome::NotFound,
         Outcome::TooLarge,
         Outcome::Quota,
@@ -51,6 +54,7 @@ impl Outcome {
         match self {
             Outcome::Ok => "ok",
             Outcome::Invalid => "invalid",
+            Outcome::Unauthorized => "unauthorized",
             Outcome::NotFound => "not_found",
             Outcome::TooLarge => "too_large",
             Outcome::Quota => "quota",
@@ -68,7 +72,7 @@ impl Outcome {
 
     /// Whether a request that ended so is load the service was asked to carry (DESIGN.md,
     /// "Autoscaling principle"): the admitted ones and those refused for want of capacity.
-    /// Malformed, unknown-model, oversized, over-quota, draining, conflicting, not-yet-ready and
+    /// Malformed, unauthenticated, unknown-model, oversized, over-quota, draining, conflicting, not-yet-ready and
     /// replayed requests are not: they must never scale a service up.
     pub fn is_offered_load(self) -> bool {
         matches!(
@@ -88,6 +92,7 @@ impl Outcome {
         match self {
             Outcome::Ok => 200,
             Outcome::Invalid => 400,
+            Outcome::Unauthorized => 401,
             Outcome::NotFound => 404,
             Outcome::TooLarge => 413,
             Outcome::Quota => 429,

@@ -28,6 +28,8 @@ pub struct Arrival {
     pub bytes: u64,
     pub priority: Priority,
     pub tenant: TenantId,
+    /// Its tenant's weight ([`crate::tenant`]).
+    pub weight: u32,
 }
 
 impl Arrival {
@@ -39,6 +41,7 @@ impl Arrival {
             bytes: 64,
             priority: Priority::Interactive,
             tenant: DEFAULT_TENANT,
+            weight: 1,
         }
     }
 
@@ -54,6 +57,11 @@ impl Arrival {
 
     pub fn tenant(mut self, tenant: TenantId) -> Self {
         self.tenant = tenant;
+        self
+    }
+
+    pub fn weight(mut self, weight: u32) -> Self {
+        self.weight = weight;
         self
     }
 }
@@ -151,6 +159,7 @@ pub fn replay_ledger(mut ledger: Ledger, engine: impl Fn(u32) -> Duration, arriv
                 bytes: a.bytes,
                 priority: a.priority,
                 tenant: a.tenant,
+                weight: a.weight,
                 tokens: Tokens::default(),
             }));
         }

@@ -140,6 +140,7 @@ impl Scheduler {
     /// needs the room or the seats of, and those of tenants past their fair share whose seats the
     /// newcomer's tenant is owed.
     pub fn admit(&mut self, ticket: Ticket, now: Instant) -> Result<Vec<Ticket>, Refusal> {
+        self.set_weight(ticket.tenant, ticket.weight);
         let mut shed = self.make_room(&ticket);
         let (max_queue, max_queue_bytes) = (self.policy.max_queue, self.policy.max_queue_bytes);
         if self.queue.len() >= max_queue {

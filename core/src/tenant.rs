@@ -119,7 +119,9 @@ impl<'a, T> Iterator for FairMerge<'a, T> {
 mod tests {
     use super::*;
 
-    fn lanes(spec: &[(TenantId, usize)]) -> Vec<(TenantId, Box<dyn Iterator<Item = (TenantId, usize)>>)> {
+    type Lanes = Vec<(TenantId, Box<dyn Iterator<Item = (TenantId, usize)>>)>;
+
+    fn lanes(spec: &[(TenantId, usize)]) -> Lanes {
         spec.iter()
             .map(|&(t, n)| (t, Box::new((0..n).map(move |i| (t, i))) as Box<dyn Iterator<Item = (TenantId, usize)>>))
             .collect()

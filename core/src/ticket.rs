@@ -45,6 +45,8 @@ pub struct Ticket {
     pub priority: Priority,
     /// Whose it is: seats are shared between tenants by weight ([`crate::tenant`]).
     pub tenant: TenantId,
+    /// Its tenant's weight (the tenants file's, as it stood when the request arrived).
+    pub weight: u32,
     /// Tokens of its rows, for engines whose batch time grows with sequence length (else zero).
     pub tokens: Tokens,
 }

@@ -18,6 +18,8 @@ struct Case {
     per_row: Duration,
     max_queue: usize,
     /// Of tenants 0, 1 and 2.
+    /// Of tenants 0, 1 and 2 (each arrival carries its own: this is for the report).
+    #[allow(dead_code)]
     weights: [u32; 3],
     arrivals: Vec<Arrival>,
 }
@@ -43,7 +45,7 @@ fn traces(priorities: bool, timeouts: std::ops::RangeInclusive<u64>) -> impl Str
                     .map(|(gap, rows, timeout, batch_tier, tenant)| {
                         at += gap;
                         let priority = if priorities && batch_tier { Priority::Batch } else { Priority::Interactive };
-                        Arrival::new(at, timeout).rows(rows).priority(priority).tenant(tenant)
+                        Arrival::new(at, timeout).rows(rows).priority(priority).tenant(tenant).weight(weights[usize::from(tenant)])
                     })
                     .collect();
                 Case {
@@ -70,10 +72,7 @@ fn run(c: &Case, time_factor: u32) -> Trace {
         max_queue: c.max_queue,
         max_queue_bytes: u64::MAX,
     };
-    let mut scheduler = Scheduler::new(policy, c.workers, Estimator::new(c.batch, c.per_row));
-    for (tenant, weight) in (0..).zip(c.weights) {
-        scheduler.set_weight(tenant, weight);
-    }
+    let scheduler = Scheduler::new(policy, c.workers, Estimator::new(c.batch, c.per_row));
     let (batch, per_row) = (c.batch, c.per_row);
     replay(scheduler, move |rows| (batch + per_row * rows) * time_factor, &c.arrivals)
 }

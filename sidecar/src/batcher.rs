@@ -25,6 +25,7 @@ use crate::metrics::ModelMetrics;
 use crate::tally::Tally;
 use crate::task::{sleep_until, OldestArrival, Stopped};
 use crate::tensor::Tensor;
+use ferry_core::tenant::TenantId;
 use ferry_core::estimate::CostModel;
 pub use ferry_core::ledger::RetryPolicy;
 use ferry_core::ledger::{Dispatch, Effect, Event, Ledger};
@@ -41,6 +42,9 @@ pub struct Submission {
     pub tokens: Tokens,
     pub bytes: u64,
     pub priority: Priority,
+    /// Whose it is, and the tenant's weight.
+    pub tenant: TenantId,
+    pub weight: u32,
     pub arrival: Instant,
     pub deadline: Instant,
     /// Counts how the request ends; it comes back with the reply, and counts when the caller
@@ -97,7 +101,7 @@ impl Settle {
 enum Command {
     Submit {
         id: RequestId,
-        submission: Submission,
+        submission: Box<Submission>,
         reply: oneshot::Sender<Delivery>,
     },
     Cancel(RequestId),
@@ -150,7 +154,7 @@ impl Batcher {
     pub fn submit(&self, submission: Submission) -> Pending {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, rx) = oneshot::channel();
-        let sent = match self.commands.send(Command::Submit { id, submission, reply }) {
+        let sent = match self.commands.send(Command::Submit { id, submission: Box::new(submission), reply }) {
             Ok(()) => true,
             Err(mpsc::error::SendError(command)) => {
                 // The batcher task is gone (a bug stopped it): the request fails here.
@@ -358,6 +362,8 @@ impl Task {
                     rows: s.rows,
                     bytes: s.bytes,
                     priority: s.priority,
+                    tenant: s.tenant,
+                    weight: s.weight,
                     tokens: s.tokens,
                 };
                 let caller = Caller {

@@ -48,6 +48,13 @@ pub struct Cli {
     /// Default deadline of a request (spec.batching.latencyBudget). [default: 200ms]
     #[arg(long, env = "FERRY_LATENCY_BUDGET", value_parser = duration::parse)]
     pub latency_budget: Option<Duration>,
+    /// Default deadline of a batch-tier request. [default: 10 × the latency budget]
+    #[arg(long, env = "FERRY_BATCH_LATENCY_BUDGET", value_parser = duration::parse)]
+    pub batch_latency_budget: Option<Duration>,
+    /// Tenants: a YAML file mapping bearer tokens to tenants, their weights and quotas; re-read
+    /// when it changes. Without it every caller is tenant `default`.
+    #[arg(long, env = "FERRY_TENANTS")]
+    pub tenants: Option<std::path::PathBuf>,
     /// Longest deadline a request may ask for. [default: the latency budget]
     #[arg(long, env = "FERRY_MAX_TIMEOUT", value_parser = duration::parse)]
     pub max_timeout: Option<Duration>,
@@ -229,6 +236,8 @@ pub struct Settings {
     pub max_batch_size: u32,
     pub max_wait: Duration,
     pub latency_budget: Duration,
+    pub batch_latency_budget: Duration,
+    pub tenants: Option<std::path::PathBuf>,
     pub max_timeout: Duration,
     pub workers: usize,
     pub max_queue: usize,
@@ -294,6 +303,8 @@ impl Settings {
             max_batch_size: cli.max_batch_size.unwrap_or(batching.max_batch_size),
             max_wait: cli.max_wait.unwrap_or(batching.max_wait.duration()),
             latency_budget,
+            batch_latency_budget: cli.batch_latency_budget.unwrap_or(latency_budget * 10),
+            tenants: cli.tenants.clone(),
             max_timeout: cli.max_timeout.unwrap_or(latency_budget),
             workers: cli.workers.unwrap_or(1),
             max_queue: cli.max_queue.unwrap_or(batching.max_queue as usize),
@@ -437,6 +448,13 @@ impl Settings {
             return fail(format!(
                 "--max-timeout is {}; it must be at least the latency budget, {}",
                 duration::format(self.max_timeout),
+                duration::format(self.latency_budget)
+            ));
+        }
+        if self.batch_latency_budget < self.latency_budget {
+            return fail(format!(
+                "--batch-latency-budget is {}; it must be at least the latency budget, {}",
+                duration::format(self.batch_latency_budget),
                 duration::format(self.latency_budget)
             ));
         }

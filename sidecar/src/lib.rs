@@ -35,4 +35,5 @@ pub mod metrics;
 pub mod server;
 pub mod tally;
 mod task;
+pub mod tenants;
 pub mod tensor;

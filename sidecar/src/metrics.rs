@@ -17,6 +17,8 @@ const SECONDS: &[f64] =
 pub struct Metrics {
     registry: Registry,
     requests: IntCounterVec,
+    tenant_requests: IntCounterVec,
+    tenant_queue_wait: HistogramVec,
     queue_depth: IntGaugeVec,
     queue_bytes: IntGaugeVec,
     oldest_age: prometheus::GaugeVec,
@@ -60,6 +62,16 @@ impl Metrics {
                 &with(metric::OUTCOME),
             )
             .expect("valid counter"),
+            tenant_requests: IntCounterVec::new(
+                Opts::new(metric::TENANT_REQUESTS, "Requests by tenant and how they ended (see the outcome table)."),
+                &[metric::TENANT, metric::OUTCOME],
+            )
+            .expect("valid counter"),
+            tenant_queue_wait: HistogramVec::new(
+                HistogramOpts::new(metric::TENANT_QUEUE_WAIT, "Time from admission to dispatch, by tenant.").buckets(SECONDS.to_vec()),
+                &[metric::TENANT],
+            )
+            .expect("valid histogram"),
             queue_depth: IntGaugeVec::new(Opts::new(metric::QUEUE_DEPTH, "Requests waiting in the queue."), MV)
                 .expect("valid gauge"),
             queue_bytes: IntGaugeVec::new(Opts::new(metric::QUEUE_BYTES, "Payload bytes waiting in the queue."), MV)
@@ -122,6 +134,8 @@ impl Metrics {
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
             Box::new(m.requests.clone()),
+            Box::new(m.tenant_requests.clone()),
+            Box::new(m.tenant_queue_wait.clone()),
             Box::new(m.queue_depth.clone()),
             Box::new(m.queue_bytes.clone()),
             Box::new(m.oldest_age.clone()),
@@ -156,6 +170,16 @@ impl Metrics {
 
     /// The outcomes of requests that named no model this sidecar serves (`model=""`,
     /// `version=""`): counted, but never against a served model's series.
+    /// Where a tenant's outcomes are counted (`ferry_tenant_requests_total`).
+    pub fn tenant_outcomes(&self, tenant: &str) -> Outcomes {
+        Outcomes(Outcome::ALL.map(|o| self.tenant_requests.with_label_values(&[tenant, o.label()])))
+    }
+
+    /// A tenant's request waited `wait` from admission to dispatch.
+    pub fn observe_tenant_queue_wait(&self, tenant: &str, wait: std::time::Duration) {
+        self.tenant_queue_wait.with_label_values(&[tenant]).observe(wait.as_secs_f64());
+    }
+
     pub fn unknown_model(&self) -> Outcomes {
         self.outcomes("", "")
     }

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use crate::batcher::Batcher;
 use crate::config::{EngineSettings, Settings};
 use crate::deadline::DeadlinePolicy;
+use crate::tenants::Tenants;
 use crate::engine::embedding::EmbeddingEngine;
 use crate::engine::remote::RemoteEngine;
 use crate::engine::sim::SimEngine;
@@ -120,7 +121,7 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading),
         engine,
         max_rows: settings.max_batch_size,
     };
-    let deadlines = DeadlinePolicy { budget: settings.latency_budget, max_timeout: settings.max_timeout };
+    let deadlines = deadlines(settings);
     let batcher = served.batcher.clone();
     let front = Front::new(
         vec![Arc::new(served)],
@@ -129,6 +130,7 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading),
         settings.max_request_bytes,
         metrics.clone(),
         settings.idempotency,
+        tenants(settings)?,
     );
     let loading: Loading = match loading {
         None => Box::pin(std::future::pending()),
@@ -240,7 +242,7 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, Str
         ttft_budget: g.ttft_budget,
         itl: g.max_inter_token_latency,
     };
-    let deadlines = DeadlinePolicy { budget: settings.latency_budget, max_timeout: settings.max_timeout };
+    let deadlines = deadlines(settings);
     Ok(Front::new(
         Vec::new(),
         vec![Arc::new(served)],
@@ -248,7 +250,26 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, Str
         settings.max_request_bytes,
         metrics.clone(),
         settings.idempotency,
+        tenants(settings)?,
     ))
+}
+
+fn deadlines(settings: &Settings) -> DeadlinePolicy {
+    DeadlinePolicy {
+        budget: settings.latency_budget,
+        batch_budget: settings.batch_latency_budget,
+        max_timeout: settings.max_timeout,
+    }
+}
+
+/// The tenants file (`--tenants`), watched for changes; or every caller is `default`.
+fn tenants(settings: &Settings) -> Result<Arc<Tenants>, String> {
+    let tenants = Arc::new(match &settings.tenants {
+        Some(path) => Tenants::load(path)?,
+        None => Tenants::none(),
+    });
+    tenants.watch(Duration::from_secs(1));
+    Ok(tenants)
 }
 
 /// Resolves, with the reason, only if the engine fails to load; pends forever otherwise.

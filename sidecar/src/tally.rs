@@ -12,6 +12,8 @@ use crate::metrics::Outcomes;
 #[must_use = "a tally counts `cancelled` when dropped without an outcome"]
 pub struct Tally {
     series: Outcomes,
+    /// The caller's tenant's series, once it is known.
+    tenant: Option<Outcomes>,
     counted: bool,
 }
 
@@ -19,7 +21,7 @@ impl Tally {
     /// A request has arrived; its outcome will count in `series` (until [`Tally::model`] says
     /// which model it is for).
     pub fn new(series: Outcomes) -> Self {
-        Tally { series, counted: false }
+        Tally { series, tenant: None, counted: false }
     }
 
     /// The request turned out to be for this model version.
@@ -27,10 +29,22 @@ impl Tally {
         self.series = series.clone();
     }
 
+    /// The caller turned out to be this tenant (`ferry_tenant_requests_total`).
+    pub fn tenant(&mut self, series: Outcomes) {
+        self.tenant = Some(series);
+    }
+
     /// How the request ended.
     pub fn count(mut self, outcome: Outcome) {
         self.counted = true;
+        self.record(outcome);
+    }
+
+    fn record(&self, outcome: Outcome) {
         self.series.count(outcome);
+        if let Some(tenant) = &self.tenant {
+            tenant.count(outcome);
+        }
     }
 }
 
@@ -38,7 +52,7 @@ impl Drop for Tally {
     fn drop(&mut self) {
         if !self.counted {
             let outcome = if std::thread::panicking() { Outcome::Failed } else { Outcome::Cancelled };
-            self.series.count(outcome);
+            self.record(outcome);
         }
     }
 }

@@ -81,6 +81,8 @@ impl Service {
                 tokens: Tokens::default(),
                 bytes: 100,
                 priority: Priority::Interactive,
+                tenant: 0,
+                weight: 1,
                 arrival: now,
                 deadline: now + ms(timeout_ms),
                 tally,

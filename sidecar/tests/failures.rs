@@ -131,6 +131,8 @@ impl Service {
                 tokens: Tokens::default(),
                 bytes: 10,
                 priority: Priority::Interactive,
+                tenant: 0,
+                weight: 1,
                 arrival: now,
                 deadline: now + ms(timeout_ms),
                 tally,

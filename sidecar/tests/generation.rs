@@ -64,6 +64,8 @@ impl Service {
             sampling: Sampling::default(),
             stop: Vec::new(),
             priority: Priority::Interactive,
+            tenant: 0,
+            weight: 1,
             bytes: 64,
             arrival: now,
             ttft_deadline: now + timeout,

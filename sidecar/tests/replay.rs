@@ -95,6 +95,8 @@ fn through_the_batcher(c: &Case) -> Vec<Fate> {
                         tokens: Tokens::default(),
                         bytes: a.bytes,
                         priority: a.priority,
+                        tenant: a.tenant,
+                        weight: a.weight,
                         arrival: now,
                         deadline: now + a.timeout,
                         tally,

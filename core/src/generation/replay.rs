@@ -33,6 +33,8 @@ pub struct Arrival {
     pub timeout: Duration,
     pub priority: Priority,
     pub tenant: TenantId,
+    /// Its tenant's weight ([`crate::tenant`]).
+    pub weight: u32,
     /// The caller goes away this long after arrival.
     pub cancel_after: Option<Duration>,
 }
@@ -50,6 +52,7 @@ impl Arrival {
             timeout: hour,
             priority: Priority::Interactive,
             tenant: DEFAULT_TENANT,
+            weight: 1,
             cancel_after: None,
         }
     }
@@ -76,6 +79,11 @@ impl Arrival {
 
     pub fn tenant(mut self, tenant: TenantId) -> Self {
         self.tenant = tenant;
+        self
+    }
+
+    pub fn weight(mut self, weight: u32) -> Self {
+        self.weight = weight;
         self
     }
 
@@ -149,17 +157,9 @@ fn prompt_ids(i: usize, len: u32) -> Vec<u32> {
 }
 
 pub fn replay(setup: Setup, arrivals: &[Arrival]) -> Trace {
-    replay_weighted(setup, arrivals, &[])
-}
-
-/// [`replay`] with tenants of these weights (the others weigh 1).
-pub fn replay_weighted(setup: Setup, arrivals: &[Arrival], weights: &[(TenantId, u32)]) -> Trace {
     let start = Instant::now();
-    let mut scheduler =
+    let scheduler =
         Scheduler::new(setup.policy, BlockPool::new(setup.blocks, setup.block_size), StepEstimator::new(setup.prior));
-    for &(tenant, weight) in weights {
-        scheduler.set_weight(tenant, weight);
-    }
     let mut ledger = Ledger::new(scheduler, setup.margin, 3);
     let mut order: Vec<usize> = (0..arrivals.len()).collect();
     order.sort_by_key(|&i| (arrivals[i].at, i));
@@ -208,6 +208,7 @@ pub fn replay_weighted(setup: Setup, arrivals: &[Arrival], weights: &[(TenantId,
                 arrival: now,
                 priority: a.priority,
                 tenant: a.tenant,
+                weight: a.weight,
                 prompt: a.prompt,
                 max_tokens: a.max_tokens,
                 bytes: 64,

@@ -337,6 +337,7 @@ impl Scheduler {
 
     /// Takes an admitted request in: it waits for its first step.
     pub fn insert(&mut self, request: Request) {
+        self.set_weight(request.tenant, request.weight);
         let seq = Seq {
             request,
             generated: 0,

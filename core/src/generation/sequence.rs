@@ -21,6 +21,8 @@ pub struct Request {
     pub priority: Priority,
     /// Whose it is: step tokens are shared between tenants by weight ([`crate::tenant`]).
     pub tenant: TenantId,
+    /// Its tenant's weight (the tenants file's, as it stood when the request arrived).
+    pub weight: u32,
     /// Prompt tokens.
     pub prompt: u32,
     /// The most tokens it may produce (`max_tokens`).

@@ -247,11 +247,10 @@ fn backlogged_tenants_of_equal_weight_share_step_tokens_whatever_they_send() {
 fn weights_three_to_one_give_step_tokens_three_to_one() {
     let setup = Setup { policy: Policy { max_sequences: 4, ..policy() }, ..setup() };
     let arrivals: Vec<Arrival> = (0..300)
-        .map(|k| Arrival::new(k * 10, 50, 20).tenant(1))
+        .map(|k| Arrival::new(k * 10, 50, 20).tenant(1).weight(3))
         .chain((0..300).map(|k| Arrival::new(k * 10, 50, 20).tenant(2)))
         .collect();
-    let weighted = |tenant: u16, weight: u32| (tenant, weight);
-    let trace = super::replay::replay_weighted(setup, &arrivals, &[weighted(1, 3), weighted(2, 1)]);
+    let trace = replay(setup, &arrivals);
     let fed = tokens_by_tenant(&trace, &arrivals, 500.0, 3000.0);
     let ratio = f64::from(fed[1]) / f64::from(fed[2]);
     assert!((2.5..=3.5).contains(&ratio), "tokens fed 1:2 = {fed:?}");

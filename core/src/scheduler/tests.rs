@@ -164,6 +164,7 @@ fn the_measured_timer_lateness_widens_the_margin_for_dispatch_and_admission_alik
         bytes: 1,
         priority: Priority::Interactive,
         tenant: 0,
+        weight: 1,
         tokens: Tokens::default(),
     };
     let refused = s.admit(tight(1), t0).unwrap_err();
@@ -249,9 +250,7 @@ fn stream(tenant: TenantId, every_ms: u64, for_ms: u64, timeout_ms: u64) -> impl
 fn backlogged_tenants_of_equal_weight_get_equal_seats_whatever_they_send() {
     // Cap 8, 100 ms a batch: 80 rows/s. Tenant 1 sends 500 rows/s, tenant 2 a tenth of that
     // (50/s): both more than their half (40/s), so both are backlogged.
-    let mut s = scheduler(8, 10, 1, 100);
-    s.set_weight(1, 1);
-    s.set_weight(2, 1);
+    let s = scheduler(8, 10, 1, 100);
     let arrivals: Vec<Arrival> = stream(1, 2, 3000, 60_000).chain(stream(2, 20, 3000, 60_000)).collect();
     let trace = replay(s, fixed(100), &arrivals);
     let seats = seats(&trace, &arrivals);
@@ -289,9 +288,8 @@ fn a_light_tenant_waits_at_most_one_batch_behind_a_flood() {
 
 #[test]
 fn weights_three_to_one_give_seats_three_to_one() {
-    let mut s = scheduler(8, 10, 1, 100);
-    s.set_weight(1, 3);
-    let arrivals: Vec<Arrival> = stream(1, 2, 3000, 60_000).chain(stream(2, 2, 3000, 60_000)).collect();
+    let s = scheduler(8, 10, 1, 100);
+    let arrivals: Vec<Arrival> = stream(1, 2, 3000, 60_000).map(|a| a.weight(3)).chain(stream(2, 2, 3000, 60_000)).collect();
     let trace = replay(s, fixed(100), &arrivals);
     let seats = seats(&trace, &arrivals);
     assert!(seats.len() > 25);
@@ -371,6 +369,7 @@ fn admission_never_breaks_an_earlier_promise() {
         bytes: 1,
         priority: Priority::Interactive,
         tenant: 0,
+        weight: 1,
         tokens: Tokens::default(),
     };
     s.admit(ticket(0, 0, 500), t0).unwrap();
@@ -397,6 +396,7 @@ fn the_queue_is_bounded_by_count_and_by_bytes() {
         bytes,
         priority: Priority::Interactive,
         tenant: 0,
+        weight: 1,
         tokens: Tokens::default(),
     };
     s.admit(ticket(0, 60), t0).unwrap();
@@ -444,6 +444,7 @@ fn next_names_the_timer_it_waits_for() {
         bytes: 1,
         priority: Priority::Interactive,
         tenant: 0,
+        weight: 1,
         tokens: Tokens::default(),
     };
     s.admit(t, t0).unwrap();
@@ -483,6 +484,7 @@ fn admission_prices_tokens() {
         bytes: 1,
         priority: Priority::Interactive,
         tenant: 0,
+        weight: 1,
         tokens: Tokens { total: tokens, longest: tokens },
     };
     let refused = s.admit(text(0, 300), t0).unwrap_err();

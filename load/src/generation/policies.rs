@@ -69,6 +69,8 @@ pub fn run(service: &Service, discipline: Discipline, trace: &[Request]) -> Vec<
             itl: r.itl,
             timeout: r.timeout,
             priority: Priority::Interactive,
+            tenant: ferry_core::tenant::DEFAULT_TENANT,
+            weight: 1,
             cancel_after: None,
         })
         .collect();

@@ -293,6 +293,8 @@ pub fn run(world: &World, scenario: Scenario, policy: PolicyKind) -> Outcome {
                     rows: 1,
                     bytes: 1,
                     priority: Priority::Interactive,
+                    tenant: 0,
+                    weight: 1,
                     tokens: Tokens::default(),
                 };
                 if pod.scheduler.admit(ticket, now).is_err() {

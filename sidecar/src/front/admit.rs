@@ -16,6 +16,7 @@ use super::{error, idempotent, oip, openai, Front, Served, Shared, BATCH_SIZE, P
 use crate::batcher::Submission;
 use crate::deadline::TIMEOUT_HEADER;
 use crate::tally::Tally;
+use crate::tenants::Tenant;
 use crate::tensor::Tensor;
 use ferry_core::outcome::{Outcome, Refusal};
 use ferry_core::ticket::Priority;
@@ -103,18 +104,22 @@ pub(super) async fn read_body(front: &Front, headers: &HeaderMap, body: Body) ->
 
 /// Runs a request under its `idempotency-key` when it has one; `path` is part of what the key
 /// promises (with the method and body).
-pub(super) async fn call(front: Shared, request: Incoming, tally: Tally, path: &str) -> Response {
+pub(super) async fn call(front: Shared, request: Incoming, mut tally: Tally, path: &str) -> Response {
+    let tenant = match front.authenticate(&request.headers, &mut tally) {
+        Ok(tenant) => tenant,
+        Err(refusal) => return refuse(tally, refusal),
+    };
     match request.headers.get(crate::idempotency::KEY_HEADER).cloned() {
-        None => process(&front, &request, tally).await,
-        Some(key) => idempotent::call(front, request, tally, &key, path).await,
+        None => process(&front, &request, &tenant, tally).await,
+        Some(key) => idempotent::call(front, request, tenant, tally, &key, path).await,
     }
 }
 
 /// Parses, checks, admits and waits for one request whose body has been read; its tally counts
 /// how it ended (the batcher's reply carries it back for the outcomes decided there).
-pub(super) async fn process(front: &Front, request: &Incoming, tally: Tally) -> Response {
+pub(super) async fn process(front: &Front, request: &Incoming, tenant: &Tenant, tally: Tally) -> Response {
     let mut tally = Some(tally);
-    match admit_and_wait(front, request, &mut tally).await {
+    match admit_and_wait(front, request, tenant, &mut tally).await {
         Ok(response) => response,
         // Refused before the batcher took the request (and its tally): counted here.
         Err(refusal) => match tally {
@@ -132,7 +137,12 @@ fn parse(served: &Served, api: Api, headers: &HeaderMap, bytes: &[u8]) -> Result
 }
 
 /// `tally` is taken when the request is submitted: from then on its reply counts it.
-async fn admit_and_wait(front: &Front, incoming: &Incoming, tally: &mut Option<Tally>) -> Result<Response, Refusal> {
+async fn admit_and_wait(
+    front: &Front,
+    incoming: &Incoming,
+    tenant: &Tenant,
+    tally: &mut Option<Tally>,
+) -> Result<Response, Refusal> {
     let Incoming { served, api, headers, bytes, arrival } = incoming;
     let (api, arrival) = (*api, *arrival);
     let request = parse(served, api, headers, bytes)?;
@@ -143,12 +153,12 @@ async fn admit_and_wait(front: &Front, incoming: &Incoming, tally: &mut Option<T
             .map(|v| v.to_str().map_err(|_| Refusal::invalid(format!("header {name} is not readable text"))))
             .transpose()
     };
-    let timeout = front.deadlines.timeout(header_text(TIMEOUT_HEADER)?, request.parameters.as_ref())?;
     let priority = match header_text(PRIORITY.as_str())? {
-        None => Priority::Interactive,
+        None => tenant.priority,
         Some(text) => Priority::parse(text)
             .ok_or_else(|| Refusal::invalid(format!("{PRIORITY} is '{text}'; it must be 'interactive' or 'batch'")))?,
     };
+    let timeout = front.deadlines.timeout(priority, header_text(TIMEOUT_HEADER)?, request.parameters.as_ref())?;
     let wanted = request.wanted;
     let signature = served.engine.signature();
     if let Some(unknown) = wanted.iter().flatten().find(|w| !signature.outputs.iter().any(|o| &o.name == *w)) {
@@ -175,6 +185,9 @@ async fn admit_and_wait(front: &Front, incoming: &Incoming, tally: &mut Option<T
         (inputs, tokens)
     };
     let tokens = tokens.map_err(Refusal::invalid)?;
+    // The tenant's quotas: this request, its rows × tokens, its rows held until it ends.
+    let weight = u64::from(rows) * u64::from(tokens.longest.max(1));
+    let _held = tenant.take(u64::from(rows), weight, Instant::now())?;
 
     let submission = Submission {
         inputs,
@@ -182,11 +195,14 @@ async fn admit_and_wait(front: &Front, incoming: &Incoming, tally: &mut Option<T
         tokens,
         bytes: bytes.len() as u64,
         priority,
+        tenant: tenant.id,
+        weight: tenant.weight,
         arrival,
         deadline: arrival + timeout,
         tally: tally.take().expect("a request is submitted once"),
     };
     let answer = served.batcher.submit(submission).reply().await?;
+    front.metrics.observe_tenant_queue_wait(&tenant.name, answer.queued);
 
     let mut outputs = answer.outputs;
     if let Some(wanted) = &wanted {

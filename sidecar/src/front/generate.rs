@@ -28,6 +28,7 @@ use crate::generation::relay;
 use crate::generation::shell::Submission;
 use crate::generation::stream::{Finished, Piece, Stream};
 use crate::tally::Tally;
+use crate::tenants::{Held, Tenant};
 use ferry_core::outcome::{Outcome, Refusal};
 use ferry_core::ticket::Priority;
 
@@ -107,8 +108,12 @@ async fn generate(front: Shared, headers: HeaderMap, body: Body, kind: Kind) -> 
         Err(refusal) => return refuse(tally, refusal),
     };
     tally.model(served.metrics().outcomes());
-    match admit(&front, &served, &headers, bytes, kind, arrival).await {
-        Ok((admitted, call)) => {
+    let tenant = match front.authenticate(&headers, &mut tally) {
+        Ok(tenant) => tenant,
+        Err(refusal) => return refuse(tally, refusal),
+    };
+    match admit(&front, &served, &headers, &tenant, bytes, kind, arrival).await {
+        Ok((admitted, call, _held)) => {
             let stream = match admitted {
                 Admitted::Steps(submission) => match &served.backend {
                     Backend::Steps { generator, .. } => generator.submit(submission, tally),
@@ -136,10 +141,11 @@ async fn admit(
     front: &Front,
     served: &Generating,
     headers: &HeaderMap,
+    tenant: &Tenant,
     bytes: Bytes,
     kind: Kind,
     arrival: Instant,
-) -> Result<(Admitted, Call), Refusal> {
+) -> Result<(Admitted, Call, Held), Refusal> {
     if front.is_draining() {
         return Err(Refusal::new(
             Outcome::Draining,
@@ -192,14 +198,14 @@ async fn admit(
             .map(|v| v.to_str().map_err(|_| Refusal::invalid(format!("header {name} is not readable text"))))
             .transpose()
     };
-    let timeout = front.deadlines.timeout(text(TIMEOUT_HEADER)?, None)?;
-    let ttft = millis_header(headers, &TTFT_HEADERS)?.unwrap_or(served.ttft_budget).min(timeout);
-    let itl = millis_header(headers, &ITL_HEADERS)?.unwrap_or(served.itl);
     let priority = match text(PRIORITY.as_str())? {
-        None => Priority::Interactive,
+        None => tenant.priority,
         Some(t) => Priority::parse(t)
             .ok_or_else(|| Refusal::invalid(format!("{PRIORITY} is '{t}'; it must be 'interactive' or 'batch'")))?,
     };
+    let timeout = front.deadlines.timeout(priority, text(TIMEOUT_HEADER)?, None)?;
+    let ttft = millis_header(headers, &TTFT_HEADERS)?.unwrap_or(served.ttft_budget).min(timeout);
+    let itl = millis_header(headers, &ITL_HEADERS)?.unwrap_or(served.itl);
     let default = match kind {
         Kind::Completion => DEFAULT_MAX_TOKENS,
         Kind::Chat => DEFAULT_CHAT_MAX_TOKENS,
@@ -215,6 +221,8 @@ async fn admit(
                 sampling: call.sampling,
                 stop: call.stop.clone(),
                 priority,
+                tenant: tenant.id,
+                weight: tenant.weight,
                 bytes: size,
                 arrival,
                 ttft_deadline: arrival + ttft,
@@ -244,6 +252,8 @@ async fn admit(
                 prompt_bytes: call.prompt.len() as u32,
                 max_tokens,
                 priority,
+                tenant: tenant.id,
+                weight: tenant.weight,
                 bytes: size,
                 arrival,
                 ttft_deadline: arrival + ttft,
@@ -253,7 +263,14 @@ async fn admit(
         }
         _ => unreachable!("the prompt was read for this backend"),
     };
-    Ok((admitted, call))
+    // The tenant's quotas: this request, its prompt and the most it may produce, and one row (a
+    // sequence) held until its answer has begun.
+    let tokens = match &admitted {
+        Admitted::Steps(s) => s.prompt.len() as u64 + u64::from(s.max_tokens),
+        Admitted::Relay(s) => u64::from(s.prompt_tokens) + u64::from(s.max_tokens),
+    };
+    let held = tenant.take(1, tokens, Instant::now())?;
+    Ok((admitted, call, held))
 }
 
 /// A prompt as its backend needs it.

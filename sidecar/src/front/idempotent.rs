@@ -2,7 +2,9 @@
 //! others use it): the first caller's request runs detached from its connection, so that a retry
 //! after a dropped connection finds its outcome; callers with the same key meanwhile wait for that
 //! outcome; later ones get it replayed (`idempotent-replayed: true`); another request under the
-//! same key is a 409. Keys are scoped per tenant (the hashed `Authorization`).
+//! same key is a 409. Keys are scoped per tenant (the tenant's name, from the tenants file).
+
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{header, HeaderName, HeaderValue};
@@ -12,13 +14,21 @@ use super::admit::{process, refuse, Incoming};
 use super::{binary, error, Shared, BATCH_SIZE, SERVER_TIMING};
 use crate::idempotency::{self, Claim, Key, Saved};
 use crate::tally::Tally;
+use crate::tenants::Tenant;
 use ferry_core::outcome::{Outcome, Refusal};
 
 /// Runs a request under its `idempotency-key`: the first caller's request runs detached from its
 /// connection (so that a retry after a dropped connection finds its outcome), joiners wait for
 /// that outcome, later callers get it replayed, and another request under the same key is a 409.
-pub(super) async fn call(front: Shared, request: Incoming, tally: Tally, key: &HeaderValue, path: &str) -> Response {
-    let Incoming { headers, bytes, arrival, .. } = &request;
+pub(super) async fn call(
+    front: Shared,
+    request: Incoming,
+    tenant: Arc<Tenant>,
+    tally: Tally,
+    key: &HeaderValue,
+    path: &str,
+) -> Response {
+    let Incoming { bytes, arrival, .. } = &request;
     let key = match key.to_str() {
         Ok(k) if !k.is_empty() && k.len() <= 255 && k.bytes().all(|b| b.is_ascii_graphic()) => k.to_owned(),
         _ => {
@@ -32,15 +42,8 @@ pub(super) async fn call(front: Shared, request: Incoming, tally: Tally, key: &H
             )
         }
     };
-    // Keys are scoped per tenant: the caller's credentials, hashed (never stored in clear).
-    let scope = headers
-        .get(header::AUTHORIZATION)
-        .map(|v| {
-            let f = idempotency::fingerprint("", "", v.as_bytes());
-            f.iter().map(|b| format!("{b:02x}")).collect()
-        })
-        .unwrap_or_default();
-    let record = Key { scope, key: key.clone() };
+    // Keys are scoped per tenant (its name: a token rotated in the tenants file keeps the scope).
+    let record = Key { scope: tenant.name.clone(), key: key.clone() };
     let fingerprint = idempotency::fingerprint("POST", path, bytes);
     let claim =
         front.idempotency.lock().unwrap_or_else(|p| p.into_inner()).claim(record.clone(), fingerprint, *arrival);
@@ -63,7 +66,7 @@ pub(super) async fn call(front: Shared, request: Incoming, tally: Tally, key: &H
             let front = front.clone();
             // The request runs detached, its tally with it: it counts once, whatever its caller does.
             tokio::spawn(async move {
-                let response = process(&front, &request, tally).await;
+                let response = process(&front, &request, &tenant, tally).await;
                 let saved = save(response).await;
                 front.idempotency.lock().unwrap_or_else(|p| p.into_inner()).finish(&record, saved);
             });

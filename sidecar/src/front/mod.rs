@@ -47,6 +47,7 @@ use crate::generation::shell::Generator;
 use crate::idempotency::{self, Store};
 use crate::metrics::{GenerationMetrics, Metrics, Outcomes};
 use crate::tally::Tally;
+use crate::tenants::{Tenant, Tenants};
 use ferry_core::outcome::{Outcome, Refusal};
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -145,6 +146,8 @@ pub struct Front {
     pub deadlines: DeadlinePolicy,
     pub max_request_bytes: u64,
     pub metrics: Metrics,
+    /// Who may call, and their quotas.
+    pub tenants: Arc<Tenants>,
     /// Where requests that name no served model are counted.
     unknown: Outcomes,
     draining: AtomicBool,
@@ -160,6 +163,7 @@ impl Front {
         max_request_bytes: u64,
         metrics: Metrics,
         idempotency: idempotency::Limits,
+        tenants: Arc<Tenants>,
     ) -> Self {
         assert!(!models.is_empty() || !generators.is_empty(), "a sidecar serves at least one model");
         Front {
@@ -170,6 +174,7 @@ impl Front {
             max_request_bytes,
             unknown: metrics.unknown_model(),
             metrics,
+            tenants,
             draining: AtomicBool::new(false),
             ids: RequestIds::default(),
             idempotency: Mutex::new(Store::new(idempotency)),
@@ -188,6 +193,13 @@ impl Front {
     /// A tally for a request that has just arrived, counted as for no model until it names one.
     fn tally(&self) -> Tally {
         Tally::new(self.unknown.clone())
+    }
+
+    /// Who is calling ([`Tenants::authenticate`]); from then on `tally` counts for the tenant too.
+    fn authenticate(&self, headers: &axum::http::HeaderMap, tally: &mut Tally) -> Result<Arc<Tenant>, Refusal> {
+        let tenant = self.tenants.authenticate(headers)?;
+        tally.tenant(self.metrics.tenant_outcomes(&tenant.name));
+        Ok(tenant)
     }
 
     /// Every model name and version served, for messages.

@@ -19,6 +19,7 @@ use super::stream::{Control, Deadlines, Finished, Piece, Sent, Stream};
 use crate::metrics::GenerationMetrics;
 use crate::tally::Tally;
 use crate::task::{sleep_until, OldestArrival, Stopped};
+use ferry_core::tenant::TenantId;
 use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
 use ferry_core::generation::window::{Effect, Event, Window};
 use ferry_core::outcome::{Outcome, Refusal};
@@ -39,6 +40,9 @@ pub struct Submission {
     pub prompt_bytes: u32,
     pub max_tokens: u32,
     pub priority: Priority,
+    /// Whose it is, and the tenant's weight.
+    pub tenant: TenantId,
+    pub weight: u32,
     pub bytes: u64,
     pub arrival: Instant,
     pub ttft_deadline: Instant,
@@ -366,6 +370,8 @@ impl Task {
                     id,
                     arrival: s.arrival,
                     priority: s.priority,
+                    tenant: s.tenant,
+                    weight: s.weight,
                     prompt: s.prompt_tokens,
                     max_tokens: s.max_tokens,
                     bytes: s.bytes,

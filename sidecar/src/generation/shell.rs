@@ -26,6 +26,7 @@ use crate::engine::EngineError;
 use crate::metrics::GenerationMetrics;
 use crate::tally::Tally;
 use crate::task::{sleep_until, OldestArrival, Stopped};
+use ferry_core::tenant::TenantId;
 use ferry_core::generation::ledger::{Effect, Event, Ledger};
 use ferry_core::generation::scheduler::StepPlan;
 use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
@@ -39,6 +40,9 @@ pub struct Submission {
     pub sampling: Sampling,
     pub stop: Vec<String>,
     pub priority: Priority,
+    /// Whose it is, and the tenant's weight.
+    pub tenant: TenantId,
+    pub weight: u32,
     pub bytes: u64,
     pub arrival: Instant,
     pub ttft_deadline: Instant,
@@ -248,6 +252,8 @@ impl Task {
                     id,
                     arrival: s.arrival,
                     priority: s.priority,
+                    tenant: s.tenant,
+                    weight: s.weight,
                     prompt: s.prompt.len() as u32,
                     max_tokens: s.max_tokens,
                     bytes: s.bytes,

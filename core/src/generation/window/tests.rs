@@ -53,6 +53,7 @@ impl Harness {
             arrival,
             priority: Priority::Interactive,
             tenant: 0,
+            weight: 1,
             prompt,
             max_tokens,
             bytes: 10,

@@ -1,0 +1,477 @@
+//! Tenants (DESIGN.md, "Tenants"): who is calling, and what each may take. `--tenants FILE` maps
+//! bearer tokens to tenants; with it, a request without a known token is refused 401 before it
+//! is counted as load, and each tenant's quotas (token buckets on requests and on tokens, a cap on
+//! its rows in the sidecar) are checked before admission. Without it every caller is tenant
+//! `default`, with no quota.
+//!
+//! The file is re-read when it changes (in Kubernetes a Secret's update swaps the mounted file):
+//! [`Tenants::watch`] polls it — a mounted Secret changes by a symlink swap that file-event
+//! libraries report unevenly, and a read a second costs nothing — and a file that no longer parses
+//! leaves the last good one in force. Tenants keep their number across reloads (by name), so the
+//! schedulers' fair shares and queued requests are untouched.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use axum::http::{header, HeaderMap};
+use serde::Deserialize;
+use subtle::ConstantTimeEq;
+use tokio::time::Instant;
+
+use ferry_core::outcome::{Outcome, Refusal};
+use ferry_core::quota::Bucket;
+use ferry_core::tenant::{TenantId, DEFAULT_TENANT};
+use ferry_core::ticket::Priority;
+
+/// The most weight a tenant may have (the fair-share arithmetic's resolution).
+pub const MAX_WEIGHT: u32 = 65_536;
+/// The most tenants one file may name (metric labels are bounded by the file).
+pub const MAX_TENANTS: usize = 1000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    tenants: Vec<Spec>,
+}
+
+/// One tenant of the file.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Spec {
+    pub name: String,
+    pub token: String,
+    /// Its share of seats against other backlogged tenants (default 1).
+    #[serde(default = "one")]
+    pub weight: u32,
+    /// Requests per second (token bucket); none: no limit.
+    pub rate: Option<f64>,
+    /// Requests the bucket holds (default: a second's worth, at least 1).
+    pub burst: Option<f64>,
+    /// Tokens per minute: prompt + `max_tokens` for generation, rows × tokens for embeddings.
+    pub tokens_per_minute: Option<f64>,
+    /// Rows of its requests waiting or running in this sidecar at once.
+    pub max_queued_rows: Option<u64>,
+    /// Its requests' tier when they do not say (`x-ferry-priority`).
+    #[serde(default)]
+    pub priority: PrioritySpec,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PrioritySpec {
+    #[default]
+    Interactive,
+    Batch,
+}
+
+/// Parses and checks a tenants file; every error names the tenant, the field, the value and the
+/// limit.
+pub fn parse(text: &str, path: &Path) -> Result<Vec<Spec>, String> {
+    let file: File = serde_saphyr::from_str(text).map_err(|e| format!("{}: {}", path.display(), one_line(&e.to_string())))?;
+    let at = |i: usize, s: &Spec| format!("{}: tenants[{i}] ('{}')", path.display(), s.name);
+    if file.tenants.len() > MAX_TENANTS {
+        return Err(format!("{}: {} tenants; at most {MAX_TENANTS}", path.display(), file.tenants.len()));
+    }
+    let mut names = HashMap::new();
+    let mut tokens = HashMap::new();
+    for (i, s) in file.tenants.iter().enumerate() {
+        if s.name.is_empty() || !s.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            return Err(format!("{}: name '{}' must be letters, digits, '-', '_' or '.'", at(i, s), s.name));
+        }
+        if let Some(j) = names.insert(s.name.as_str(), i) {
+            return Err(format!("{}: the name is also tenants[{j}]'s", at(i, s)));
+        }
+        if s.token.len() < 8 {
+            return Err(format!("{}: token is {} characters; at least 8", at(i, s), s.token.len()));
+        }
+        if let Some(j) = tokens.insert(s.token.as_str(), i) {
+            return Err(format!("{}: the token is also tenants[{j}]'s", at(i, s)));
+        }
+        if !(1..=MAX_WEIGHT).contains(&s.weight) {
+            return Err(format!("{}: weight is {}; it must be 1 to {MAX_WEIGHT}", at(i, s), s.weight));
+        }
+        for (field, value) in [("rate", s.rate), ("burst", s.burst), ("tokensPerMinute", s.tokens_per_minute)] {
+            if let Some(v) = value {
+                if !(v.is_finite() && v > 0.0) {
+                    return Err(format!("{}: {field} is {v}; it must be a positive number", at(i, s)));
+                }
+            }
+        }
+        if s.burst.is_some() && s.rate.is_none() {
+            return Err(format!("{}: burst is set without rate", at(i, s)));
+        }
+        if s.max_queued_rows == Some(0) {
+            return Err(format!("{}: maxQueuedRows is 0; it must be at least 1", at(i, s)));
+        }
+    }
+    Ok(file.tenants)
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// A tenant as the front sees it.
+#[derive(Debug)]
+pub struct Tenant {
+    pub id: TenantId,
+    pub name: String,
+    token: Vec<u8>,
+    pub weight: u32,
+    pub priority: Priority,
+    quota: Mutex<Quota>,
+    max_queued_rows: Option<u64>,
+    queued_rows: Arc<AtomicU64>,
+}
+
+#[derive(Debug)]
+struct Quota {
+    requests: Option<Bucket>,
+    tokens: Option<Bucket>,
+}
+
+/// Rows a tenant holds in the sidecar, given back when the request ends (dropped).
+#[derive(Debug)]
+pub struct Held {
+    rows: u64,
+    queued: Arc<AtomicU64>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.queued.fetch_sub(self.rows, Ordering::SeqCst);
+    }
+}
+
+impl Tenant {
+    fn new(id: TenantId, spec: &Spec, now: Instant, previous: Option<&Tenant>) -> Tenant {
+        let requests = spec.rate.map(|rate| (rate, spec.burst.unwrap_or(rate.max(1.0))));
+        let tokens = spec.tokens_per_minute.map(|tpm| (tpm / 60.0, tpm));
+        // A reload keeps what the buckets hold (a tenant cannot refill its quota by a rewrite).
+        let bucket = |limits: Option<(f64, f64)>, old: Option<&Bucket>| {
+            limits.map(|(rate, burst)| match old {
+                Some(old) => {
+                    let mut b = old.clone();
+                    b.reconfigure(rate, burst, now);
+                    b
+                }
+                None => Bucket::new(rate, burst, now),
+            })
+        };
+        let old = previous.map(|p| p.quota.lock().expect("quota lock"));
+        let quota = Quota {
+            requests: bucket(requests, old.as_ref().and_then(|q| q.requests.as_ref())),
+            tokens: bucket(tokens, old.as_ref().and_then(|q| q.tokens.as_ref())),
+        };
+        drop(old);
+        Tenant {
+            id,
+            name: spec.name.clone(),
+            token: spec.token.as_bytes().to_vec(),
+            weight: spec.weight,
+            priority: match spec.priority {
+                PrioritySpec::Interactive => Priority::Interactive,
+                PrioritySpec::Batch => Priority::Batch,
+            },
+            quota: Mutex::new(quota),
+            max_queued_rows: spec.max_queued_rows,
+            queued_rows: previous.map_or_else(|| Arc::new(AtomicU64::new(0)), |p| p.queued_rows.clone()),
+        }
+    }
+
+    fn default_tenant() -> Tenant {
+        Tenant {
+            id: DEFAULT_TENANT,
+            name: "default".into(),
+            token: Vec::new(),
+            weight: 1,
+            priority: Priority::Interactive,
+            quota: Mutex::new(Quota { requests: None, tokens: None }),
+            max_queued_rows: None,
+            queued_rows: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Checks and takes this request's quota: one request, `tokens` tokens, `rows` rows held
+    /// until the returned guard is dropped. Over quota: 429 with `Retry-After` from the bucket.
+    pub fn take(&self, rows: u64, tokens: u64, now: Instant) -> Result<Held, Refusal> {
+        let held = self.queued_rows.fetch_add(rows, Ordering::SeqCst);
+        let guard = Held { rows, queued: self.queued_rows.clone() };
+        if let Some(max) = self.max_queued_rows {
+            if held + rows > max {
+                return Err(Refusal::new(
+                    Outcome::Quota,
+                    format!(
+                        "quota: tenant '{}' has {held} rows waiting or running and this request has {rows}; its \
+                         maxQueuedRows is {max}",
+                        self.name
+                    ),
+                )
+                .retry_after(Duration::from_secs(1)));
+            }
+        }
+        let mut quota = self.quota.lock().expect("quota lock");
+        let tokens = tokens as f64;
+        if let Some(b) = &mut quota.tokens {
+            if tokens > b.burst() {
+                return Err(Refusal::new(
+                    Outcome::Quota,
+                    format!(
+                        "quota: this request needs {tokens} tokens; tenant '{}' may use {} a minute (tokensPerMinute)",
+                        self.name,
+                        b.burst()
+                    ),
+                ));
+            }
+        }
+        let wait_requests = quota.requests.as_mut().map(|b| b.check(1.0, now)).transpose();
+        let wait_tokens = quota.tokens.as_mut().map(|b| b.check(tokens, now)).transpose();
+        match (wait_requests, wait_tokens) {
+            (Ok(_), Ok(_)) => {}
+            (r, t) => {
+                let wait = r.err().unwrap_or_default().max(t.err().unwrap_or_default());
+                let (what, limit) = match (&quota.requests, &quota.tokens) {
+                    (Some(b), _) if r.is_err() => ("requests", format!("{} a second (rate), burst {}", b.rate(), b.burst())),
+                    (_, Some(b)) => ("tokens", format!("{} a minute (tokensPerMinute)", b.burst())),
+                    _ => unreachable!("a bucket refused"),
+                };
+                return Err(Refusal::new(
+                    Outcome::Quota,
+                    format!(
+                        "quota: tenant '{}' is over its {what} quota of {limit}; retry in {} ms",
+                        self.name,
+                        wait.as_millis()
+                    ),
+                )
+                .retry_after(wait));
+            }
+        }
+        if let Some(b) = &mut quota.requests {
+            b.take(1.0, now);
+        }
+        if let Some(b) = &mut quota.tokens {
+            b.take(tokens, now);
+        }
+        Ok(guard)
+    }
+}
+
+struct Table {
+    /// Configured (from a file), else every caller is `default`.
+    configured: bool,
+    tenants: Vec<Arc<Tenant>>,
+}
+
+/// The tenants of this sidecar, reloadable.
+pub struct Tenants {
+    path: Option<PathBuf>,
+    table: RwLock<Table>,
+    default: Arc<Tenant>,
+    /// Numbers by name, kept across reloads; 0 is `default`.
+    ids: Mutex<HashMap<String, TenantId>>,
+    last_text: Mutex<String>,
+}
+
+impl Tenants {
+    /// No file: every caller is `default`.
+    pub fn none() -> Self {
+        Tenants {
+            path: None,
+            table: RwLock::new(Table { configured: false, tenants: Vec::new() }),
+            default: Arc::new(Tenant::default_tenant()),
+            ids: Mutex::new(HashMap::new()),
+            last_text: Mutex::new(String::new()),
+        }
+    }
+
+    /// Reads `path` (a start-up error if it does not parse).
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let tenants = Tenants { path: Some(path.to_path_buf()), ..Tenants::none() };
+        let text = std::fs::read_to_string(path).map_err(|e| format!("--tenants {}: {e}", path.display()))?;
+        tenants.apply(&text)?;
+        Ok(tenants)
+    }
+
+    pub fn is_configured(&self) -> bool {
+        self.table.read().expect("tenants lock").configured
+    }
+
+    /// Every tenant's name (for metric labels).
+    pub fn names(&self) -> Vec<String> {
+        self.table.read().expect("tenants lock").tenants.iter().map(|t| t.name.clone()).collect()
+    }
+
+    fn apply(&self, text: &str) -> Result<usize, String> {
+        let path = self.path.as_deref().unwrap_or(Path::new("tenants"));
+        let specs = parse(text, path)?;
+        let now = Instant::now();
+        let mut ids = self.ids.lock().expect("ids lock");
+        let mut table = self.table.write().expect("tenants lock");
+        let tenants: Vec<Arc<Tenant>> = specs
+            .iter()
+            .map(|spec| {
+                let next = ids.len() as TenantId + 1;
+                let id = *ids.entry(spec.name.clone()).or_insert(next);
+                let previous = table.tenants.iter().find(|t| t.name == spec.name);
+                Arc::new(Tenant::new(id, spec, now, previous.map(|p| p.as_ref())))
+            })
+            .collect();
+        let n = tenants.len();
+        *table = Table { configured: true, tenants };
+        *self.last_text.lock().expect("text lock") = text.to_owned();
+        Ok(n)
+    }
+
+    /// Re-reads the file if its text changed; a file that does not parse is logged and the last
+    /// good one stays.
+    pub fn reload(&self) {
+        let Some(path) = &self.path else { return };
+        let Ok(text) = std::fs::read_to_string(path) else {
+            tracing::warn!(path = %path.display(), "the tenants file cannot be read; the last one read stays in force");
+            return;
+        };
+        if *self.last_text.lock().expect("text lock") == text {
+            return;
+        }
+        match self.apply(&text) {
+            Ok(n) => tracing::info!(path = %path.display(), tenants = n, "tenants file reloaded"),
+            Err(e) => tracing::warn!(error = %e, "the tenants file changed but does not parse; the last one read stays"),
+        }
+    }
+
+    /// Polls the file every `every` until the process ends.
+    pub fn watch(self: &Arc<Self>, every: Duration) {
+        if self.path.is_none() || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(tenants) = me.upgrade() else { return };
+                tenants.reload();
+            }
+        });
+    }
+
+    /// Who is calling: the tenant whose token the `authorization: Bearer` header carries (every
+    /// token compared in constant time), or `default` when no file is configured.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Tenant>, Refusal> {
+        let table = self.table.read().expect("tenants lock");
+        if !table.configured {
+            return Ok(self.default.clone());
+        }
+        let unauthorized = |why: &str| Refusal::new(Outcome::Unauthorized, format!("unauthorized: {why}"));
+        let Some(value) = headers.get(header::AUTHORIZATION) else {
+            return Err(unauthorized("this service has tenants; send 'authorization: Bearer <token>'"));
+        };
+        let token = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim)
+            .ok_or_else(|| unauthorized("the authorization header must be 'Bearer <token>'"))?;
+        let mut found = None;
+        for t in &table.tenants {
+            if bool::from(t.token.as_slice().ct_eq(token.as_bytes())) {
+                found = Some(t.clone());
+            }
+        }
+        found.ok_or_else(|| unauthorized("the bearer token is not one of this service's tenants"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "tenants:\n  - {name: gold, token: gold-secret-1, weight: 3, rate: 10, burst: 2}\n  - name: free\n    token: free-secret-1\n    tokensPerMinute: 600\n    maxQueuedRows: 4\n    priority: batch\n";
+
+    fn headers(token: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Some(t) = token {
+            h.insert(header::AUTHORIZATION, format!("Bearer {t}").parse().unwrap());
+        }
+        h
+    }
+
+    fn loaded(text: &str) -> Tenants {
+        let t = Tenants { path: Some("tenants.yaml".into()), ..Tenants::none() };
+        t.apply(text).unwrap();
+        t
+    }
+
+    #[test]
+    fn tokens_name_their_tenant_and_anything_else_is_401() {
+        let t = loaded(FILE);
+        let gold = t.authenticate(&headers(Some("gold-secret-1"))).unwrap();
+        assert_eq!((gold.name.as_str(), gold.weight, gold.id), ("gold", 3, 1));
+        let free = t.authenticate(&headers(Some("free-secret-1"))).unwrap();
+        assert_eq!((free.priority, free.id), (Priority::Batch, 2));
+        for h in [headers(None), headers(Some("gold-secret-2")), headers(Some(""))] {
+            assert_eq!(t.authenticate(&h).unwrap_err().outcome, Outcome::Unauthorized);
+        }
+        let none = Tenants::none();
+        assert_eq!(none.authenticate(&headers(None)).unwrap().name, "default");
+    }
+
+    #[test]
+    fn quotas_refuse_with_the_wait_their_bucket_needs() {
+        let t = loaded(FILE);
+        let now = Instant::now();
+        let gold = t.authenticate(&headers(Some("gold-secret-1"))).unwrap();
+        let _a = gold.take(1, 0, now).unwrap();
+        let _b = gold.take(1, 0, now).unwrap();
+        let refused = gold.take(1, 0, now).unwrap_err();
+        assert_eq!(refused.outcome, Outcome::Quota);
+        assert_eq!(refused.retry_after, Some(Duration::from_millis(100)));
+        assert!(refused.message.contains("10 a second (rate), burst 2"), "{refused}");
+        assert!(gold.take(1, 0, now + Duration::from_millis(100)).is_ok());
+
+        let free = t.authenticate(&headers(Some("free-secret-1"))).unwrap();
+        let held = free.take(3, 500, now).unwrap();
+        // Rows held: 3 of 4.
+        let refused = free.take(2, 1, now).unwrap_err();
+        assert!(refused.message.contains("maxQueuedRows is 4"), "{refused}");
+        drop(held);
+        // Tokens: 100 left of 600 a minute (10 a second): 150 more come in 5 s.
+        let refused = free.take(1, 150, now).unwrap_err();
+        assert_eq!(refused.retry_after, Some(Duration::from_secs(5)));
+        assert!(free.take(1, 700, now).unwrap_err().retry_after.is_none(), "never fits: no Retry-After");
+    }
+
+    #[test]
+    fn a_reload_keeps_numbers_buckets_and_held_rows() {
+        let t = loaded(FILE);
+        let now = Instant::now();
+        let gold = t.authenticate(&headers(Some("gold-secret-1"))).unwrap();
+        let _a = gold.take(1, 0, now).unwrap();
+        let _b = gold.take(1, 0, now).unwrap();
+        t.apply(&FILE.replace("gold-secret-1", "gold-secret-2").replace("weight: 3", "weight: 5")).unwrap();
+        assert!(t.authenticate(&headers(Some("gold-secret-1"))).is_err());
+        let gold = t.authenticate(&headers(Some("gold-secret-2"))).unwrap();
+        assert_eq!((gold.id, gold.weight), (1, 5));
+        assert!(gold.take(1, 0, now).is_err(), "the bucket kept its level across the reload");
+    }
+
+    #[test]
+    fn bad_files_name_the_tenant_the_field_and_the_limit() {
+        let p = Path::new("t.yaml");
+        let bad = |text: &str| parse(text, p).unwrap_err();
+        assert!(bad("tenants:\n  - {name: a, token: abcdefgh, weight: 0}").contains("tenants[0] ('a'): weight is 0; it must be 1 to 65536"));
+        assert!(bad("tenants:\n  - {name: a, token: short}").contains("token is 5 characters; at least 8"));
+        assert!(bad("tenants:\n  - {name: a, token: abcdefgh}\n  - {name: a, token: abcdefgi}").contains("also tenants[0]'s"));
+        assert!(bad("tenants:\n  - {name: a, token: abcdefgh, rate: -1}").contains("rate is -1; it must be a positive number"));
+        assert!(bad("tenants:\n  - {name: a, token: abcdefgh, sped: 1}").contains("sped"));
+        assert!(bad("tenants:\n  - {name: a, token: abcdefgh, priority: urgent}").contains("urgent"));
+    }
+}
