@@ -230,8 +230,7 @@ impl Ledger {
                             "queue full: this request's tenant is past its fair share, and its place went to a \
                              tenant within its share"
                         };
-                        let refusal = Refusal::new(Outcome::QueueFull, message)
-                            .retry_after(Duration::from_secs(1));
+                        let refusal = Refusal::new(Outcome::QueueFull, message).retry_after(Duration::from_secs(1));
                         refuse(effects, &t, refusal);
                     }
                 }

@@ -13,8 +13,8 @@ use tokio::time::Instant;
 
 use crate::ledger::{Effect, Event, Ledger, RetryPolicy};
 use crate::outcome::Outcome;
-use crate::tenant::{TenantId, DEFAULT_TENANT};
 use crate::scheduler::{Scheduler, Trigger};
+use crate::tenant::{TenantId, DEFAULT_TENANT};
 use crate::ticket::{Priority, RequestId, Ticket, Tokens};
 
 /// One request of a trace.

@@ -430,7 +430,8 @@ impl Scheduler {
 
     /// The batch that would leave now ([`cut`]: the rule admission's forecast uses too).
     fn plan(&self) -> Option<cut::Cut<'_>> {
-        let (interactive, batch) = (self.order(Priority::Interactive, None, None), self.order(Priority::Batch, None, None));
+        let (interactive, batch) =
+            (self.order(Priority::Interactive, None, None), self.order(Priority::Batch, None, None));
         cut::Cutter::new(self.policy.max_batch_rows, interactive, batch).next()
     }
 
@@ -449,7 +450,8 @@ impl Scheduler {
             .lanes(priority)
             .map(|(tenant, lane)| {
                 let queued = lane.values().filter(move |t| skip.is_none_or(|skip| !skip.contains(&t.id)));
-                let tickets: cut::Tickets<'a> = Box::new(forecast::with_new(queued, new.filter(|n| n.tenant == tenant)));
+                let tickets: cut::Tickets<'a> =
+                    Box::new(forecast::with_new(queued, new.filter(|n| n.tenant == tenant)));
                 (tenant, tickets)
             })
             .collect();

@@ -108,7 +108,8 @@ impl<'a, T> Iterator for FairMerge<'a, T> {
     type Item = T;
 
     fn next(&mut self) -> Option<T> {
-        let lane = self.lanes.iter_mut().filter_map(|l| l.items.peek().is_some().then_some(l)).min_by_key(|l| l.served)?;
+        let lane =
+            self.lanes.iter_mut().filter_map(|l| l.items.peek().is_some().then_some(l)).min_by_key(|l| l.served)?;
         let item = lane.items.next().expect("peeked");
         lane.served = lane.served.saturating_add(self.shares.cost(lane.tenant, (self.amount)(&item)));
         Some(item)

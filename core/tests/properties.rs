@@ -45,7 +45,11 @@ fn traces(priorities: bool, timeouts: std::ops::RangeInclusive<u64>) -> impl Str
                     .map(|(gap, rows, timeout, batch_tier, tenant)| {
                         at += gap;
                         let priority = if priorities && batch_tier { Priority::Batch } else { Priority::Interactive };
-                        Arrival::new(at, timeout).rows(rows).priority(priority).tenant(tenant).weight(weights[usize::from(tenant)])
+                        Arrival::new(at, timeout)
+                            .rows(rows)
+                            .priority(priority)
+                            .tenant(tenant)
+                            .weight(weights[usize::from(tenant)])
                     })
                     .collect();
                 Case {
@@ -155,7 +159,13 @@ fn check_invariants(c: &Case, t: &Trace) -> Result<(), TestCaseError> {
                     .map(|w| uncovered(idle_spans(t, w, due, b.dispatched), &interactive_waits))
                     .collect();
                 if c.workers == 1 {
-                    prop_assert!(idle[0].is_empty(), "batch-tier request {} waited past its maxWait at {:?} while the worker was idle: {:?}", i, due, idle[0]);
+                    prop_assert!(
+                        idle[0].is_empty(),
+                        "batch-tier request {} waited past its maxWait at {:?} while the worker was idle: {:?}",
+                        i,
+                        due,
+                        idle[0]
+                    );
                 }
                 for (w1, w2) in (0..c.workers).flat_map(|a| (a + 1..c.workers).map(move |b| (a, b))) {
                     let together = idle[w1].iter().any(|x| idle[w2].iter().any(|y| x.0.max(y.0) < x.1.min(y.1)));

@@ -25,12 +25,12 @@ use crate::metrics::ModelMetrics;
 use crate::tally::Tally;
 use crate::task::{sleep_until, OldestArrival, Stopped};
 use crate::tensor::Tensor;
-use ferry_core::tenant::TenantId;
 use ferry_core::estimate::CostModel;
 pub use ferry_core::ledger::RetryPolicy;
 use ferry_core::ledger::{Dispatch, Effect, Event, Ledger};
 use ferry_core::outcome::{Outcome, Refusal};
 use ferry_core::scheduler::Scheduler;
+use ferry_core::tenant::TenantId;
 use ferry_core::ticket::{Priority, RequestId, Ticket, Tokens};
 
 /// A request for the batcher: its payload and what admission needs to know.

@@ -66,12 +66,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    const POLICY: DeadlinePolicy =
-        DeadlinePolicy {
-            budget: Duration::from_millis(200),
-            batch_budget: Duration::from_millis(5000),
-            max_timeout: Duration::from_millis(1000),
-        };
+    const POLICY: DeadlinePolicy = DeadlinePolicy {
+        budget: Duration::from_millis(200),
+        batch_budget: Duration::from_millis(5000),
+        max_timeout: Duration::from_millis(1000),
+    };
     const I: Priority = Priority::Interactive;
 
     #[test]

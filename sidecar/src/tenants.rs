@@ -74,7 +74,8 @@ pub enum PrioritySpec {
 /// Parses and checks a tenants file; every error names the tenant, the field, the value and the
 /// limit.
 pub fn parse(text: &str, path: &Path) -> Result<Vec<Spec>, String> {
-    let file: File = serde_saphyr::from_str(text).map_err(|e| format!("{}: {}", path.display(), one_line(&e.to_string())))?;
+    let file: File =
+        serde_saphyr::from_str(text).map_err(|e| format!("{}: {}", path.display(), one_line(&e.to_string())))?;
     let at = |i: usize, s: &Spec| format!("{}: tenants[{i}] ('{}')", path.display(), s.name);
     if file.tenants.len() > MAX_TENANTS {
         return Err(format!("{}: {} tenants; at most {MAX_TENANTS}", path.display(), file.tenants.len()));
@@ -238,7 +239,9 @@ impl Tenant {
             (r, t) => {
                 let wait = r.err().unwrap_or_default().max(t.err().unwrap_or_default());
                 let (what, limit) = match (&quota.requests, &quota.tokens) {
-                    (Some(b), _) if r.is_err() => ("requests", format!("{} a second (rate), burst {}", b.rate(), b.burst())),
+                    (Some(b), _) if r.is_err() => {
+                        ("requests", format!("{} a second (rate), burst {}", b.rate(), b.burst()))
+                    }
                     (_, Some(b)) => ("tokens", format!("{} a minute (tokensPerMinute)", b.burst())),
                     _ => unreachable!("a bucket refused"),
                 };
@@ -342,7 +345,9 @@ impl Tenants {
         }
         match self.apply(&text) {
             Ok(n) => tracing::info!(path = %path.display(), tenants = n, "tenants file reloaded"),
-            Err(e) => tracing::warn!(error = %e, "the tenants file changed but does not parse; the last one read stays"),
+            Err(e) => {
+                tracing::warn!(error = %e, "the tenants file changed but does not parse; the last one read stays")
+            }
         }
     }
 
@@ -467,10 +472,13 @@ mod tests {
     fn bad_files_name_the_tenant_the_field_and_the_limit() {
         let p = Path::new("t.yaml");
         let bad = |text: &str| parse(text, p).unwrap_err();
-        assert!(bad("tenants:\n  - {name: a, token: abcdefgh, weight: 0}").contains("tenants[0] ('a'): weight is 0; it must be 1 to 65536"));
+        assert!(bad("tenants:\n  - {name: a, token: abcdefgh, weight: 0}")
+            .contains("tenants[0] ('a'): weight is 0; it must be 1 to 65536"));
         assert!(bad("tenants:\n  - {name: a, token: short}").contains("token is 5 characters; at least 8"));
-        assert!(bad("tenants:\n  - {name: a, token: abcdefgh}\n  - {name: a, token: abcdefgi}").contains("also tenants[0]'s"));
-        assert!(bad("tenants:\n  - {name: a, token: abcdefgh, rate: -1}").contains("rate is -1; it must be a positive number"));
+        assert!(bad("tenants:\n  - {name: a, token: abcdefgh}\n  - {name: a, token: abcdefgi}")
+            .contains("also tenants[0]'s"));
+        assert!(bad("tenants:\n  - {name: a, token: abcdefgh, rate: -1}")
+            .contains("rate is -1; it must be a positive number"));
         assert!(bad("tenants:\n  - {name: a, token: abcdefgh, sped: 1}").contains("sped"));
         assert!(bad("tenants:\n  - {name: a, token: abcdefgh, priority: urgent}").contains("urgent"));
     }

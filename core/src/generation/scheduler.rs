@@ -201,7 +201,8 @@ impl Scheduler {
                 continue;
             }
             let seqs = &self.seqs;
-            let lanes = lanes.into_iter().map(|(t, ids)| (t, Box::new(ids.into_iter()) as Box<dyn Iterator<Item = SeqId>>));
+            let lanes =
+                lanes.into_iter().map(|(t, ids)| (t, Box::new(ids.into_iter()) as Box<dyn Iterator<Item = SeqId>>));
             order.extend(self.shares[priority.index()].merge(lanes, |id| u64::from(seqs[id].pending())));
         }
         order

@@ -94,9 +94,9 @@ fn forecast_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Result<Vec<R
     let mut shed: HashSet<RequestId> = HashSet::new();
     let mut forecast = missed;
     for _ in 0..MAX_DISPLACED {
-        let broken = forecast.into_iter().find(|(t, end)| {
-            t.id != new.id && misses(t, *end) && !shed.contains(&t.id) && !misses(t, without[&t.id])
-        });
+        let broken = forecast
+            .into_iter()
+            .find(|(t, end)| t.id != new.id && misses(t, *end) && !shed.contains(&t.id) && !misses(t, without[&t.id]));
         let Some((t, after)) = broken else { return Ok(shed.into_iter().collect()) };
         let displaceable = t.priority > new.priority
             || (t.tenant != new.tenant && t.priority == new.priority && {
@@ -120,7 +120,8 @@ fn forecast_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Result<Vec<R
 }
 
 fn broken_promise(s: &Scheduler, t: &Ticket, after: Option<Instant>, now: Instant) -> Refusal {
-    let after = after.map_or_else(|| "never (it would expire waiting)".to_owned(), |a| format!("in {} ms", ms(a - now)));
+    let after =
+        after.map_or_else(|| "never (it would expire waiting)".to_owned(), |a| format!("in {} ms", ms(a - now)));
     Refusal::new(
         Outcome::Infeasible,
         format!(

@@ -263,7 +263,8 @@ fn backlogged_tenants_of_equal_weight_get_equal_seats_whatever_they_send() {
     // about ten seats in eleven.
     let single: Vec<Arrival> = arrivals.iter().map(|a| a.tenant(0)).collect();
     let plain = replay(scheduler(8, 10, 1, 100), fixed(100), &single);
-    let light: u32 = plain.batches[2..27].iter().flat_map(|b| &b.requests).filter(|&&i| arrivals[i].tenant == 2).count() as u32;
+    let light: u32 =
+        plain.batches[2..27].iter().flat_map(|b| &b.requests).filter(|&&i| arrivals[i].tenant == 2).count() as u32;
     assert!(light < 25, "{light} seats of 200 for the light caller without fair shares");
 }
 
@@ -289,7 +290,8 @@ fn a_light_tenant_waits_at_most_one_batch_behind_a_flood() {
 #[test]
 fn weights_three_to_one_give_seats_three_to_one() {
     let s = scheduler(8, 10, 1, 100);
-    let arrivals: Vec<Arrival> = stream(1, 2, 3000, 60_000).map(|a| a.weight(3)).chain(stream(2, 2, 3000, 60_000)).collect();
+    let arrivals: Vec<Arrival> =
+        stream(1, 2, 3000, 60_000).map(|a| a.weight(3)).chain(stream(2, 2, 3000, 60_000)).collect();
     let trace = replay(s, fixed(100), &arrivals);
     let seats = seats(&trace, &arrivals);
     assert!(seats.len() > 25);
@@ -336,7 +338,8 @@ fn batch_tier_work_fills_empty_seats_and_moves_no_interactive_timestamp() {
         .enumerate()
         .map(|(k, &at)| Arrival::new(at, 300).rows(1 + (k as u32 % 3)))
         .collect();
-    let batch: Vec<Arrival> = (0..200).map(|k| Arrival::new(k * 7, 20_000).priority(Priority::Batch).tenant(1)).collect();
+    let batch: Vec<Arrival> =
+        (0..200).map(|k| Arrival::new(k * 7, 20_000).priority(Priority::Batch).tenant(1)).collect();
     let alone = replay(exercise(2), fixed(100), &interactive);
     let all: Vec<Arrival> = interactive.iter().copied().chain(batch.iter().copied()).collect();
     let mixed = replay(exercise(2), fixed(100), &all);
@@ -348,9 +351,11 @@ fn batch_tier_work_fills_empty_seats_and_moves_no_interactive_timestamp() {
         assert_eq!(times(mixed.fate(i)), times(alone.fate(i)), "interactive request {i}");
     }
     // The batch tier rode: in the interactive batches' empty seats and on the spare worker.
-    let riders = mixed.batches.iter().filter(|b| b.requests.iter().any(|&i| i < interactive.len())).map(|b| {
-        b.requests.iter().filter(|&&i| i >= interactive.len()).count()
-    });
+    let riders = mixed
+        .batches
+        .iter()
+        .filter(|b| b.requests.iter().any(|&i| i < interactive.len()))
+        .map(|b| b.requests.iter().filter(|&&i| i >= interactive.len()).count());
     assert!(riders.sum::<usize>() > 0);
     let served = (interactive.len()..all.len()).filter(|&i| matches!(mixed.fate(i), Fate::Done { .. })).count();
     assert!(served > 150, "{served} of 200 batch-tier requests served");

@@ -2,7 +2,8 @@
 //! others use it): the first caller's request runs detached from its connection, so that a retry
 //! after a dropped connection finds its outcome; callers with the same key meanwhile wait for that
 //! outcome; later ones get it replayed (`idempotent-replayed: true`); another request under the
-//! same key is a 409. Keys are scoped per tenant (the tenant's name, from the tenants file).
+//! same key is a 409. Keys are scoped per tenant: the tenant's name with a tenants file, else the
+//! hashed `Authorization` header.
 
 use std::sync::Arc;
 
@@ -42,8 +43,22 @@ pub(super) async fn call(
             )
         }
     };
-    // Keys are scoped per tenant (its name: a token rotated in the tenants file keeps the scope).
-    let record = Key { scope: tenant.name.clone(), key: key.clone() };
+    // Keys are scoped per tenant: its name with a tenants file (a rotated token keeps the scope);
+    // without one, the caller's credentials as a gateway in front checked them, hashed (never
+    // stored in clear), so that two callers never see each other's answers.
+    let scope = if front.tenants.is_configured() {
+        format!("tenant:{}", tenant.name)
+    } else {
+        request
+            .headers
+            .get(header::AUTHORIZATION)
+            .map(|v| {
+                let f = idempotency::fingerprint("", "", v.as_bytes());
+                f.iter().map(|b| format!("{b:02x}")).collect()
+            })
+            .unwrap_or_default()
+    };
+    let record = Key { scope, key: key.clone() };
     let fingerprint = idempotency::fingerprint("POST", path, bytes);
     let claim =
         front.idempotency.lock().unwrap_or_else(|p| p.into_inner()).claim(record.clone(), fingerprint, *arrival);

@@ -19,10 +19,10 @@ use super::stream::{Control, Deadlines, Finished, Piece, Sent, Stream};
 use crate::metrics::GenerationMetrics;
 use crate::tally::Tally;
 use crate::task::{sleep_until, OldestArrival, Stopped};
-use ferry_core::tenant::TenantId;
 use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
 use ferry_core::generation::window::{Effect, Event, Window};
 use ferry_core::outcome::{Outcome, Refusal};
+use ferry_core::tenant::TenantId;
 use ferry_core::ticket::Priority;
 
 /// How often the upstream's health is checked.

@@ -26,10 +26,10 @@ use crate::engine::EngineError;
 use crate::metrics::GenerationMetrics;
 use crate::tally::Tally;
 use crate::task::{sleep_until, OldestArrival, Stopped};
-use ferry_core::tenant::TenantId;
 use ferry_core::generation::ledger::{Effect, Event, Ledger};
 use ferry_core::generation::scheduler::StepPlan;
 use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
+use ferry_core::tenant::TenantId;
 use ferry_core::ticket::Priority;
 
 /// A generation request for the shell: its prompt's tokens and what admission needs.
