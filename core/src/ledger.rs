@@ -224,10 +224,10 @@ impl Ledger {
                 for t in shed {
                     if self.requests.remove(&t.id).is_some() {
                         let message = if t.priority > ticket.priority {
-                            "queue full: this batch-tier request gave its place to interactive work (batch-tier work \
+                            "shed: this batch-tier request gave its place to interactive work (batch-tier work \
                              is shed first)"
                         } else {
-                            "queue full: this request's tenant is past its fair share, and its place went to a \
+                            "shed: this request's tenant is past its fair share, and its place went to a \
                              tenant within its share"
                         };
                         let refusal = Refusal::new(Outcome::QueueFull, message).retry_after(Duration::from_secs(1));

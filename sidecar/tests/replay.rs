@@ -109,6 +109,11 @@ fn through_the_batcher(c: &Case) -> Vec<Fate> {
                             finished: a.at + answer.queued + answer.engine,
                             batch_rows: answer.batch_rows,
                         },
+                        // Shed after admission (its place went to interactive work or to a tenant
+                        // within its share): the same outcome as a full queue, said at once.
+                        Err(r) if r.outcome == Outcome::QueueFull && r.message.starts_with("shed:") => {
+                            Fate::Shed { at }
+                        }
                         Err(r) if matches!(r.outcome, Outcome::QueueFull | Outcome::Infeasible) => {
                             Fate::Refused { at, outcome: r.outcome }
                         }
