@@ -65,6 +65,27 @@ pub struct InferenceServiceSpec {
     /// The knobs of generation engines (`sim-llm`, `llm`, `openai`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<GenerationSpec>,
+    /// Who may call, and their weights and quotas: a Secret holding the tenants file (README,
+    /// "Tenants"), mounted into every worker pod and re-read when the Secret changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenants: Option<TenantsSpec>,
+}
+
+/// Where the tenants file is: a key of a Secret in the service's namespace.
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantsSpec {
+    /// The Secret's name.
+    #[cfg_attr(
+        feature = "kube",
+        schemars(length(min = 1, max = 253), regex(pattern = "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))
+    )]
+    pub secret_name: String,
+    /// The key holding the file (default `tenants.yaml`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(length(min = 1, max = 253), regex(pattern = "^[-._a-zA-Z0-9]+$")))]
+    pub key: Option<String>,
 }
 
 /// Which model version is served, and where its files are.

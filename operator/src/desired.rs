@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, HTTPGetAction, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    Container, ContainerPort, HTTPGetAction, KeyToPath, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec,
+    Probe, ResourceRequirements, SecretVolumeSource, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -30,6 +30,9 @@ pub const LABEL_VERSION: &str = "ferry.dev/model-version";
 pub const HTTP_PORT: i32 = 8080;
 pub const METRICS_PORT: i32 = 9090;
 const MODEL_MOUNT: &str = "/models";
+/// Where the tenants Secret is mounted in the sidecar, and the file the sidecar reads there.
+const TENANTS_MOUNT: &str = "/etc/ferry/tenants";
+const TENANTS_FILE: &str = "tenants.yaml";
 
 /// What the operator puts in pods beyond the resource itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,6 +213,9 @@ pub fn sidecar_args(spec: &InferenceServiceSpec, checked: &Checked) -> Vec<Strin
         args.extend(g.kv_blocks.map(|n| format!("--kv-blocks={n}")));
         args.extend(g.max_queue_tokens.map(|n| format!("--max-queue-tokens={n}")));
     }
+    if spec.tenants.is_some() {
+        args.push(format!("--tenants={TENANTS_MOUNT}/{TENANTS_FILE}"));
+    }
     args
 }
 
@@ -284,17 +290,44 @@ pub fn deployment(isvc: &InferenceService, images: &Images) -> Result<Deployment
             ..Container::default()
         }),
     }
-    containers.insert(0, sidecar);
-    let volumes = checked.volume.as_ref().map(|v| {
-        vec![Volume {
+    let mut volumes: Vec<Volume> = checked
+        .volume
+        .as_ref()
+        .map(|v| Volume {
             name: "model".into(),
             persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
                 claim_name: v.claim.clone(),
                 read_only: Some(true),
             }),
             ..Volume::default()
-        }]
-    });
+        })
+        .into_iter()
+        .collect();
+    // The tenants file: the Secret's key mounted as a file (a whole-volume mount, not a subPath,
+    // so that the kubelet's update of the Secret reaches the running sidecar, which re-reads it).
+    if let Some(t) = &spec.tenants {
+        volumes.push(Volume {
+            name: "tenants".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(t.secret_name.clone()),
+                items: Some(vec![KeyToPath {
+                    key: t.key.clone().unwrap_or_else(|| TENANTS_FILE.into()),
+                    path: TENANTS_FILE.into(),
+                    mode: None,
+                }]),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+        sidecar.volume_mounts.get_or_insert_with(Vec::new).push(VolumeMount {
+            name: "tenants".into(),
+            mount_path: TENANTS_MOUNT.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+    }
+    let volumes = (!volumes.is_empty()).then_some(volumes);
+    containers.insert(0, sidecar);
     // Long enough to drain: the longest deadline a queued request may have, plus the watchdog's
     // slack for a batch in flight.
     let grace = checked.latency_budget.as_secs() as i64 + 30;

@@ -221,3 +221,31 @@ fn a_spec_the_schema_let_through_is_refused_with_the_field() {
     isvc.spec.model.source = Some("pvc://".into());
     assert!(desired::deployment(&isvc, &images()).unwrap_err().message.contains("names no claim"));
 }
+
+#[test]
+fn a_tenants_secret_is_mounted_into_the_sidecar_and_named_by_its_flag() {
+    let mut isvc = example("cuda.yaml");
+    isvc.spec.tenants =
+        Some(ferry_core::spec::TenantsSpec { secret_name: "ferry-tenants".into(), key: Some("t.yaml".into()) });
+    let d = desired::deployment(&isvc, &images()).unwrap();
+    let pod = d.spec.unwrap().template.spec.unwrap();
+    let sidecar = &pod.containers[0];
+    assert!(sidecar.args.clone().unwrap().contains(&"--tenants=/etc/ferry/tenants/tenants.yaml".to_owned()));
+    let volumes = pod.volumes.unwrap();
+    assert_eq!(volumes.len(), 2, "the model's and the tenants'");
+    let secret = volumes[1].secret.clone().unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some("ferry-tenants"));
+    let item = &secret.items.unwrap()[0];
+    assert_eq!((item.key.as_str(), item.path.as_str()), ("t.yaml", "tenants.yaml"));
+    let mounts = sidecar.volume_mounts.clone().unwrap();
+    let mount = mounts.iter().find(|m| m.name == "tenants").unwrap();
+    assert_eq!(
+        (mount.mount_path.as_str(), mount.sub_path.as_deref(), mount.read_only),
+        ("/etc/ferry/tenants", None, Some(true))
+    );
+    // Without it, neither.
+    let plain = desired::deployment(&example("quickstart.yaml"), &images()).unwrap();
+    let pod = plain.spec.unwrap().template.spec.unwrap();
+    assert!(pod.volumes.is_none());
+    assert!(!pod.containers[0].args.clone().unwrap().iter().any(|a| a.starts_with("--tenants")));
+}

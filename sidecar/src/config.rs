@@ -289,6 +289,7 @@ impl Settings {
             batching: Default::default(),
             scaling: Default::default(),
             generation: None,
+            tenants: None,
         });
         let generation = spec.generation.unwrap_or_default();
         let (model, engine, batching) = (spec.model, spec.engine, spec.batching);
