@@ -6,6 +6,7 @@
 //! - [`schedule`]: when each request is sent (constant or Poisson), fixed before the run.
 //! - [`run`]: the open-loop driver, and a closed-loop throughput probe.
 //! - [`record`]: samples and their summary (HDR histograms, goodput, batch fill, per second).
+//! - [`tenants`]: `--tenants`, callers with their own bearer tokens and shares of the load.
 //! - [`report`], [`plot`]: the summary as a table, and as an SVG over time.
 //! - [`echo`]: a bare hyper echo server, the floor for the overhead comparison.
 //! - [`generation`]: generation load — traces of LLM requests, the OpenAI streaming client,
@@ -22,3 +23,4 @@ pub mod record;
 pub mod report;
 pub mod run;
 pub mod schedule;
+pub mod tenants;

@@ -108,9 +108,13 @@ struct RunArgs {
     /// Share of requests sent with x-ferry-priority: batch.
     #[arg(long, default_value_t = 0.0)]
     batch_share: f64,
-    /// Rotate through this many tenants (authorization: Bearer tenant-N).
-    #[arg(long, default_value_t = 0)]
-    tenants: u32,
+    /// A tenants file (the sidecar's format; `name` and `token` are read): each request is sent
+    /// by one of its tenants, with its bearer token, and the report gives each tenant's figures.
+    #[arg(long)]
+    tenants: Option<PathBuf>,
+    /// Shares of the requests by tenant, `heavy=10,light=1` (a tenant not named: 1).
+    #[arg(long, requires = "tenants")]
+    tenant_shares: Option<String>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// HTTP/2 connections.
@@ -170,7 +174,10 @@ async fn load(args: RunArgs) -> anyhow::Result<()> {
         rows: args.rows,
         width: args.width,
         batch_share: args.batch_share,
-        tenants: args.tenants,
+        tenants: match &args.tenants {
+            Some(path) => ferry_load::tenants::load(path, args.tenant_shares.as_deref())?,
+            None => Vec::new(),
+        },
         seed: args.seed,
         connections: args.connections,
         drain: Duration::from_secs(30),
@@ -178,10 +185,28 @@ async fn load(args: RunArgs) -> anyhow::Result<()> {
     anyhow::ensure!(spec.rate > 0.0, "--rate is {}; it must be more than 0", spec.rate);
     let samples = run::run(&spec, !args.json).await?;
     let summary = Summary::of(&samples, spec.duration, args.max_batch_size);
-    if args.json {
+    let by_tenant: Vec<(String, Summary)> = spec
+        .tenants
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let mine: Vec<_> = samples.iter().filter(|s| s.tenant == Some(i)).cloned().collect();
+            (t.name.clone(), Summary::of(&mine, spec.duration, args.max_batch_size))
+        })
+        .collect();
+    if args.json && by_tenant.is_empty() {
         println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else if args.json {
+        let tenants: serde_json::Map<String, serde_json::Value> = by_tenant
+            .iter()
+            .map(|(n, s)| Ok((n.clone(), serde_json::to_value(s)?)))
+            .collect::<serde_json::Result<_>>()?;
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"all": summary, "tenants": tenants}))?);
     } else {
         print!("{}", report::table(&summary));
+        if !by_tenant.is_empty() {
+            print!("{}", report::tenants(&by_tenant));
+        }
     }
     if let Some(path) = args.plot {
         plot::svg(&summary, spec.rate, "ferry-load", &path)?;

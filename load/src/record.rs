@@ -22,6 +22,8 @@ pub struct Sample {
     pub batch_rows: Option<u32>,
     /// `server-timing` total of a 200, in ms: the time the sidecar took.
     pub server_ms: Option<f64>,
+    /// Which of the run's tenants sent it (`--tenants`).
+    pub tenant: Option<usize>,
 }
 
 impl Sample {
@@ -168,6 +170,7 @@ mod tests {
             deadline: Duration::from_millis(200),
             batch_rows: (status == 200).then_some(rows),
             server_ms: (status == 200).then_some(latency_ms as f64 - 1.0),
+            tenant: None,
         }
     }
 

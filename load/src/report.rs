@@ -4,6 +4,24 @@ use std::fmt::Write;
 
 use crate::record::Summary;
 
+/// Each tenant's line: what it sent, its goodput and its latency.
+pub fn tenants(by_tenant: &[(String, Summary)]) -> String {
+    let mut out = String::from("by tenant\n");
+    for (name, s) in by_tenant {
+        let statuses: Vec<String> = s.statuses.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        let p99 = s.latency_ms.as_ref().map_or_else(|| "-".to_owned(), |p| format!("{:.1} ms", p.p99));
+        let _ = writeln!(
+            out,
+            "  {name:<16} sent {:>7}   goodput {:>8.1} req/s   within deadline {:>6.2} %   p99 {p99}   ({})",
+            s.sent,
+            s.goodput_rps,
+            s.within_deadline * 100.0,
+            statuses.join(", ")
+        );
+    }
+    out
+}
+
 pub fn table(s: &Summary) -> String {
     let mut out = String::new();
     let statuses: Vec<String> = s.statuses.iter().map(|(k, v)| format!("{k}: {v}")).collect();

@@ -15,6 +15,7 @@ use tokio::time::{sleep_until, Instant};
 
 use crate::record::Sample;
 use crate::schedule::{schedule, Arrivals};
+use crate::tenants::{pick, LoadTenant};
 
 /// One open-loop run.
 #[derive(Debug, Clone)]
@@ -35,8 +36,8 @@ pub struct LoadSpec {
     pub width: u32,
     /// Share of requests sent as `x-ferry-priority: batch`.
     pub batch_share: f64,
-    /// Requests rotate through this many `authorization: Bearer tenant-N` identities (0: none).
-    pub tenants: u32,
+    /// Callers, each sending its share with its own `authorization: Bearer` token (none: no header).
+    pub tenants: Vec<LoadTenant>,
     pub seed: u64,
     /// HTTP/2 connections the requests are spread over.
     pub connections: usize,
@@ -56,7 +57,7 @@ impl LoadSpec {
             rows: 1,
             width: 4,
             batch_share: 0.0,
-            tenants: 0,
+            tenants: Vec::new(),
             seed: 1,
             connections: 16,
             drain: Duration::from_secs(60),
@@ -127,6 +128,7 @@ pub async fn run(spec: &LoadSpec, progress: bool) -> anyhow::Result<Vec<Sample>>
     });
 
     let mut tasks = JoinSet::new();
+    let mut sent_by: Vec<(Duration, usize)> = Vec::new();
     for (i, offset) in offsets.iter().enumerate() {
         let scheduled = start + *offset;
         sleep_until(scheduled).await;
@@ -137,8 +139,10 @@ pub async fn run(spec: &LoadSpec, progress: bool) -> anyhow::Result<Vec<Sample>>
         if spec.batch_share > 0.0 && rng.random_bool(spec.batch_share.min(1.0)) {
             request = request.header("x-ferry-priority", "batch");
         }
-        if spec.tenants > 0 {
-            request = request.header("authorization", format!("Bearer tenant-{}", i as u32 % spec.tenants));
+        let tenant = (!spec.tenants.is_empty()).then(|| pick(&spec.tenants, &mut rng));
+        if let Some(t) = tenant {
+            sent_by.push((*offset, t));
+            request = request.header("authorization", format!("Bearer {}", spec.tenants[t].token));
         }
         let request = request.body(bodies[i % bodies.len()].clone());
         let (deadline, offset, counters) = (spec.deadline, *offset, counters.clone());
@@ -159,6 +163,7 @@ pub async fn run(spec: &LoadSpec, progress: bool) -> anyhow::Result<Vec<Sample>>
                         deadline,
                         batch_rows,
                         server_ms,
+                        tenant,
                     }
                 }
                 Err(_) => Sample {
@@ -168,6 +173,7 @@ pub async fn run(spec: &LoadSpec, progress: bool) -> anyhow::Result<Vec<Sample>>
                     deadline,
                     batch_rows: None,
                     server_ms: None,
+                    tenant,
                 },
             };
             let counter = if sample.status == Some(200) { &counters.ok } else { &counters.other };
@@ -185,6 +191,7 @@ pub async fn run(spec: &LoadSpec, progress: bool) -> anyhow::Result<Vec<Sample>>
     // Whatever is still unanswered `drain` after the last send is long past its deadline: it
     // counts as a request without an answer.
     let answered: std::collections::HashSet<Duration> = samples.iter().map(|s| s.scheduled).collect();
+    let tenant_of: std::collections::HashMap<Duration, usize> = sent_by.into_iter().collect();
     tasks.abort_all();
     for offset in &offsets {
         if !answered.contains(offset) {
@@ -195,6 +202,7 @@ pub async fn run(spec: &LoadSpec, progress: bool) -> anyhow::Result<Vec<Sample>>
                 deadline: spec.deadline,
                 batch_rows: None,
                 server_ms: None,
+                tenant: tenant_of.get(offset).copied(),
             });
         }
     }

@@ -218,3 +218,45 @@ def test_a_rewritten_tenants_file_takes_effect_without_a_restart(sidecar, tenant
     tenants_file.write_text("tenants: [{name: x}]\n")
     time.sleep(1.5)
     assert sidecar.infer("light-token-2")[0] == 200
+
+
+def load_binary():
+    path = Path(os.environ.get("FERRY_LOAD_BIN", ROOT / "target/debug/ferry-load"))
+    if not path.exists():
+        pytest.fail(f"{path} not found: build it with `cargo build -p ferry-load` (scripts/test.sh does)")
+    return path
+
+
+def test_ferry_load_sends_each_tenants_token_and_reports_each_tenants_goodput(sidecar, tenants_file):
+    # 200 req/s against 80 of capacity: the heavy tenant sends 10 in 11, the light one ~18/s,
+    # under its half of the seats.
+    out = subprocess.run(
+        [
+            str(load_binary()),
+            "run",
+            f"--url={sidecar.url}/v2/models/{MODEL}/infer",
+            "--rate=200",
+            "--duration=3s",
+            "--deadline=2s",
+            f"--tenants={tenants_file}",
+            "--tenant-shares=heavy=10,light=1,metered=0",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    report = json.loads(out.stdout)
+    heavy, light, metered = (report["tenants"][n] for n in ("heavy", "light", "metered"))
+    assert metered["sent"] == 0
+    assert heavy["sent"] + light["sent"] == report["all"]["sent"]
+    assert 6 <= heavy["sent"] / max(light["sent"], 1) <= 16
+    # The server counted them under their own names: the tokens were theirs.
+    metrics = sidecar.metrics()
+    for name in ("heavy", "light"):
+        assert re.search(rf'ferry_tenant_requests_total\{{outcome="ok",tenant="{name}"\}} \d+', metrics), name
+    assert "unauthorized" not in re.findall(r'ferry_requests_total\{[^}]*outcome="(\w+)"[^}]*\} [1-9]', metrics)
+    # The light tenant, within its share, is answered in time; the heavy one is refused the rest.
+    assert light["within_deadline"] >= 0.95, light
+    assert heavy["within_deadline"] < light["within_deadline"], (heavy, light)
