@@ -141,6 +141,11 @@ impl Scheduler {
     /// newcomer's tenant is owed.
     pub fn admit(&mut self, ticket: Ticket, now: Instant) -> Result<Vec<Ticket>, Refusal> {
         self.set_weight(ticket.tenant, ticket.weight);
+        // Room made at a bound changes how the rest are cut: their promises are judged against
+        // the forecast of the queue as it stood.
+        let over = self.queue.len() >= self.policy.max_queue
+            || self.queue.bytes() + ticket.bytes > self.policy.max_queue_bytes;
+        let baseline = over.then(|| forecast::baseline(self, now));
         let mut shed = self.make_room(&ticket);
         let (max_queue, max_queue_bytes) = (self.policy.max_queue, self.policy.max_queue_bytes);
         if self.queue.len() >= max_queue {
@@ -164,7 +169,7 @@ impl Scheduler {
             self.restore(shed);
             return Err(refusal.retry_after(self.drain_time(now)));
         }
-        match forecast::check_admission(self, &ticket, now) {
+        match forecast::check_admission(self, &ticket, baseline.as_ref(), now) {
             Ok(displaced) => {
                 shed.extend(displaced.into_iter().filter_map(|id| self.queue.remove(id)));
                 self.queue.push(ticket);

@@ -328,9 +328,9 @@ pub fn deployment(isvc: &InferenceService, images: &Images) -> Result<Deployment
     }
     let volumes = (!volumes.is_empty()).then_some(volumes);
     containers.insert(0, sidecar);
-    // Long enough to drain: the longest deadline a queued request may have, plus the watchdog's
-    // slack for a batch in flight.
-    let grace = checked.latency_budget.as_secs() as i64 + 30;
+    // Long enough to drain: the longest deadline a queued request may have — a batch-tier one's,
+    // the sidecar's default of 10 × the budget — plus the watchdog's slack for a batch in flight.
+    let grace = (checked.latency_budget * 10).as_secs() as i64 + 30;
     let mut template_labels = labels(isvc);
     template_labels.extend(selector(isvc));
     Ok(Deployment {

@@ -144,8 +144,8 @@ fn the_cuda_engine_gets_gpus_and_its_model_volume() {
     let volume = &pod.volumes.unwrap()[0];
     assert_eq!(volume.persistent_volume_claim.as_ref().unwrap().claim_name, "models");
     assert_eq!(sidecar.volume_mounts.clone().unwrap()[0].mount_path, "/models");
-    // Long enough to drain: the 100 ms budget plus 30 s of slack.
-    assert_eq!(pod.termination_grace_period_seconds, Some(30));
+    // Long enough to drain: a batch-tier deadline (10 × the 100 ms budget) plus 30 s of slack.
+    assert_eq!(pod.termination_grace_period_seconds, Some(31));
 }
 
 #[test]

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use axum::http::{header, HeaderMap};
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 
@@ -108,6 +109,12 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<Spec>, String> {
         if s.burst.is_some() && s.rate.is_none() {
             return Err(format!("{}: burst is set without rate", at(i, s)));
         }
+        if let Some(b) = s.burst.filter(|b| *b < 1.0) {
+            return Err(format!("{}: burst is {b}; it must be at least 1 (a request takes 1)", at(i, s)));
+        }
+        if let Some(t) = s.tokens_per_minute.filter(|t| *t < 1.0) {
+            return Err(format!("{}: tokensPerMinute is {t}; it must be at least 1", at(i, s)));
+        }
         if s.max_queued_rows == Some(0) {
             return Err(format!("{}: maxQueuedRows is 0; it must be at least 1", at(i, s)));
         }
@@ -124,10 +131,13 @@ fn one_line(text: &str) -> String {
 pub struct Tenant {
     pub id: TenantId,
     pub name: String,
-    token: Vec<u8>,
+    /// SHA-256 of its token.
+    digest: Vec<u8>,
     pub weight: u32,
     pub priority: Priority,
-    quota: Mutex<Quota>,
+    /// Shared with the tenant's next version after a reload, so that requests in flight give
+    /// back to the buckets in force.
+    quota: Arc<Mutex<Quota>>,
     max_queued_rows: Option<u64>,
     queued_rows: Arc<AtomicU64>,
 }
@@ -138,11 +148,31 @@ struct Quota {
     tokens: Option<Bucket>,
 }
 
-/// Rows a tenant holds in the sidecar, given back when the request ends (dropped).
+/// Rows a tenant holds in the sidecar, given back when the request ends (dropped); and what it
+/// took from the buckets, given back by [`Held::refund`] when the request was refused for want
+/// of capacity (it did no work: a retry after `Retry-After` must not find the quota spent).
 #[derive(Debug)]
 pub struct Held {
     rows: u64,
     queued: Arc<AtomicU64>,
+    quota: Arc<Mutex<Quota>>,
+    tokens: f64,
+    refunded: bool,
+}
+
+impl Held {
+    pub fn refund(&mut self) {
+        if std::mem::replace(&mut self.refunded, true) {
+            return;
+        }
+        let mut quota = self.quota.lock().expect("quota lock");
+        if let Some(b) = &mut quota.requests {
+            b.give_back(1.0);
+        }
+        if let Some(b) = &mut quota.tokens {
+            b.give_back(self.tokens);
+        }
+    }
 }
 
 impl Drop for Held {
@@ -155,33 +185,37 @@ impl Tenant {
     fn new(id: TenantId, spec: &Spec, now: Instant, previous: Option<&Tenant>) -> Tenant {
         let requests = spec.rate.map(|rate| (rate, spec.burst.unwrap_or(rate.max(1.0))));
         let tokens = spec.tokens_per_minute.map(|tpm| (tpm / 60.0, tpm));
-        // A reload keeps what the buckets hold (a tenant cannot refill its quota by a rewrite).
-        let bucket = |limits: Option<(f64, f64)>, old: Option<&Bucket>| {
+        // A reload keeps what the buckets hold (a tenant cannot refill its quota by a rewrite),
+        // in the same buckets: requests in flight give back to the ones in force.
+        let bucket = |limits: Option<(f64, f64)>, old: Option<Bucket>| {
             limits.map(|(rate, burst)| match old {
-                Some(old) => {
-                    let mut b = old.clone();
+                Some(mut b) => {
                     b.reconfigure(rate, burst, now);
                     b
                 }
                 None => Bucket::new(rate, burst, now),
             })
         };
-        let old = previous.map(|p| p.quota.lock().expect("quota lock"));
-        let quota = Quota {
-            requests: bucket(requests, old.as_ref().and_then(|q| q.requests.as_ref())),
-            tokens: bucket(tokens, old.as_ref().and_then(|q| q.tokens.as_ref())),
+        let quota = match previous {
+            Some(p) => {
+                let mut q = p.quota.lock().expect("quota lock");
+                q.requests = bucket(requests, q.requests.take());
+                q.tokens = bucket(tokens, q.tokens.take());
+                drop(q);
+                p.quota.clone()
+            }
+            None => Arc::new(Mutex::new(Quota { requests: bucket(requests, None), tokens: bucket(tokens, None) })),
         };
-        drop(old);
         Tenant {
             id,
             name: spec.name.clone(),
-            token: spec.token.as_bytes().to_vec(),
+            digest: Sha256::digest(spec.token.as_bytes()).to_vec(),
             weight: spec.weight,
             priority: match spec.priority {
                 PrioritySpec::Interactive => Priority::Interactive,
                 PrioritySpec::Batch => Priority::Batch,
             },
-            quota: Mutex::new(quota),
+            quota,
             max_queued_rows: spec.max_queued_rows,
             queued_rows: previous.map_or_else(|| Arc::new(AtomicU64::new(0)), |p| p.queued_rows.clone()),
         }
@@ -191,10 +225,10 @@ impl Tenant {
         Tenant {
             id: DEFAULT_TENANT,
             name: "default".into(),
-            token: Vec::new(),
+            digest: Vec::new(),
             weight: 1,
             priority: Priority::Interactive,
-            quota: Mutex::new(Quota { requests: None, tokens: None }),
+            quota: Arc::new(Mutex::new(Quota { requests: None, tokens: None })),
             max_queued_rows: None,
             queued_rows: Arc::new(AtomicU64::new(0)),
         }
@@ -204,8 +238,24 @@ impl Tenant {
     /// until the returned guard is dropped. Over quota: 429 with `Retry-After` from the bucket.
     pub fn take(&self, rows: u64, tokens: u64, now: Instant) -> Result<Held, Refusal> {
         let held = self.queued_rows.fetch_add(rows, Ordering::SeqCst);
-        let guard = Held { rows, queued: self.queued_rows.clone() };
+        let mut guard = Held {
+            rows,
+            queued: self.queued_rows.clone(),
+            quota: self.quota.clone(),
+            tokens: tokens as f64,
+            // Nothing taken yet.
+            refunded: true,
+        };
         if let Some(max) = self.max_queued_rows {
+            if rows > max {
+                return Err(Refusal::new(
+                    Outcome::Quota,
+                    format!(
+                        "quota: this request has {rows} rows; tenant '{}' may hold {max} at once (maxQueuedRows)",
+                        self.name
+                    ),
+                ));
+            }
             if held + rows > max {
                 return Err(Refusal::new(
                     Outcome::Quota,
@@ -262,6 +312,7 @@ impl Tenant {
         if let Some(b) = &mut quota.tokens {
             b.take(tokens, now);
         }
+        guard.refunded = false;
         Ok(guard)
     }
 }
@@ -316,6 +367,15 @@ impl Tenants {
         let specs = parse(text, path)?;
         let now = Instant::now();
         let mut ids = self.ids.lock().expect("ids lock");
+        let new_names = specs.iter().filter(|s| !ids.contains_key(&s.name)).count();
+        if ids.len() + new_names >= usize::from(TenantId::MAX) {
+            return Err(format!(
+                "{}: {} distinct tenant names since start-up with this file's; at most {} (restart the sidecar)",
+                path.display(),
+                ids.len() + new_names,
+                TenantId::MAX - 1
+            ));
+        }
         let mut table = self.table.write().expect("tenants lock");
         let tenants: Vec<Arc<Tenant>> = specs
             .iter()
@@ -340,9 +400,14 @@ impl Tenants {
             tracing::warn!(path = %path.display(), "the tenants file cannot be read; the last one read stays in force");
             return;
         };
-        if *self.last_text.lock().expect("text lock") == text {
+        let mut last = self.last_text.lock().expect("text lock");
+        if *last == text {
             return;
         }
+        // Whatever happens, this text is not read again until it changes (a broken file is
+        // reported once, not every second).
+        *last = text.clone();
+        drop(last);
         match self.apply(&text) {
             Ok(n) => tracing::info!(path = %path.display(), tenants = n, "tenants file reloaded"),
             Err(e) => {
@@ -382,12 +447,16 @@ impl Tenants {
         let token = value
             .to_str()
             .ok()
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim)
+            .and_then(|v| v.trim().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
             .ok_or_else(|| unauthorized("the authorization header must be 'Bearer <token>'"))?;
+        // Digests compared, every one, in constant time: neither the position of a match nor the
+        // length of a token shows in the time taken.
+        let digest = Sha256::digest(token.as_bytes());
         let mut found = None;
         for t in &table.tenants {
-            if bool::from(t.token.as_slice().ct_eq(token.as_bytes())) {
+            if bool::from(t.digest.as_slice().ct_eq(digest.as_slice())) {
                 found = Some(t.clone());
             }
         }
@@ -452,6 +521,14 @@ mod tests {
         let refused = free.take(1, 150, now).unwrap_err();
         assert_eq!(refused.retry_after, Some(Duration::from_secs(5)));
         assert!(free.take(1, 700, now).unwrap_err().retry_after.is_none(), "never fits: no Retry-After");
+        assert!(free.take(5, 1, now).unwrap_err().retry_after.is_none(), "5 rows never fit 4");
+        // A refund gives back what a request took.
+        let mut h = free.take(1, 100, now).unwrap();
+        assert!(free.take(1, 1, now).is_err(), "the 600 tokens are spent");
+        h.refund();
+        h.refund();
+        assert!(free.take(1, 100, now).is_ok());
+        assert!(free.take(1, 1, now).is_err(), "a second refund gave nothing more");
     }
 
     #[test]

@@ -39,17 +39,50 @@ pub(crate) struct Cut<'a> {
     pub interactive: bool,
 }
 
-pub(crate) type Tickets<'a> = Box<dyn Iterator<Item = &'a Ticket> + 'a>;
+/// A lane's tickets: an iterator that can be cloned, so that a forecast can cut a batch again
+/// from where it stood (see [`super::forecast`]) without collecting the queue.
+pub(crate) type Tickets<'a> = Box<dyn LaneIter<'a> + 'a>;
 
+pub(crate) trait LaneIter<'a>: Iterator<Item = &'a Ticket> {
+    fn clone_box(&self) -> Tickets<'a>;
+}
+
+impl<'a, T: Iterator<Item = &'a Ticket> + Clone + 'a> LaneIter<'a> for T {
+    fn clone_box(&self) -> Tickets<'a> {
+        Box::new(self.clone())
+    }
+}
+
+impl<'a> Clone for Tickets<'a> {
+    fn clone(&self) -> Self {
+        self.as_ref().clone_box()
+    }
+}
+
+#[derive(Clone)]
 struct Lane<'a> {
     tenant: TenantId,
     served: u64,
+    /// Requests passed over by an earlier batch (too large for its last seats), back at the head
+    /// of their lane in deadline order: the next batch ranks them as a fresh cut would.
+    returned: VecDeque<&'a Ticket>,
     tickets: Peekable<Tickets<'a>>,
+}
+
+impl<'a> Lane<'a> {
+    fn head(&mut self) -> Option<&'a Ticket> {
+        self.returned.front().copied().or_else(|| self.tickets.peek().copied())
+    }
+
+    fn pop(&mut self) -> Option<&'a Ticket> {
+        self.returned.pop_front().or_else(|| self.tickets.next())
+    }
 }
 
 /// The requests of one priority, as seats go to them: each tenant's lane in deadline order, the
 /// next seat to the tenant with the least service ([`crate::tenant`]), charged when its request
 /// is taken into a batch — not when it is passed over or expires — exactly as dispatch charges.
+#[derive(Clone)]
 pub(crate) struct Tier<'a> {
     shares: Shares,
     lanes: Vec<Lane<'a>>,
@@ -60,37 +93,57 @@ impl<'a> Tier<'a> {
     pub fn new(shares: &Shares, lanes: Vec<(TenantId, Tickets<'a>)>) -> Self {
         let lanes = lanes
             .into_iter()
-            .map(|(tenant, tickets)| Lane { tenant, served: shares.served(tenant), tickets: tickets.peekable() })
+            .map(|(tenant, tickets)| Lane {
+                tenant,
+                served: shares.served(tenant),
+                returned: VecDeque::new(),
+                tickets: tickets.peekable(),
+            })
             .collect();
         Tier { shares: shares.clone(), lanes }
     }
 
-    /// The request whose turn it is, with its lane; heads whose deadline is at or before
+    /// The request whose turn it is, with its lane: the head of the lane with the least service,
+    /// ties to the earlier lane (admission never sheds on a tie: [`super::forecast`] displaces
+    /// only a tenant with strictly more service). Heads whose deadline is at or before
     /// `expired_by` are dropped into `gone` first.
     fn peek(&mut self, expired_by: Option<Instant>, gone: &mut Vec<&'a Ticket>) -> Option<(usize, &'a Ticket)> {
         let mut best: Option<(usize, u64)> = None;
         for (i, lane) in self.lanes.iter_mut().enumerate() {
-            while let Some(&t) = lane.tickets.peek() {
+            while let Some(t) = lane.head() {
                 if expired_by.is_some_and(|at| t.deadline <= at) {
                     gone.push(t);
-                    lane.tickets.next();
+                    lane.pop();
                 } else {
                     break;
                 }
             }
-            if lane.tickets.peek().is_some() && best.is_none_or(|(_, served)| lane.served < served) {
+            if lane.head().is_some() && best.is_none_or(|(_, served)| lane.served < served) {
                 best = Some((i, lane.served));
             }
         }
         let (i, _) = best?;
-        Some((i, self.lanes[i].tickets.peek().copied().expect("peeked")))
+        Some((i, self.lanes[i].head().expect("peeked")))
     }
 
     /// Takes the head of lane `i` into a batch: its tenant is charged its rows.
     fn seat(&mut self, i: usize) -> &'a Ticket {
-        let t = self.lanes[i].tickets.next().expect("peeked");
+        let t = self.lanes[i].pop().expect("peeked");
         self.charge(t);
         t
+    }
+
+    /// Takes the head of lane `i` out, uncharged: passed over for this batch.
+    fn pass(&mut self, i: usize) -> &'a Ticket {
+        self.lanes[i].pop().expect("peeked")
+    }
+
+    /// Puts a request passed over by the last batch back at the head of its lane.
+    fn unpass(&mut self, t: &'a Ticket) {
+        if let Some(lane) = self.lanes.iter_mut().find(|l| l.tenant == t.tenant) {
+            let at = lane.returned.partition_point(|r| (r.deadline, r.id) < (t.deadline, t.id));
+            lane.returned.insert(at, t);
+        }
     }
 
     fn charge(&mut self, t: &Ticket) {
@@ -111,12 +164,14 @@ impl<'a> Iterator for Tier<'a> {
 }
 
 /// Cuts successive batches from the interactive and the batch-tier requests.
+#[derive(Clone)]
 pub(crate) struct Cutter<'a> {
     cap: u32,
     interactive: Tier<'a>,
     batch: Tier<'a>,
-    /// Batch-tier requests passed over for size, in the order they were passed (not yet charged).
-    passed: VecDeque<&'a Ticket>,
+    /// Batch-tier requests passed over for size by the last batch, in the order they were passed
+    /// (not charged).
+    pub passed: VecDeque<&'a Ticket>,
     /// Requests whose deadline is at or before this instant have left the queue (expired) by the
     /// time the next batch is cut, and are skipped.
     expired_by: Option<Instant>,
@@ -125,6 +180,7 @@ pub(crate) struct Cutter<'a> {
 }
 
 impl<'a> Cutter<'a> {
+    /// `interactive` and `batch` as [`Scheduler::order`](super::Scheduler) builds them.
     pub fn new(cap: u32, interactive: Tier<'a>, batch: Tier<'a>) -> Self {
         Cutter { cap, interactive, batch, passed: VecDeque::new(), expired_by: None, gone: Vec::new() }
     }
@@ -161,18 +217,11 @@ impl<'a> Iterator for Cutter<'a> {
             take(&mut tickets, &mut shape, self.interactive.seat(lane));
         }
         let (interactive, interactive_rows) = (tickets.len(), shape.rows);
-        let mut passed_over = 0;
-        let mut i = 0;
-        while i < self.passed.len() && shape.rows < cap && passed_over <= FILL_LOOKAHEAD {
-            if shape.rows + self.passed[i].rows <= cap {
-                let t = self.passed.remove(i).expect("in range");
-                self.batch.charge(t);
-                take(&mut tickets, &mut shape, t);
-            } else {
-                passed_over += 1;
-                i += 1;
-            }
+        // What the last batch passed over heads its lane again (as a fresh cut would see it).
+        for t in std::mem::take(&mut self.passed) {
+            self.batch.unpass(t);
         }
+        let mut passed_over = 0;
         let mut exhausted = false;
         while shape.rows < cap && passed_over <= FILL_LOOKAHEAD {
             let Some((lane, t)) = self.batch.peek(self.expired_by, &mut self.gone) else {
@@ -182,8 +231,7 @@ impl<'a> Iterator for Cutter<'a> {
             if shape.rows + t.rows <= cap {
                 take(&mut tickets, &mut shape, self.batch.seat(lane));
             } else {
-                self.batch.lanes[lane].tickets.next();
-                self.passed.push_back(t);
+                self.passed.push_back(self.batch.pass(lane));
                 passed_over += 1;
             }
         }
@@ -206,12 +254,12 @@ impl<'a> Cutter<'a> {
     /// interactive ones when it has any; otherwise all of them, and when it is not full the
     /// passed-over too (they are all that is left).
     fn cut(&self, tickets: Vec<&'a Ticket>, shape: Shape, full: bool, timed: usize) -> Cut<'a> {
-        let passed = if full || timed < tickets.len() { None } else { Some(self.passed.iter()) };
+        // Interactive requests are taken first: a cut has some exactly when its first is one.
+        let interactive = tickets[0].priority == Priority::Interactive;
+        let passed = if full || interactive { None } else { Some(self.passed.iter()) };
         let waiting = || tickets[..timed].iter().chain(passed.clone().into_iter().flatten());
         let oldest = waiting().map(|t| t.arrival).min().expect("a cut holds a ticket");
         let earliest_deadline = waiting().map(|t| t.deadline).min().expect("a cut holds a ticket");
-        // Interactive requests are taken first: a cut has some exactly when its first is one.
-        let interactive = tickets[0].priority == Priority::Interactive;
         Cut { tickets, shape, full, oldest, earliest_deadline, interactive }
     }
 }

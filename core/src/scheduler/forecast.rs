@@ -26,20 +26,39 @@ use crate::ticket::{Priority, RequestId, Ticket};
 /// in seats interactive work leaves empty), or of another tenant that fair shares put behind `new`
 /// (that tenant is past its share; the promise of a seat was made while nobody else claimed it).
 /// Those are returned, to be shed now rather than left to miss.
-pub(super) fn check_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Result<Vec<RequestId>, Refusal> {
-    if surely_admissible(s, new, now) {
+/// `baseline`: the forecast of the queue as it stood before room was made for `new` at a bound
+/// ([`baseline`]); without it, the queue as it is.
+pub(super) fn check_admission(
+    s: &Scheduler,
+    new: &Ticket,
+    baseline: Option<&Completions>,
+    now: Instant,
+) -> Result<Vec<RequestId>, Refusal> {
+    if baseline.is_none() && surely_admissible(s, new, now) {
         // Debug builds (every test) check the shortcut against the forecast it skips.
         debug_assert!(
-            forecast_admission(s, new, now).is_ok_and(|shed| shed.is_empty()),
+            forecast_admission(s, new, None, now).is_ok_and(|shed| shed.is_empty()),
             "the shortcut admitted what the forecast refuses"
         );
         return Ok(Vec::new());
     }
-    forecast_admission(s, new, now)
+    forecast_admission(s, new, baseline, now)
+}
+
+/// When each queued request would finish, by id ([`completions`] without a newcomer).
+pub(super) type Completions = HashMap<RequestId, Option<Instant>>;
+
+pub(super) fn baseline(s: &Scheduler, now: Instant) -> Completions {
+    completions(s, None, None, now).into_iter().map(|(t, end)| (t.id, end)).collect()
 }
 
 /// The admission decision by the whole forecast, with and (when someone would miss) without `new`.
-fn forecast_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Result<Vec<RequestId>, Refusal> {
+fn forecast_admission(
+    s: &Scheduler,
+    new: &Ticket,
+    baseline: Option<&Completions>,
+    now: Instant,
+) -> Result<Vec<RequestId>, Refusal> {
     let with = completions(s, Some(new), None, now);
     let finish = with.iter().find(|(t, _)| t.id == new.id).and_then(|(_, end)| *end);
     let Some(finish) = finish else {
@@ -85,26 +104,41 @@ fn forecast_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Result<Vec<R
         return Ok(Vec::new());
     }
     let missed: Vec<(Ticket, Option<Instant>)> = with.into_iter().map(|(t, end)| (*t, end)).collect();
-    let without: HashMap<RequestId, Option<Instant>> =
-        completions(s, None, None, now).into_iter().map(|(t, end)| (t.id, end)).collect();
+    let without = baseline.cloned().unwrap_or_else(|| self::baseline(s, now));
     // Who may be displaced, one at a time in forecast order, each time forecasting again: taking
     // one out may be enough for the rest (and changes how they are cut: a batch that was full
     // may now wait for its timers).
     let mut rank: Option<HashMap<RequestId, usize>> = None;
     let mut shed: HashSet<RequestId> = HashSet::new();
     let mut forecast = missed;
-    for _ in 0..MAX_DISPLACED {
+    for round in 0..=MAX_DISPLACED {
         let broken = forecast
             .into_iter()
             .find(|(t, end)| t.id != new.id && misses(t, *end) && !shed.contains(&t.id) && !misses(t, without[&t.id]));
         let Some((t, after)) = broken else { return Ok(shed.into_iter().collect()) };
+        if round == MAX_DISPLACED {
+            return Err(Refusal::new(
+                Outcome::Infeasible,
+                format!(
+                    "deadline cannot be met without displacing more than {MAX_DISPLACED} admitted requests (the \
+                     most one request may displace)"
+                ),
+            )
+            .retry_after(drain_time(s, now)));
+        }
+        // Another tenant's request gives way only to fair shares: its tenant has had strictly
+        // more service than the newcomer's, and fair order puts it behind the newcomer.
+        let shares = &s.shares[new.priority.index()];
         let displaceable = t.priority > new.priority
-            || (t.tenant != new.tenant && t.priority == new.priority && {
-                let rank = rank.get_or_insert_with(|| {
-                    s.order(new.priority, Some(new), None).enumerate().map(|(i, t)| (t.id, i)).collect()
+            || (t.tenant != new.tenant
+                && t.priority == new.priority
+                && shares.served(t.tenant) > shares.served(new.tenant)
+                && {
+                    let rank = rank.get_or_insert_with(|| {
+                        s.order(new.priority, Some(new), None).enumerate().map(|(i, t)| (t.id, i)).collect()
+                    });
+                    rank[&t.id] > rank[&new.id]
                 });
-                rank[&t.id] > rank[&new.id]
-            });
         if !displaceable {
             return Err(broken_promise(s, &t, after, now));
         }
@@ -116,7 +150,7 @@ fn forecast_admission(s: &Scheduler, new: &Ticket, now: Instant) -> Result<Vec<R
             }
         }
     }
-    Err(broken_promise(s, new, None, now))
+    unreachable!("the last round returns")
 }
 
 fn broken_promise(s: &Scheduler, t: &Ticket, after: Option<Instant>, now: Instant) -> Refusal {
@@ -176,21 +210,44 @@ fn completions<'a>(
     let mut out = Vec::with_capacity(s.queue.len() + 1);
     loop {
         let Reverse(worker_free) = free.pop().expect("at least one worker");
-        // What waits in the queue until this worker is free and has expired by then is not cut.
-        cutter.expire_by(worker_free);
-        let Some(cut) = cutter.next() else { break };
-        out.extend(cutter.gone.drain(..).map(|t| (t, None)));
-        let took = s.estimator.estimate(cut.shape);
-        let leaves = if cut.full {
-            now
-        } else {
-            let must_leave = cut.earliest_deadline.checked_sub(s.margin.get() + took).unwrap_or(now);
-            (cut.oldest + s.policy.max_wait).min(must_leave).max(now)
+        // The batch is cut when this worker is free (what has expired by then is not cut); if it
+        // waits longer (its timers, the reserved worker) and one of its requests expires first,
+        // the dispatch rule cuts again at that moment: so does the forecast, from where it stood.
+        let mut at = worker_free;
+        let planned = loop {
+            let before = cutter.clone();
+            cutter.expire_by(at);
+            let Some(cut) = cutter.next() else { break None };
+            let took = s.estimator.estimate(cut.shape);
+            let leaves = if cut.full {
+                now
+            } else {
+                let must_leave = cut.earliest_deadline.checked_sub(s.margin.get() + took).unwrap_or(now);
+                (cut.oldest + s.policy.max_wait).min(must_leave).max(now)
+            };
+            // A batch of batch-tier requests alone waits until a second worker is free as well
+            // (one is kept for interactive work).
+            let reserve = if cut.interactive || s.workers.len() < 2 { None } else { free.peek().map(|r| r.0) };
+            let start = at.max(leaves).max(reserve.unwrap_or(at));
+            let timed_by_passed = !cut.full && !cut.interactive;
+            let expiring = cut
+                .tickets
+                .iter()
+                .copied()
+                .chain(cutter.passed.iter().copied().filter(|_| timed_by_passed))
+                .map(|t| t.deadline)
+                .filter(|d| *d > at && *d <= start)
+                .min();
+            match expiring {
+                Some(d) => {
+                    cutter = before;
+                    at = d;
+                }
+                None => break Some((cut, took, start)),
+            }
         };
-        // A batch of batch-tier requests alone waits until a second worker is free as well
-        // (one is kept for interactive work).
-        let reserve = if cut.interactive || s.workers.len() < 2 { None } else { free.peek().map(|r| r.0) };
-        let start = worker_free.max(leaves).max(reserve.unwrap_or(worker_free));
+        let Some((cut, took, start)) = planned else { break };
+        out.extend(cutter.gone.drain(..).map(|t| (t, None)));
         // As at dispatch: who cannot finish in time leaves the batch (expired), and the seat stays empty.
         let rides = |t: &Ticket| t.deadline >= start + took;
         let mut shape = cut.shape;
@@ -212,9 +269,9 @@ fn completions<'a>(
 
 /// `tickets` (in deadline order) with `new` in its place among them.
 pub(super) fn with_new<'a>(
-    tickets: impl Iterator<Item = &'a Ticket>,
+    tickets: impl Iterator<Item = &'a Ticket> + Clone,
     new: Option<&'a Ticket>,
-) -> impl Iterator<Item = &'a Ticket> {
+) -> impl Iterator<Item = &'a Ticket> + Clone {
     let key = |t: &Ticket| (t.deadline, t.id);
     let mut tickets = tickets.peekable();
     let mut new = new;

@@ -187,7 +187,7 @@ async fn admit_and_wait(
     let tokens = tokens.map_err(Refusal::invalid)?;
     // The tenant's quotas: this request, its rows × tokens, its rows held until it ends.
     let weight = u64::from(rows) * u64::from(tokens.longest.max(1));
-    let _held = tenant.take(u64::from(rows), weight, Instant::now())?;
+    let mut held = tenant.take(u64::from(rows), weight, Instant::now())?;
 
     let submission = Submission {
         inputs,
@@ -201,7 +201,17 @@ async fn admit_and_wait(
         deadline: arrival + timeout,
         tally: tally.take().expect("a request is submitted once"),
     };
-    let answer = served.batcher.submit(submission).reply().await?;
+    let answer = match served.batcher.submit(submission).reply().await {
+        Ok(answer) => answer,
+        Err(refusal) => {
+            // Refused (or shed) for want of capacity: it did no work, and its quota is given back.
+            if matches!(refusal.outcome, Outcome::QueueFull | Outcome::Infeasible) {
+                held.refund();
+            }
+            return Err(refusal);
+        }
+    };
+    drop(held);
     front.metrics.observe_tenant_queue_wait(&tenant.name, answer.queued);
 
     let mut outputs = answer.outputs;

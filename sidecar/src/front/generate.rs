@@ -113,7 +113,7 @@ async fn generate(front: Shared, headers: HeaderMap, body: Body, kind: Kind) -> 
         Err(refusal) => return refuse(tally, refusal),
     };
     match admit(&front, &served, &headers, &tenant, bytes, kind, arrival).await {
-        Ok((admitted, call, _held)) => {
+        Ok((admitted, call, held)) => {
             let stream = match admitted {
                 Admitted::Steps(submission) => match &served.backend {
                     Backend::Steps { generator, .. } => generator.submit(submission, tally),
@@ -124,7 +124,7 @@ async fn generate(front: Shared, headers: HeaderMap, body: Body, kind: Kind) -> 
                     Backend::Steps { .. } => unreachable!("admitted for its own backend"),
                 },
             };
-            answer(&served, &headers, call, kind, stream, arrival).await
+            answer(&served, &headers, call, kind, stream, held, arrival).await
         }
         Err(refusal) => refuse(tally, refusal),
     }
@@ -365,6 +365,7 @@ async fn answer(
     call: Call,
     kind: Kind,
     mut stream: Stream,
+    mut held: Held,
     arrival: Instant,
 ) -> Response {
     let request_id = headers.get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("0").to_owned();
@@ -378,7 +379,13 @@ async fn answer(
     let first = match stream.next().await {
         Some(Piece::Text(text)) => text,
         Some(Piece::End(Ok(f))) => return whole(&frame, String::new(), &f, &stream, arrival),
-        Some(Piece::End(Err(refusal))) => return error(&refusal),
+        Some(Piece::End(Err(refusal))) => {
+            // Refused at admission for want of capacity: no work done, its quota given back.
+            if matches!(refusal.outcome, Outcome::QueueFull | Outcome::Infeasible) {
+                held.refund();
+            }
+            return error(&refusal);
+        }
         None => return error(&Refusal::new(Outcome::Failed, "the generator ended the stream without an answer")),
     };
     if !call.stream {
@@ -401,8 +408,9 @@ async fn answer(
     );
     let include_usage = call.include_usage;
     let opening = event(&frame.chunk(&first, true, None, include_usage));
-    let state = (stream, frame, false);
-    let rest = futures::stream::unfold(state, move |(mut stream, frame, done)| async move {
+    // The tenant's held row travels with the body: it is given back when the stream ends.
+    let state = (stream, frame, false, held);
+    let rest = futures::stream::unfold(state, move |(mut stream, frame, done, held)| async move {
         if done {
             return None;
         }
@@ -420,7 +428,7 @@ async fn answer(
                 }
                 Piece::End(Err(refusal)) => (error_event(&refusal), true),
             };
-            return Some((Ok::<Bytes, std::io::Error>(bytes), (stream, frame, done)));
+            return Some((Ok::<Bytes, std::io::Error>(bytes), (stream, frame, done, held)));
         }
     });
     let body = futures::stream::once(async move { Ok::<Bytes, std::io::Error>(opening) });
