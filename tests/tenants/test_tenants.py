@@ -3,6 +3,7 @@ real `--tenants` file, over real HTTP: authentication, quotas with Retry-After, 
 beside a light one, and the file rewritten under the running process."""
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
@@ -142,26 +143,33 @@ def p99(values):
     return values[min(len(values) - 1, int(0.99 * len(values)))]
 
 
-def test_a_flooding_tenant_does_not_raise_a_light_tenants_p99_beyond_one_batch_time(sidecar):
-    solo = p99(light_latencies(sidecar))
+@contextlib.contextmanager
+def flooding(sidecar, token):
+    """FLOOD closed-loop clients sending with `token` until the block ends; entered once the
+    server's own figures say the flood is on (a queue of 20 and more)."""
     stop = threading.Event()
 
     def flood():
         while not stop.is_set():
-            sidecar.infer("heavy-token-1")
+            sidecar.infer(token)
 
     with concurrent.futures.ThreadPoolExecutor(FLOOD) as pool:
         try:
             for _ in range(FLOOD):
                 pool.submit(flood)
-            # The flood is on once the server's own figures say so: a queue of 20 and more.
             deadline = time.monotonic() + 20
-            while not re.search(r'ferry_queue_depth\{[^}]*\} ([2-9]\d|\d\d\d+)', sidecar.metrics()):
-                assert time.monotonic() < deadline, "the flood never overloaded the sidecar"
+            while not re.search(r"ferry_queue_depth\{[^}]*\} ([2-9]\d|\d\d\d+)", sidecar.metrics()):
+                assert time.monotonic() < deadline, "the flood never built a queue"
                 time.sleep(0.05)
-            flooded = p99(light_latencies(sidecar))
+            yield
         finally:
             stop.set()
+
+
+def test_a_flooding_tenant_does_not_raise_a_light_tenants_p99_beyond_one_batch_time(sidecar):
+    solo = p99(light_latencies(sidecar))
+    with flooding(sidecar, "heavy-token-1"):
+        flooded = p99(light_latencies(sidecar))
     batch = 0.050
     # One batch time over the solo figure, with a generous allowance for a noisy 2-core machine
     # that also runs the flood's client threads.
@@ -175,27 +183,12 @@ def test_without_fair_shares_the_same_flood_buries_the_light_caller(tmp_path):
     path.write_text("tenants:\n  - {name: everyone, token: shared-token-1}\n")
     s = Sidecar(path)
     try:
-        stop = threading.Event()
-
-        def flood():
-            while not stop.is_set():
+        with flooding(s, "shared-token-1"):
+            slow = []
+            for _ in range(10):
+                start = time.monotonic()
                 s.infer("shared-token-1")
-
-        with concurrent.futures.ThreadPoolExecutor(FLOOD) as pool:
-            try:
-                for _ in range(FLOOD):
-                    pool.submit(flood)
-                deadline = time.monotonic() + 20
-                while not re.search(r'ferry_queue_depth\{[^}]*\} ([2-9]\d|\d\d\d+)', s.metrics()):
-                    assert time.monotonic() < deadline, "the flood never built a queue"
-                    time.sleep(0.05)
-                slow = []
-                for _ in range(10):
-                    start = time.monotonic()
-                    s.infer("shared-token-1")
-                    slow.append(time.monotonic() - start)
-            finally:
-                stop.set()
+                slow.append(time.monotonic() - start)
         assert max(slow) > 0.25, f"the light caller was not held up without fair shares: {slow}"
     finally:
         s.stop()
