@@ -124,10 +124,12 @@ pub fn check(spec: &InferenceServiceSpec) -> Result<Checked, SpecError> {
     })
 }
 
-/// Replicas a new worker Deployment starts with: the minimum plus the warm spares.
+/// Replicas a new worker Deployment starts with: what the autoscaler decides for no load — the
+/// warm spares (replicas beyond what the load needs) within `minReplicas`..`maxReplicas` — and at
+/// least one, since a service with no pod has no metrics to show load with.
 pub fn initial_replicas(spec: &InferenceServiceSpec) -> i32 {
     let s = &spec.scaling;
-    (s.min_replicas + s.warm_replicas).min(s.max_replicas).max(1) as i32
+    s.warm_replicas.clamp(s.min_replicas, s.max_replicas).max(1) as i32
 }
 
 /// Labels on every object made for `isvc`.

@@ -32,10 +32,14 @@ enum Command {
     Plan(PlanArgs),
     /// Compare scaling policies on an arrival trace, in a deterministic simulation.
     Simulate {
+        /// One scenario; all of them when left out.
         #[arg(long, value_enum)]
-        scenario: Scenario,
-        #[arg(long)]
+        scenario: Option<Scenario>,
+        #[arg(long, conflicts_with = "markdown")]
         json: bool,
+        /// The README's table rows.
+        #[arg(long)]
+        markdown: bool,
     },
 }
 
@@ -136,13 +140,23 @@ fn main() -> ExitCode {
             }
             return ExitCode::SUCCESS;
         }
-        Some(Command::Simulate { scenario, json }) => {
-            let outcomes = simulate::compare(&World::problem_statement(), scenario);
+        Some(Command::Simulate { scenario, json, markdown }) => {
+            let scenarios = scenario.map_or(Scenario::ALL.to_vec(), |s| vec![s]);
+            let single = scenarios.len() == 1;
+            let mut all = Vec::new();
+            for scenario in scenarios {
+                let outcomes = simulate::compare(&World::problem_statement(), scenario);
+                if json {
+                    all.push(serde_json::json!({ "scenario": scenario.name(), "policies": outcomes }));
+                } else if markdown {
+                    print!("{}", simulate::markdown(scenario, &outcomes));
+                } else {
+                    print!("{}", simulate::table(scenario, &outcomes));
+                }
+            }
             if json {
-                let out = serde_json::json!({ "scenario": scenario.name(), "policies": outcomes });
+                let out = if single { all.remove(0) } else { serde_json::Value::Array(all) };
                 println!("{}", serde_json::to_string_pretty(&out).expect("serializable"));
-            } else {
-                print!("{}", simulate::table(scenario, &outcomes));
             }
             return ExitCode::SUCCESS;
         }

@@ -67,12 +67,14 @@ fn deployment(replicas: i32) -> Value {
 fn load(rate: f64) -> Observed {
     Observed {
         arrival_rate: rate,
+        latest_rate: rate,
         rows_per_request: 1.0,
         batch_time: Some(Duration::from_millis(100)),
         queue_depth: 3.0,
         oldest_queue_age: Duration::from_millis(4),
         pressure: 0.0,
         starting: 0,
+        settling: 0,
     }
 }
 

@@ -204,11 +204,18 @@ fn objects_carry_labels_and_an_owner_reference() {
 }
 
 #[test]
-fn initial_replicas_are_min_plus_warm_within_max() {
+fn initial_replicas_are_the_warm_spares_for_no_load_within_the_bounds() {
+    // Warm replicas are beyond what the load needs, at creation as in every decision: with no
+    // load yet, min 2 and warm 2 start 2 (the decision for no load), not 4.
     let mut isvc = example("remote.yaml");
-    assert_eq!(desired::initial_replicas(&isvc.spec), 4);
+    assert_eq!(desired::initial_replicas(&isvc.spec), 2);
+    isvc.spec.scaling.warm_replicas = 5;
+    assert_eq!(desired::initial_replicas(&isvc.spec), 5);
     isvc.spec.scaling.max_replicas = 3;
     assert_eq!(desired::initial_replicas(&isvc.spec), 3);
+    isvc.spec.scaling.min_replicas = 0;
+    isvc.spec.scaling.warm_replicas = 0;
+    assert_eq!(desired::initial_replicas(&isvc.spec), 1, "one pod, so that load can be seen at all");
 }
 
 #[test]

@@ -112,8 +112,9 @@ async fn create_applies_the_deployment_sets_initial_replicas_once_and_reports_pr
     let args = &applied["spec"]["template"]["spec"]["containers"][0]["args"];
     assert!(args.as_array().unwrap().contains(&json!("--max-batch-size=32")));
     let replicas =
-        expect(&mut api, "PATCH", DEPLOYMENT, &["fieldManager=ferry-autoscaler"], 200, deployment(2, 0, 1)).await;
-    assert_eq!(replicas["spec"], json!({"replicas": 2}), "min 1 + warm 1, as the autoscaler's field manager");
+        expect(&mut api, "PATCH", DEPLOYMENT, &["fieldManager=ferry-autoscaler"], 200, deployment(1, 0, 1)).await;
+    // No load yet: the one warm spare (the minimum is 1 too), as the autoscaler's field manager.
+    assert_eq!(replicas["spec"], json!({"replicas": 1}));
     let service = expect(&mut api, "PATCH", SERVICE, &["fieldManager=ferry-operator", "force=true"], 200, ECHO).await;
     assert_eq!(service["spec"]["ports"][0]["port"], 80);
     let status = expect(&mut api, "PATCH", STATUS, &[], 200, stored()).await;

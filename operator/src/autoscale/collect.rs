@@ -115,6 +115,11 @@ struct Window {
 }
 
 /// Sliding-window rates for every pod of every service.
+///
+/// Every pod's counters are read over the same window, ending now: the service's rate is all the
+/// window's requests over its one duration. Summing per-pod rates over unequal spans would count
+/// a pod that joined late at its short-span rate beside the others' long-span rates, which still
+/// include the share it took over from them: after a scale-up, more than was sent.
 #[derive(Debug, Clone)]
 pub struct Collector {
     span: Duration,
@@ -127,6 +132,11 @@ impl Collector {
         Collector { span, pods: HashMap::new() }
     }
 
+    /// The span rates are taken over.
+    pub fn span(&self) -> Duration {
+        self.span
+    }
+
     /// Records a scrape of `pod` (its UID) at `at`.
     pub fn observe(&mut self, pod: &str, at: Instant, sample: PodSample) {
         let w = self.pods.entry(pod.to_owned()).or_default();
@@ -137,49 +147,92 @@ impl Collector {
         }
     }
 
+    /// A pod that became ready at `at` counted from zero then (a sidecar counts from its start,
+    /// and no request reaches a pod before it is ready): what it served before its first scrape
+    /// is in the window too. Ignored once the pod has samples.
+    pub fn started(&mut self, pod: &str, at: Instant) {
+        let w = self.pods.entry(pod.to_owned()).or_default();
+        if w.samples.is_empty() {
+            w.samples.push_back((at, PodSample::default()));
+        }
+    }
+
     /// Forgets pods that are gone.
     pub fn retain(&mut self, alive: &[String]) {
         self.pods.retain(|pod, _| alive.contains(pod));
     }
 
-    /// What `pods` add up to now. A pod with one scrape only has no rate yet.
-    pub fn observed(&self, pods: &[String]) -> Observed {
+    /// Each pod's samples from the last one at or before `from` (or its first) on.
+    fn windows<'a>(
+        &'a self,
+        pods: &'a [String],
+        from: Option<Instant>,
+    ) -> impl Iterator<Item = Vec<(Instant, PodSample)>> + 'a {
+        pods.iter().filter_map(|p| self.pods.get(p)).filter(|w| !w.samples.is_empty()).map(move |w| {
+            let start = match from {
+                Some(from) => w.samples.iter().rposition(|(at, _)| *at <= from).unwrap_or(0),
+                None => 0,
+            };
+            w.samples.iter().skip(start).copied().collect()
+        })
+    }
+
+    /// What `pods` add up to over the window ending `now`.
+    pub fn observed(&self, pods: &[String], now: Instant) -> Observed {
         let (mut requests, mut ok, mut pressure, mut batches, mut rows, mut seconds) = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-        let (mut rate, mut depth, mut oldest) = (0.0, 0.0, 0.0f64);
-        for w in pods.iter().filter_map(|p| self.pods.get(p)) {
-            let Some(&(last_at, last)) = w.samples.back() else { continue };
-            depth += last.queue_depth;
-            oldest = oldest.max(last.oldest_age);
-            let first_at = w.samples.front().map(|(t, _)| *t).unwrap_or(last_at);
-            let grew = |f: fn(&PodSample) -> f64| increase(w.samples.iter().map(|(_, s)| f(s)));
-            let r = grew(|s| s.requests);
-            requests += r;
-            if last_at > first_at {
-                rate += r / (last_at - first_at).as_secs_f64();
+        let (mut depth, mut oldest) = (0.0, 0.0f64);
+        let mut first: Option<Instant> = None;
+        for w in self.windows(pods, now.checked_sub(self.span)) {
+            let (last_at, last) = *w.last().expect("not empty");
+            // Gauges from a pod that has not answered for a whole window are stale.
+            if last_at + self.span > now {
+                depth += last.queue_depth;
+                oldest = oldest.max(last.oldest_age);
             }
+            if w.len() < 2 {
+                continue;
+            }
+            first = Some(first.map_or(w[0].0, |f: Instant| f.min(w[0].0)));
+            let grew = |f: fn(&PodSample) -> f64| increase(w.iter().map(|(_, s)| f(s)));
+            requests += grew(|s| s.requests);
             ok += grew(|s| s.ok);
             pressure += grew(|s| s.pressure);
             batches += grew(|s| s.batches);
             rows += grew(|s| s.batch_rows);
             seconds += grew(|s| s.batch_seconds);
         }
+        let duration = first.map_or(0.0, |f| (now - f).as_secs_f64());
+        // The latest interval: since the newest scrape before the last, on every pod.
+        let latest_from =
+            self.windows(pods, now.checked_sub(self.span)).filter_map(|w| w.len().checked_sub(2).map(|i| w[i].0)).max();
+        let latest = latest_from.map_or(0.0, |from| {
+            let grew: f64 = self.windows(pods, Some(from)).map(|w| increase(w.iter().map(|(_, s)| s.requests))).sum();
+            let secs = (now - from).as_secs_f64();
+            if secs > 0.0 {
+                grew / secs
+            } else {
+                0.0
+            }
+        });
         Observed {
-            arrival_rate: rate,
+            arrival_rate: if duration > 0.0 { requests / duration } else { 0.0 },
+            latest_rate: latest,
             rows_per_request: if ok > 0.0 && batches > 0.0 { (rows / ok).max(1.0) } else { 1.0 },
             batch_time: (batches > 0.0).then(|| Duration::from_secs_f64(seconds / batches)),
             queue_depth: depth,
             oldest_queue_age: Duration::from_secs_f64(oldest),
             pressure: if requests > 0.0 { pressure / requests } else { 0.0 },
             starting: 0,
+            settling: 0,
         }
     }
 
     /// Mean rows per batch over the window, for `batchFill`.
-    pub fn rows_per_batch(&self, pods: &[String]) -> Option<f64> {
+    pub fn rows_per_batch(&self, pods: &[String], now: Instant) -> Option<f64> {
         let (mut batches, mut rows) = (0.0, 0.0);
-        for w in pods.iter().filter_map(|p| self.pods.get(p)) {
-            batches += increase(w.samples.iter().map(|(_, s)| s.batches));
-            rows += increase(w.samples.iter().map(|(_, s)| s.batch_rows));
+        for w in self.windows(pods, now.checked_sub(self.span)) {
+            batches += increase(w.iter().map(|(_, s)| s.batches));
+            rows += increase(w.iter().map(|(_, s)| s.batch_rows));
         }
         (batches > 0.0).then(|| rows / batches)
     }
@@ -211,12 +264,13 @@ mod tests {
             let n = f64::from(i) * 100.0;
             c.observe("a", t0 + 2 * i * S, sample(n, n, 0.0, n / 10.0, n));
         }
-        let o = c.observed(&["a".into()]);
-        // 100 requests every 2 s: 50 req/s over the last 10 s (plus one older sample).
+        let o = c.observed(&["a".into()], t0 + 20 * S);
+        // 100 requests every 2 s: 50 req/s over the last 10 s, and over the last 2 s.
         assert!((o.arrival_rate - 50.0).abs() < 1e-9, "{o:?}");
+        assert!((o.latest_rate - 50.0).abs() < 1e-9, "{o:?}");
         assert_eq!(o.batch_time, Some(Duration::from_millis(100)));
         assert_eq!(o.rows_per_request, 1.0);
-        assert_eq!(c.rows_per_batch(&["a".into()]), Some(10.0));
+        assert_eq!(c.rows_per_batch(&["a".into()], t0 + 20 * S), Some(10.0));
     }
 
     #[test]
@@ -226,7 +280,7 @@ mod tests {
         c.observe("a", t0, sample(1000.0, 1000.0, 5.0, 100.0, 1000.0));
         c.observe("a", t0 + 10 * S, sample(1500.0, 1500.0, 5.0, 150.0, 1500.0));
         c.observe("a", t0 + 20 * S, sample(200.0, 200.0, 2.0, 20.0, 200.0)); // restarted
-        let o = c.observed(&["a".into()]);
+        let o = c.observed(&["a".into()], t0 + 20 * S);
         assert!((o.arrival_rate - 35.0).abs() < 1e-9, "(500 + 200) / 20 s: {o:?}");
         assert_eq!(o.pressure, 2.0 / 700.0, "the restarted pod's 2 count; the old 5 were before the window");
     }
@@ -247,13 +301,40 @@ mod tests {
                 },
             );
         }
-        let both = c.observed(&["a".into(), "b".into()]);
+        let both = c.observed(&["a".into(), "b".into()], t0 + 10 * S);
         assert!((both.arrival_rate - 20.0).abs() < 1e-9);
         assert_eq!((both.queue_depth, both.pressure), (8.0, 0.1));
         assert_eq!(both.oldest_queue_age, Duration::from_millis(700));
         assert_eq!(both.rows_per_request, 2.0, "180 rows for 90 answered requests");
         c.retain(&["a".into()]);
-        assert!((c.observed(&["a".into(), "b".into()]).arrival_rate - 10.0).abs() < 1e-9);
+        assert!((c.observed(&["a".into(), "b".into()], t0 + 10 * S).arrival_rate - 10.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn every_pod_is_read_over_one_window_and_a_new_pod_from_zero() {
+        // 60 req/s throughout; pod b is ready at 16 s and from then on takes half.
+        let t0 = Instant::now();
+        let mut c = Collector::new(10 * S);
+        for i in 0..=10u32 {
+            let t = f64::from(2 * i);
+            let a = if t <= 16.0 { 60.0 * t } else { 960.0 + 30.0 * (t - 16.0) };
+            c.observe("a", t0 + 2 * i * S, sample(a, a, 0.0, 0.0, 0.0));
+            if i == 8 {
+                c.started("b", t0 + 16 * S);
+            }
+            if t > 16.0 {
+                let b = 30.0 * (t - 16.0);
+                c.observe("b", t0 + 2 * i * S, sample(b, b, 0.0, 0.0, 0.0));
+            }
+        }
+        // 480 on a and 120 on b over the last 10 s: 60 req/s. (Each pod's rate over its own
+        // span, summed, would say 48 + 30 = 78.)
+        let o = c.observed(&["a".into(), "b".into()], t0 + 20 * S);
+        assert!((o.arrival_rate - 60.0).abs() < 1e-9, "{o:?}");
+        assert!((o.latest_rate - 60.0).abs() < 1e-9, "60 + 60 over the last 2 s: {o:?}");
+        // A pod that has not answered for a whole window adds no stale gauges.
+        c.observe("c", t0, PodSample { queue_depth: 50.0, ..PodSample::default() });
+        assert_eq!(c.observed(&["c".into()], t0 + 20 * S).queue_depth, 0.0);
     }
 
     #[test]

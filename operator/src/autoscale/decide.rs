@@ -1,30 +1,46 @@
 //! How many worker pods an InferenceService needs: a pure function of what the sidecars report,
 //! the spec, and a little history, so that every rule is tested to the second and the same
-//! function can run in simulation and in the operator.
+//! function runs in simulation and in the operator.
 //!
 //! The rules, in order (DESIGN.md, "Autoscaling principle"):
 //! 1. Capacity of one replica at full batches is `workers × maxBatchSize / batchTime` rows/s.
-//! 2. Replicas for the arrival rate at `targetUtilization`.
-//! 3. Plus what drains, within one latency budget, the part of a backlog (whose oldest request
-//!    waited longer than `maxWait + batchTime`) that the ready replicas cannot.
-//! 4. Plus `warmReplicas` spares.
-//! 5. Deadline pressure (more than a tolerated share of requests infeasible or expired) scales up
-//!    at once, by at least one — unless pods are already starting, which are the relief on its
-//!    way — and blocks scale-down while it lasts.
-//! 6. Scale-down waits until lower need has lasted `scaleDownDelay`, and happens only if the
-//!    highest need seen over that time fits on N−1 replicas; then it goes to that need.
-//! 7. Pods still starting count as capacity to come (they are in the current replica count).
-//! 8. Bounded by `minReplicas` and `maxReplicas`. Every decision says why.
+//! 2. The offered rate is looked ahead by the time-to-ready: a pod asked for now serves only once
+//!    it is ready, so a rising rate is sized for where its trend (a rise both halves of the
+//!    recent decisions' rates agree on) puts it one time-to-ready ahead — at most twice the rate
+//!    now, and only when it adds a tenth at least (less is the rates' noise).
+//!    A falling rate is not projected: scale-down has its own delay.
+//! 3. Replicas for that rate at `targetUtilization`.
+//! 4. Plus what drains, within one latency budget, the part of a backlog (whose oldest request
+//!    waited longer than `maxWait + batchTime`) that the ready replicas cannot — while no pod is
+//!    starting: pods that start now arrive long after this backlog is served or expired.
+//! 5. Plus `warmReplicas`: replicas beyond what the load needs (the same meaning at creation,
+//!    [`crate::desired::initial_replicas`], where the load is still nothing).
+//! 6. Deadline pressure (more than a tolerated share of requests infeasible or expired) scales up
+//!    by at least one when it comes from too little capacity: a backlog, or ready replicas that are
+//!    busy (offered at least half of what they serve at full batches). It then waits until the
+//!    pods it asked for have been ready for one metrics window; if the pressure has not fallen to
+//!    half by then, added replicas do not help: it is the service's structural floor (its shape,
+//!    e.g. a wait for a busy worker plus a batch close to the budget), remembered with the rate it
+//!    was seen at and ignored while the rate stays within a quarter of it. Pressure from capacity
+//!    blocks scale-down; a structural floor does not.
+//! 7. Scale-down never removes a warming pod: it waits while pods are starting, then until lower
+//!    need has lasted `scaleDownDelay`, and happens only if the highest need seen over that time
+//!    fits on N−1 replicas; then it goes to that need.
+//! 8. Bounded by `minReplicas` and `maxReplicas`. Every decision has a [`Reason`] and says why.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// What the sidecars' metrics say, summed (or maxed) over the service's pods.
+/// What the sidecars' metrics say, summed (or maxed) over the service's pods, over one window.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Observed {
-    /// Requests offered per second (admitted or refused).
+    /// Requests offered per second (admitted, or refused for want of capacity), over the window.
     pub arrival_rate: f64,
+    /// The same over the latest scrape interval only: a step shows here a window before the
+    /// window's mean has caught up.
+    pub latest_rate: f64,
     /// Mean rows per request.
     pub rows_per_request: f64,
     /// Measured mean engine time per batch, if any batch ran.
@@ -32,10 +48,13 @@ pub struct Observed {
     pub queue_depth: f64,
     /// The longest any queued request has waited, over all pods.
     pub oldest_queue_age: Duration,
-    /// Share of the window's requests refused as infeasible or expired (0 to 1).
+    /// Share of the window's offered requests refused as infeasible or expired (0 to 1).
     pub pressure: f64,
     /// Pods asked for but not ready yet: capacity to come.
     pub starting: u32,
+    /// Ready pods that have not been ready for a whole window: the window's figures do not show
+    /// their effect yet.
+    pub settling: u32,
 }
 
 /// The spec's numbers the decision uses.
@@ -52,8 +71,86 @@ pub struct Target {
     pub max_replicas: u32,
     pub warm_replicas: u32,
     pub scale_down_delay: Duration,
-    /// Deadline pressure counts once more than this share of requests miss (0.01: the 99 % goal).
+    /// Deadline pressure counts once more than this share of requests miss ([`PRESSURE_TOLERANCE`]
+    /// in the operator).
     pub pressure_tolerance: f64,
+    /// Time from asking for a pod to its serving: measured, or `startupTime` until measured.
+    pub startup: Duration,
+}
+
+/// Why a decision came out as it did: decisions are counted by reason in the operator's metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The offered rate (looked ahead) needs more replicas.
+    Load,
+    /// A backlog needs more replicas to drain within one latency budget.
+    Backlog,
+    /// Deadline pressure from too little capacity: one replica more at least.
+    Pressure,
+    /// Deadline pressure, but the pods asked for have not had a window to show their effect.
+    Settling,
+    /// Deadline pressure that is not for want of capacity: nothing to scale.
+    Structural,
+    /// The load needs what runs.
+    Steady,
+    /// The load needs fewer, but pods are starting: scale-down never removes a warming pod.
+    Warming,
+    /// The load needs fewer; scale-down waits `scaleDownDelay`.
+    Cooling,
+    /// The highest need over the delay does not fit on one replica fewer.
+    Peak,
+    /// Fewer replicas.
+    ScaleDown,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 10] = [
+        Reason::Load,
+        Reason::Backlog,
+        Reason::Pressure,
+        Reason::Settling,
+        Reason::Structural,
+        Reason::Steady,
+        Reason::Warming,
+        Reason::Cooling,
+        Reason::Peak,
+        Reason::ScaleDown,
+    ];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Reason::Load => "load",
+            Reason::Backlog => "backlog",
+            Reason::Pressure => "pressure",
+            Reason::Settling => "settling",
+            Reason::Structural => "structural",
+            Reason::Steady => "steady",
+            Reason::Warming => "warming",
+            Reason::Cooling => "cooling",
+            Reason::Peak => "peak",
+            Reason::ScaleDown => "scale_down",
+        }
+    }
+}
+
+/// A scale-up for pressure (from `from` to `replicas`), to be judged once its pods have been
+/// ready for a window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Probe {
+    pub from: u32,
+    pub replicas: u32,
+    pub pressure: f64,
+}
+
+/// Pressure that added replicas did not relieve, the offered rate it was seen at, and the
+/// replicas before the scale-up that did not help (kept while the floor holds: earlier ones
+/// were added because they helped).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Floor {
+    pub pressure: f64,
+    pub rate: f64,
+    pub replicas: u32,
 }
 
 /// What the decision remembers between ticks.
@@ -61,14 +158,41 @@ pub struct Target {
 pub struct History {
     /// Since when the need has been below the current replicas, and the highest need since.
     pub lower_since: Option<(Instant, u32)>,
+    /// The offered rate at recent decisions, over one time-to-ready: its trend.
+    pub rates: VecDeque<(Instant, f64)>,
+    pub probe: Option<Probe>,
+    pub floor: Option<Floor>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScaleDecision {
     pub replicas: u32,
-    pub reason: String,
+    pub reason: Reason,
+    /// The arithmetic behind it, for people (the status and the Scaled event).
+    pub message: String,
     pub history: History,
 }
+
+/// Deadline pressure counts once more than this share of offered requests miss: the operator's
+/// and the simulation's tolerance. Low, because pressure that is not for want of capacity is
+/// told apart (rule 6) rather than tolerated.
+pub const PRESSURE_TOLERANCE: f64 = 0.002;
+/// The latest interval's rate replaces the window's when it is this much higher.
+const JUMP: f64 = 1.2;
+/// A look ahead counts when it adds at least this share of the rate now.
+const MIN_RISE: f64 = 0.1;
+/// A look ahead never more than doubles the rate now.
+const MAX_GROWTH: f64 = 2.0;
+/// Ready replicas offered at least this share of their full-batch capacity are busy: pressure
+/// there can be for want of capacity.
+const BUSY: f64 = 0.5;
+/// Pressure that did not fall below this share of what it was after a scale-up is structural.
+const RELIEF: f64 = 0.5;
+/// A floor holds while the rate stays within this share of the rate it was seen at.
+const FLOOR_RATE_BAND: f64 = 0.25;
+/// The trend is fitted over at least this span (and at most `TREND_SPAN_MAX`), one time-to-ready.
+const TREND_SPAN_MIN: Duration = Duration::from_secs(30);
+const TREND_SPAN_MAX: Duration = Duration::from_secs(600);
 
 /// Requests per second one replica serves at full batches.
 pub fn capacity_per_replica(target: &Target, batch_time: Duration, rows_per_request: f64) -> f64 {
@@ -76,28 +200,82 @@ pub fn capacity_per_replica(target: &Target, batch_time: Duration, rows_per_requ
     f64::from(target.workers * target.max_batch_size) / secs / rows_per_request.max(1.0)
 }
 
+/// The rate's slope over time (req/s per second), as a rise both halves of the span agree on:
+/// the lower of the two halves' median slopes between every two points (Theil–Sen). A step — a
+/// rise that has already happened — lies in one half and leaves the other flat, so it does not
+/// read as a trend, as it would through a line fitted to the whole span; a steady rise does.
+/// 0 with fewer than 6 points.
+pub fn trend(rates: &VecDeque<(Instant, f64)>) -> f64 {
+    if rates.len() < 6 {
+        return 0.0;
+    }
+    let points: Vec<(Instant, f64)> = rates.iter().copied().collect();
+    let (older, newer) = points.split_at(points.len() / 2);
+    median_slope(older).min(median_slope(newer))
+}
+
+fn median_slope(points: &[(Instant, f64)]) -> f64 {
+    let mut slopes = Vec::with_capacity(points.len() * points.len() / 2);
+    for (i, (ti, ri)) in points.iter().enumerate() {
+        for (tj, rj) in &points[i + 1..] {
+            let dt = (*tj - *ti).as_secs_f64();
+            if dt > 0.0 {
+                slopes.push((rj - ri) / dt);
+            }
+        }
+    }
+    if slopes.is_empty() {
+        return 0.0;
+    }
+    slopes.sort_by(f64::total_cmp);
+    let mid = slopes.len() / 2;
+    if slopes.len() % 2 == 1 {
+        slopes[mid]
+    } else {
+        (slopes[mid - 1] + slopes[mid]) / 2.0
+    }
+}
+
 /// `current` is the Deployment's replica count: ready pods and pods still starting.
 pub fn decide(observed: &Observed, target: &Target, current: u32, history: &History, now: Instant) -> ScaleDecision {
+    let mut h = history.clone();
+    let span = target.startup.clamp(TREND_SPAN_MIN, TREND_SPAN_MAX);
+    h.rates.push_back((now, observed.arrival_rate));
+    while h.rates.front().is_some_and(|(at, _)| *at + span < now) {
+        h.rates.pop_front();
+    }
+    // A rate that jumped in the latest interval is the rate now.
+    let rate =
+        if observed.latest_rate > JUMP * observed.arrival_rate { observed.latest_rate } else { observed.arrival_rate };
+    let slope = trend(&h.rates);
+    let rise = slope.max(0.0) * target.startup.as_secs_f64();
+    // A rise smaller than the noise of the rates it was fitted to is not a trend.
+    let ahead = if rise >= MIN_RISE * rate { (rate + rise).min(rate * MAX_GROWTH) } else { rate };
+
     let batch_time = observed.batch_time.unwrap_or(target.batch_time);
     let capacity = capacity_per_replica(target, batch_time, observed.rows_per_request);
     let usable = capacity * target.target_utilization;
-    let for_rate = (observed.arrival_rate / usable).ceil() as u32;
-    // A backlog is drained by extra replicas only when none are on their way already: pods that
-    // start now arrive long after this backlog has been served or has expired.
-    let backlogged = observed.queue_depth > 0.0
-        && observed.oldest_queue_age > target.max_wait + batch_time
-        && observed.starting == 0;
+    let for_rate = (ahead / usable).ceil() as u32;
+    let ready = current.saturating_sub(observed.starting);
+    let backlog = observed.queue_depth > 0.0 && observed.oldest_queue_age > target.max_wait + batch_time;
     // What the ready replicas cannot drain within one latency budget needs more of them.
     let budget = target.latency_budget.as_secs_f64();
-    let drained = f64::from(current.saturating_sub(observed.starting)) * capacity * budget;
-    let for_backlog =
-        if backlogged { ((observed.queue_depth - drained).max(0.0) / (capacity * budget)).ceil() as u32 } else { 0 };
+    let drained = f64::from(ready) * capacity * budget;
+    let for_backlog = if backlog && observed.starting == 0 {
+        ((observed.queue_depth - drained).max(0.0) / (capacity * budget)).ceil() as u32
+    } else {
+        0
+    };
     let need = for_rate + for_backlog;
     let bounded = |n: u32| n.clamp(target.min_replicas, target.max_replicas);
     let mut desired = bounded(need + target.warm_replicas);
-    let mut why = format!(
-        "{:.0} req/s at {:.0} req/s per replica (×{:.2} utilization) needs {for_rate}",
-        observed.arrival_rate, capacity, target.target_utilization
+    let mut why = format!("{rate:.0} req/s");
+    if ahead > rate + 0.5 {
+        why += &format!(" (rising {slope:.1} req/s per s: {ahead:.0} in {} s)", target.startup.as_secs());
+    }
+    why += &format!(
+        " at {capacity:.0} req/s per replica (×{:.2} utilization) needs {for_rate}",
+        target.target_utilization
     );
     if for_backlog > 0 {
         why += &format!(
@@ -108,55 +286,118 @@ pub fn decide(observed: &Observed, target: &Target, current: u32, history: &Hist
     }
     why += &format!(", plus {} warm", target.warm_replicas);
 
+    // Deadline pressure: from too little capacity, or the service's own floor?
     let pressured = observed.pressure > target.pressure_tolerance;
-    if pressured {
-        let reason = format!("deadline pressure: {:.1} % of requests infeasible or expired", observed.pressure * 100.0);
-        if observed.starting > 0 && desired <= current {
-            let reason =
-                format!("{reason}; holding {current}: {} pods starting are on their way; {why}", observed.starting);
-            return ScaleDecision { replicas: current, reason, history: History::default() };
+    let relief_coming = observed.starting > 0 || observed.settling > 0;
+    let mut failed = None;
+    if let Some(probe) = h.probe.filter(|_| !relief_coming) {
+        h.probe = None;
+        if pressured && current >= probe.replicas && observed.pressure > probe.pressure * RELIEF {
+            h.floor = Some(Floor { pressure: observed.pressure, rate, replicas: probe.from });
+            failed = Some(probe);
         }
-        desired = desired.max(bounded(current + 1));
-        return ScaleDecision {
-            replicas: desired.max(current),
-            reason: format!("{reason}; {why}"),
-            history: History::default(),
-        };
     }
+    if let Some(floor) = h.floor {
+        let moved = (rate - floor.rate).abs() > FLOOR_RATE_BAND * floor.rate;
+        if moved || observed.pressure > 2.0 * floor.pressure + target.pressure_tolerance {
+            h.floor = None;
+        }
+    }
+    if let Some(floor) = h.floor {
+        desired = desired.max(bounded(floor.replicas));
+    }
+    let busy = rate >= BUSY * f64::from(ready) * capacity;
+    let short = pressured && (backlog || busy) && h.floor.is_none();
+    let pressure = format!("{:.1} % of requests infeasible or expired", observed.pressure * 100.0);
+    let decision = |replicas: u32, reason: Reason, message: String, h: History| ScaleDecision {
+        replicas,
+        reason,
+        message,
+        history: h,
+    };
+    if short {
+        h.lower_since = None;
+        if desired > current {
+            return decision(desired, Reason::Load, format!("scale up: {why}; {pressure}"), h);
+        }
+        if relief_coming {
+            let message = format!(
+                "holding {current}: {pressure}, and {} pods asked for have not had a window to relieve it yet; {why}",
+                observed.starting + observed.settling
+            );
+            return decision(current, Reason::Settling, message, h);
+        }
+        let replicas = bounded(current + 1).max(current);
+        h.probe = Some(Probe { from: current, replicas, pressure: observed.pressure });
+        return decision(replicas, Reason::Pressure, format!("deadline pressure: {pressure}; {why}"), h);
+    }
+    // The replicas added for pressure that did not relieve it go again, at once: they were no
+    // answer to a load that lasts, which is what the scale-down delay waits for.
+    if let (Some(probe), Some(floor)) = (failed, h.floor) {
+        if desired < current {
+            h.lower_since = None;
+            let message = format!(
+                "scale down: {pressure} after the scale-up from {} to {} for {:.1} %, not for want of capacity: back to {desired}; {why}",
+                probe.from,
+                probe.replicas,
+                probe.pressure * 100.0
+            );
+            debug_assert_eq!(desired, desired.max(bounded(floor.replicas)));
+            return decision(desired, Reason::Structural, message, h);
+        }
+    }
+    let structural = if pressured {
+        let cause = match h.floor {
+            Some(f) => format!("replicas added at {:.0} req/s did not relieve it; keeping {}", f.rate, f.replicas),
+            None => format!("the ready replicas are not busy ({rate:.0} of {:.0} req/s)", f64::from(ready) * capacity),
+        };
+        format!("; {pressure}, not for want of capacity: {cause}")
+    } else {
+        String::new()
+    };
     if desired > current {
-        return ScaleDecision { replicas: desired, reason: format!("scale up: {why}"), history: History::default() };
+        h.lower_since = None;
+        let reason = if bounded(for_rate + target.warm_replicas) > current { Reason::Load } else { Reason::Backlog };
+        return decision(desired, reason, format!("scale up: {why}{structural}"), h);
     }
     if desired == current {
-        return ScaleDecision { replicas: current, reason: format!("steady: {why}"), history: History::default() };
+        h.lower_since = None;
+        let reason = if pressured { Reason::Structural } else { Reason::Steady };
+        return decision(current, reason, format!("steady: {why}{structural}"), h);
     }
     // Lower need: wait out the delay, remembering the highest need seen meanwhile.
-    let (since, peak) = match history.lower_since {
+    let (since, peak) = match h.lower_since {
         Some((since, peak)) => (since, peak.max(desired)),
         None => (now, desired),
     };
-    let history = History { lower_since: Some((since, peak)) };
+    h.lower_since = Some((since, peak));
+    if observed.starting > 0 {
+        let message = format!(
+            "holding {current}: need fell to {desired}, but {} pods are starting and a warming pod is never removed; {why}",
+            observed.starting
+        );
+        return decision(current, Reason::Warming, message, h);
+    }
     let waited = now - since;
     if waited < target.scale_down_delay {
-        let reason = format!(
-            "holding {current}: need fell to {desired} {} s ago, scale-down waits {} s; {why}",
+        let message = format!(
+            "holding {current}: need fell to {desired} {} s ago, scale-down waits {} s; {why}{structural}",
             waited.as_secs(),
             target.scale_down_delay.as_secs()
         );
-        return ScaleDecision { replicas: current, reason, history };
+        return decision(current, Reason::Cooling, message, h);
     }
+    h.lower_since = None;
     if peak > current - 1 {
-        let reason = format!(
+        let message = format!(
             "holding {current}: the highest need over the last {} s ({peak}) does not fit on {}",
             waited.as_secs(),
             current - 1
         );
-        return ScaleDecision { replicas: current, reason, history: History::default() };
+        return decision(current, Reason::Peak, message, h);
     }
-    ScaleDecision {
-        replicas: peak,
-        reason: format!("scale down: need stayed at most {peak} for {} s; {why}", waited.as_secs()),
-        history: History::default(),
-    }
+    let message = format!("scale down: need stayed at most {peak} for {} s; {why}{structural}", waited.as_secs());
+    decision(peak, Reason::ScaleDown, message, h)
 }
 
 #[cfg(test)]
@@ -179,83 +420,183 @@ mod tests {
             warm_replicas: 1,
             scale_down_delay: 300 * S,
             pressure_tolerance: 0.01,
+            startup: 60 * S,
         }
     }
 
     fn load(rate: f64) -> Observed {
         Observed {
             arrival_rate: rate,
+            latest_rate: rate,
             rows_per_request: 1.0,
             batch_time: None,
             queue_depth: 0.0,
             oldest_queue_age: Duration::ZERO,
             pressure: 0.0,
             starting: 0,
+            settling: 0,
         }
+    }
+
+    fn once(o: &Observed, t: &Target, current: u32) -> ScaleDecision {
+        decide(o, t, current, &History::default(), Instant::now())
     }
 
     #[test]
     fn replicas_follow_the_arithmetic_plus_warm_spares() {
-        let now = Instant::now();
         // 1000 req/s over 256 usable req/s per replica: 4, plus 1 warm.
-        let d = decide(&load(1000.0), &target(), 1, &History::default(), now);
-        assert_eq!(d.replicas, 5);
+        let d = once(&load(1000.0), &target(), 1);
+        assert_eq!((d.replicas, d.reason), (5, Reason::Load));
         assert!(
-            d.reason.starts_with("scale up: 1000 req/s at 320 req/s per replica (×0.80 utilization) needs 4"),
+            d.message.starts_with("scale up: 1000 req/s at 320 req/s per replica (×0.80 utilization) needs 4"),
             "{}",
-            d.reason
+            d.message
         );
-        assert!(d.reason.ends_with("plus 1 warm"));
+        assert!(d.message.ends_with("plus 1 warm"));
         // Measured batches and rows change the capacity: 2 rows per request halve it.
         let o = Observed { rows_per_request: 2.0, batch_time: Some(Duration::from_millis(50)), ..load(1000.0) };
-        assert_eq!(decide(&o, &target(), 1, &History::default(), now).replicas, 5);
+        assert_eq!(once(&o, &target(), 1).replicas, 5);
+        // No load: the warm spare alone, the same count a new service starts with.
+        assert_eq!(once(&load(0.0), &target(), 1).replicas, 1);
+        let t = Target { min_replicas: 0, warm_replicas: 2, ..target() };
+        assert_eq!((once(&load(0.0), &t, 2).replicas, once(&load(300.0), &t, 2).replicas), (2, 4));
+    }
+
+    #[test]
+    fn a_rising_rate_is_sized_one_time_to_ready_ahead_and_at_most_doubled() {
+        let t0 = Instant::now();
+        let mut h = History::default();
+        // 5 req/s more every second, for 30 s: 150 → 300 req/s.
+        let mut d = None;
+        for i in 0..=15u32 {
+            let rate = 150.0 + 10.0 * f64::from(i);
+            let next = decide(&load(rate), &target(), 2, &h, t0 + 2 * i * S);
+            h = next.history.clone();
+            d = Some(next);
+        }
+        let d = d.unwrap();
+        // 300 req/s now and 5 more each second for 60 s: 600 req/s, 3 replicas, plus 1 warm.
+        assert_eq!((d.replicas, d.reason), (4, Reason::Load), "{}", d.message);
+        assert!(d.message.contains("300 req/s (rising 5.0 req/s per s: 600 in 60 s)"), "{}", d.message);
+        // A longer time-to-ready would look further, but never past twice the rate now.
+        let slow = Target { startup: 600 * S, ..target() };
+        let far = decide(&load(300.0), &slow, 2, &h, t0 + 32 * S);
+        assert_eq!(far.replicas, 4, "600 req/s at most: {}", far.message);
+        // A falling rate is not projected: only the rate now counts.
+        let mut h = History::default();
+        for i in 0..=15u32 {
+            h = decide(&load(600.0 - 10.0 * f64::from(i)), &target(), 4, &h, t0 + 2 * i * S).history;
+        }
+        assert!(trend(&h.rates) < -4.9);
+        let d = decide(&load(440.0), &target(), 3, &h, t0 + 80 * S);
+        assert_eq!(d.replicas, 3, "440 / 256 → 2, plus 1 warm: {}", d.message);
+        // Points older than one time-to-ready are forgotten: those of 20 s to 30 s, and now.
+        assert_eq!(d.history.rates.len(), 7);
     }
 
     #[test]
     fn a_backlog_older_than_max_wait_plus_batch_time_adds_replicas() {
-        let now = Instant::now();
         let o = Observed { queue_depth: 640.0, oldest_queue_age: Duration::from_millis(150), ..load(500.0) };
         // 500 req/s needs 2; of 640 queued, 3 ready replicas drain 192 within 0.2 s; the other
         // 448 at 64 per replica need 7 more; 1 warm.
-        let d = decide(&o, &target(), 3, &History::default(), now);
-        assert_eq!(d.replicas, 10);
-        assert!(d.reason.contains("a backlog of 640 (oldest waited 150 ms) needs 7 more"), "{}", d.reason);
+        let d = once(&o, &target(), 3);
+        assert_eq!((d.replicas, d.reason), (10, Reason::Backlog));
+        assert!(d.message.contains("a backlog of 640 (oldest waited 150 ms) needs 7 more"), "{}", d.message);
         // A young queue is normal batching, not a backlog.
         let young = Observed { oldest_queue_age: Duration::from_millis(50), ..o.clone() };
-        assert_eq!(decide(&young, &target(), 3, &History::default(), now).replicas, 3);
+        assert_eq!(once(&young, &target(), 3).replicas, 3);
         // Pods already starting will arrive after this backlog is gone: no extra for it.
         let coming = Observed { starting: 1, ..o };
-        assert_eq!(decide(&coming, &target(), 3, &History::default(), now).replicas, 3);
+        assert_eq!(once(&coming, &target(), 3).replicas, 3);
     }
 
     #[test]
-    fn deadline_pressure_scales_up_at_once_and_blocks_scale_down() {
+    fn deadline_pressure_on_busy_replicas_scales_up_at_once_and_blocks_scale_down() {
         let now = Instant::now();
-        let o = Observed { pressure: 0.05, ..load(100.0) };
-        let d = decide(&o, &target(), 4, &History::default(), now);
-        assert_eq!(d.replicas, 5, "at least one more, though the rate alone needs 2");
-        assert!(d.reason.starts_with("deadline pressure: 5.0 % of requests infeasible or expired"), "{}", d.reason);
-        let held = decide(&o, &target(), 20, &History { lower_since: Some((now - 600 * S, 2)) }, now);
+        // 900 req/s on 5 replicas (1600 req/s at full batches) is busy; the rate alone needs 4 + 1 warm.
+        let o = Observed { pressure: 0.05, ..load(900.0) };
+        let d = once(&o, &target(), 5);
+        assert_eq!((d.replicas, d.reason), (6, Reason::Pressure), "{}", d.message);
+        assert!(d.message.starts_with("deadline pressure: 5.0 % of requests infeasible or expired"), "{}", d.message);
+        assert_eq!(d.history.probe, Some(Probe { from: 5, replicas: 6, pressure: 0.05 }));
+        // A backlog is capacity pressure too, whatever the rate.
+        let backlog = Observed { queue_depth: 50.0, oldest_queue_age: Duration::from_millis(150), ..load(100.0) };
+        assert_eq!(once(&Observed { pressure: 0.05, ..backlog.clone() }, &target(), 5).reason, Reason::Pressure);
+        let h = History { lower_since: Some((now - 600 * S, 2)), ..History::default() };
+        let held = decide(&Observed { pressure: 0.05, ..backlog.clone() }, &target(), 20, &h, now);
         assert_eq!(held.replicas, 20, "no scale-down (and max bounds the scale-up) under pressure");
+        assert_eq!(held.history.lower_since, None);
+    }
+
+    #[test]
+    fn pressure_at_low_utilization_is_a_floor_of_the_service_not_load() {
+        // The quickstart's trickle: 20 req/s on 2 replicas, 1.7 % refused because a request
+        // that arrives just after a batch leaves waits a whole batch for the worker.
+        let d = once(&Observed { pressure: 0.017, ..load(20.0) }, &target(), 2);
+        assert_eq!((d.replicas, d.reason), (2, Reason::Structural), "{}", d.message);
+        assert!(d.message.contains("not for want of capacity: the ready replicas are not busy (20 of 640 req/s)"));
+    }
+
+    #[test]
+    fn pressure_stops_scaling_once_added_replicas_stop_helping() {
+        let t0 = Instant::now();
+        let t = target();
+        let strained = Observed { pressure: 0.04, ..load(1000.0) };
+        // Busy and pressured on 5: one more.
+        let up = decide(&strained, &t, 5, &History::default(), t0);
+        assert_eq!((up.replicas, up.reason), (6, Reason::Pressure));
+        // While the new pod starts, and for a window after it is ready, the same refusals are
+        // still in the window: it holds instead of climbing a replica a tick.
+        let starting = decide(&Observed { starting: 1, ..strained.clone() }, &t, 6, &up.history, t0 + 2 * S);
+        assert_eq!((starting.replicas, starting.reason), (6, Reason::Settling), "{}", starting.message);
+        let settling = decide(&Observed { settling: 1, ..strained.clone() }, &t, 6, &starting.history, t0 + 62 * S);
+        assert_eq!((settling.replicas, settling.reason), (6, Reason::Settling));
+        // A window later the pressure has halved: it helped, so one more.
+        let helped = decide(&Observed { pressure: 0.015, ..strained.clone() }, &t, 6, &settling.history, t0 + 72 * S);
+        assert_eq!((helped.replicas, helped.reason), (7, Reason::Pressure), "{}", helped.message);
+        assert_eq!(helped.history.floor, None);
+        // The 7th did not: 1.2 % stays. That is the floor: the 7th goes again at once, and no
+        // more scale-ups are made for it.
+        let ready = Observed { pressure: 0.012, ..strained.clone() };
+        let h = decide(&Observed { starting: 1, ..ready.clone() }, &t, 7, &helped.history, t0 + 74 * S).history;
+        let floor = decide(&ready, &t, 7, &h, t0 + 144 * S);
+        assert_eq!((floor.replicas, floor.reason), (6, Reason::Structural), "{}", floor.message);
+        assert_eq!(floor.history.floor, Some(Floor { pressure: 0.012, rate: 1000.0, replicas: 6 }));
+        assert!(floor
+            .message
+            .contains("after the scale-up from 6 to 7 for 1.5 %, not for want of capacity: back to 6"));
+        let later = decide(&ready, &t, 6, &floor.history, t0 + 146 * S);
+        assert_eq!((later.replicas, later.reason), (6, Reason::Structural));
+        assert!(
+            later.message.contains("replicas added at 1000 req/s did not relieve it; keeping 6"),
+            "{}",
+            later.message
+        );
+        // The replicas that helped stay while the load stays near where the floor was seen...
+        let near = decide(&Observed { pressure: 0.012, ..load(800.0) }, &t, 6, &later.history, t0 + 148 * S);
+        assert_eq!((near.replicas, near.reason), (6, Reason::Structural), "{}", near.message);
+        // ...and a load that moved by more than a quarter is a new situation: at 600 req/s the
+        // replicas are not busy, so the pressure holds nothing back and scale-down waits its delay.
+        let lower = decide(&Observed { pressure: 0.012, ..load(600.0) }, &t, 6, &near.history, t0 + 150 * S);
+        assert_eq!(lower.history.floor, None);
+        assert_eq!((lower.replicas, lower.reason), (6, Reason::Cooling), "{}", lower.message);
+        // At 1300 req/s the pressure counts again.
+        let more = decide(&Observed { pressure: 0.02, ..load(1300.0) }, &t, 6, &lower.history, t0 + 152 * S);
+        assert_eq!(more.history.floor, None);
+        assert!(more.replicas > 6, "{}", more.message);
     }
 
     #[test]
     fn pressure_waits_for_pods_already_starting_and_ignores_a_tolerated_trickle() {
-        let now = Instant::now();
-        let starting = Observed { pressure: 0.05, starting: 2, ..load(100.0) };
-        let d = decide(&starting, &target(), 4, &History::default(), now);
-        assert_eq!(d.replicas, 4);
-        assert!(d.reason.contains("holding 4: 2 pods starting are on their way"), "{}", d.reason);
+        let starting = Observed { pressure: 0.05, starting: 2, ..load(700.0) };
+        let d = once(&starting, &target(), 4);
+        assert_eq!((d.replicas, d.reason), (4, Reason::Settling));
+        assert!(d.message.contains("holding 4: 5.0 % of requests infeasible or expired, and 2 pods"), "{}", d.message);
         // The rate alone still scales up past what is starting.
-        assert_eq!(
-            decide(&Observed { pressure: 0.05, starting: 2, ..load(1000.0) }, &target(), 4, &History::default(), now)
-                .replicas,
-            5
-        );
+        assert_eq!(once(&Observed { pressure: 0.05, starting: 2, ..load(1000.0) }, &target(), 4).replicas, 5);
         // Half a percent refused is within the 99 % goal: no pressure.
-        let trickle = decide(&Observed { pressure: 0.005, ..load(300.0) }, &target(), 3, &History::default(), now);
-        assert_eq!(trickle.replicas, 3);
-        assert!(trickle.reason.starts_with("steady"), "{}", trickle.reason);
+        let trickle = once(&Observed { pressure: 0.005, ..load(300.0) }, &target(), 3);
+        assert_eq!((trickle.replicas, trickle.reason), (3, Reason::Steady));
     }
 
     #[test]
@@ -263,11 +604,11 @@ mod tests {
         let t0 = Instant::now();
         let target = target();
         let first = decide(&load(300.0), &target, 6, &History::default(), t0);
-        assert_eq!(first.replicas, 6);
+        assert_eq!((first.replicas, first.reason), (6, Reason::Cooling));
         assert!(
-            first.reason.starts_with("holding 6: need fell to 3 0 s ago, scale-down waits 300 s"),
+            first.message.starts_with("holding 6: need fell to 3 0 s ago, scale-down waits 300 s"),
             "{}",
-            first.reason
+            first.message
         );
         // A brief rise within the window raises the peak to 4.
         let mid = decide(&load(600.0), &target, 6, &first.history, t0 + 100 * S);
@@ -275,28 +616,41 @@ mod tests {
         let before = decide(&load(300.0), &target, 6, &mid.history, t0 + 299 * S);
         assert_eq!(before.replicas, 6);
         let after = decide(&load(300.0), &target, 6, &before.history, t0 + 300 * S);
-        assert_eq!(after.replicas, 4);
-        assert!(after.reason.starts_with("scale down: need stayed at most 4 for 300 s"), "{}", after.reason);
+        assert_eq!((after.replicas, after.reason), (4, Reason::ScaleDown));
+        assert!(after.message.starts_with("scale down: need stayed at most 4 for 300 s"), "{}", after.message);
+    }
+
+    #[test]
+    fn no_scale_down_while_a_pod_is_starting() {
+        let t0 = Instant::now();
+        let h = History { lower_since: Some((t0, 2)), ..History::default() };
+        let warming = decide(&Observed { starting: 1, ..load(300.0) }, &target(), 6, &h, t0 + 400 * S);
+        assert_eq!((warming.replicas, warming.reason), (6, Reason::Warming), "{}", warming.message);
+        assert!(warming.message.contains("1 pods are starting and a warming pod is never removed"));
+        // The delay kept counting: once the pod is ready, it scales down at once.
+        let ready = decide(&load(300.0), &target(), 6, &warming.history, t0 + 402 * S);
+        assert_eq!((ready.replicas, ready.reason), (3, Reason::ScaleDown), "{}", ready.message);
     }
 
     #[test]
     fn consolidation_is_refused_when_the_load_does_not_fit_on_one_fewer() {
         let t0 = Instant::now();
-        let target = target();
         // Need 3 now, but 4 was needed during the window: 4 replicas stay.
-        let d = decide(&load(300.0), &target, 4, &History { lower_since: Some((t0, 4)) }, t0 + 300 * S);
-        assert_eq!(d.replicas, 4);
-        assert!(d.reason.contains("does not fit on 3"), "{}", d.reason);
+        let h = History { lower_since: Some((t0, 4)), ..History::default() };
+        let d = decide(&load(300.0), &target(), 4, &h, t0 + 300 * S);
+        assert_eq!((d.replicas, d.reason), (4, Reason::Peak));
+        assert!(d.message.contains("does not fit on 3"), "{}", d.message);
     }
 
     #[test]
     fn replicas_stay_within_bounds() {
         let now = Instant::now();
         let t = Target { min_replicas: 2, max_replicas: 6, ..target() };
-        assert_eq!(decide(&load(10_000.0), &t, 3, &History::default(), now).replicas, 6);
-        assert_eq!(decide(&load(0.0), &t, 2, &History::default(), now).replicas, 2);
+        assert_eq!(once(&load(10_000.0), &t, 3).replicas, 6);
+        assert_eq!(once(&load(0.0), &t, 2).replicas, 2);
         let zero_min = Target { min_replicas: 0, warm_replicas: 0, ..target() };
-        let idle = decide(&load(0.0), &zero_min, 1, &History { lower_since: Some((now - 300 * S, 0)) }, now);
+        let h = History { lower_since: Some((now - 300 * S, 0)), ..History::default() };
+        let idle = decide(&load(0.0), &zero_min, 1, &h, now);
         assert_eq!(idle.replicas, 0, "scale to zero when allowed");
     }
 
@@ -304,7 +658,6 @@ mod tests {
     fn starting_pods_count_as_capacity_to_come() {
         // 5 replicas requested, 3 of them still starting, a backlog and deadline pressure: the
         // starting pods are the relief on its way, so nothing more is asked for...
-        let now = Instant::now();
         let strained = Observed {
             queue_depth: 640.0,
             oldest_queue_age: Duration::from_millis(150),
@@ -312,11 +665,16 @@ mod tests {
             starting: 3,
             ..load(1000.0)
         };
-        let d = decide(&strained, &target(), 5, &History::default(), now);
-        assert_eq!(d.replicas, 5);
-        assert!(d.reason.contains("3 pods starting are on their way"), "{}", d.reason);
+        let d = once(&strained, &target(), 5);
+        assert_eq!((d.replicas, d.reason), (5, Reason::Settling), "{}", d.message);
         // ...while the same strain on 5 ready replicas scales up.
-        let ready = decide(&Observed { starting: 0, ..strained }, &target(), 5, &History::default(), now);
+        let ready = once(&Observed { starting: 0, ..strained }, &target(), 5);
         assert!(ready.replicas > 5, "{ready:?}");
+    }
+
+    #[test]
+    fn every_reason_has_its_own_label() {
+        let labels: std::collections::HashSet<_> = Reason::ALL.iter().map(|r| r.label()).collect();
+        assert_eq!(labels.len(), Reason::ALL.len());
     }
 }

@@ -51,7 +51,8 @@ pub fn target(isvc: &InferenceService) -> Option<Target> {
         max_replicas: s.scaling.max_replicas,
         warm_replicas: s.scaling.warm_replicas,
         scale_down_delay: checked.scale_down_delay,
-        pressure_tolerance: 0.01,
+        pressure_tolerance: super::decide::PRESSURE_TOLERANCE,
+        startup: checked.startup_time,
     })
 }
 
@@ -104,9 +105,11 @@ impl Autoscaler {
                 uids.push(uid);
             }
             alive.extend(uids.iter().cloned());
-            let observed = self.collector.observed(&uids);
-            let fill =
-                self.collector.rows_per_batch(&uids).map(|rows| rows / f64::from(isvc.spec.batching.max_batch_size));
+            let observed = self.collector.observed(&uids, now);
+            let fill = self
+                .collector
+                .rows_per_batch(&uids, now)
+                .map(|rows| rows / f64::from(isvc.spec.batching.max_batch_size));
             if let Err(e) = self.scale(isvc, &observed, fill, now).await {
                 tracing::warn!(object = %key(isvc), error = %e, "could not scale");
             }
@@ -152,16 +155,16 @@ impl Autoscaler {
         }
         if changed {
             status["lastScaleTime"] = json!(Time(Timestamp::now()));
-            status["lastScaleReason"] = json!(decision.reason);
+            status["lastScaleReason"] = json!(decision.message);
         }
         let isvcs: Api<InferenceService> = Api::namespaced(self.client.clone(), &namespace);
         isvcs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&json!({ "status": status }))).await?;
         if changed {
-            tracing::info!(object = %key(isvc), from = current, to = decision.replicas, reason = %decision.reason, "scaled");
+            tracing::info!(object = %key(isvc), from = current, to = decision.replicas, reason = %decision.message, "scaled");
             let event = Event {
                 type_: EventType::Normal,
                 reason: "Scaled".into(),
-                note: Some(format!("{current} → {} replicas: {}", decision.replicas, decision.reason)),
+                note: Some(format!("{current} → {} replicas: {}", decision.replicas, decision.message)),
                 action: "Scale".into(),
                 secondary: None,
             };
