@@ -119,10 +119,10 @@ async fn create_applies_the_deployment_sets_initial_replicas_once_and_reports_pr
     assert_eq!(service["spec"]["ports"][0]["port"], 80);
     let status = expect(&mut api, "PATCH", STATUS, &[], 200, stored()).await;
     assert_eq!(status["status"]["observedGeneration"], 1);
-    assert_eq!(status["status"]["desiredReplicas"], 2);
+    assert_eq!(status["status"]["desiredReplicas"], 1);
     assert_eq!(condition(&status, "Ready")["status"], "False");
     assert_eq!(condition(&status, "Progressing")["status"], "True");
-    assert_eq!(condition(&status, "Progressing")["message"], "2/2 worker pods updated, 0 ready");
+    assert_eq!(condition(&status, "Progressing")["message"], "1/1 worker pods updated, 0 ready");
     let event = expect(&mut api, "POST", EVENTS, &[], 201, ECHO).await;
     assert_eq!(event["reason"], "Created");
     assert_eq!(event["type"], "Normal");
