@@ -501,19 +501,22 @@ mod status {
     use schemars::JsonSchema;
     use serde::{Deserialize, Serialize};
 
-    /// What the operator observed and decided.
+    /// What the operator observed and decided. Two writers patch it (the reconciler: generation,
+    /// replicas and conditions; the autoscaler: its figures and decision), each as a merge patch of
+    /// this type with only its own fields set, which is why every field is optional and skipped
+    /// when unset.
     #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
     #[serde(rename_all = "camelCase")]
     pub struct InferenceServiceStatus {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub observed_generation: Option<i64>,
-        #[serde(default)]
-        pub replicas: i32,
-        #[serde(default)]
-        pub ready_replicas: i32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub replicas: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub ready_replicas: Option<i32>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub desired_replicas: Option<i32>,
-        /// Requests per second over the scrape window.
+        /// Offered requests per second over the metrics window.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub arrival_rate: Option<f64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -528,6 +531,14 @@ mod status {
         pub last_scale_time: Option<Time>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub last_scale_reason: Option<String>,
+        /// Seconds from asking for a pod to its serving that decisions use: the measured
+        /// time-to-ready once there is one, else `spec.scaling.startupTime`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub startup_time: Option<f64>,
+        /// Seconds from a worker pod's creation to its Ready condition, measured on the service's
+        /// own pods (the median of the latest).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub measured_startup_time: Option<f64>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pub conditions: Vec<Condition>,
     }

@@ -1,4 +1,5 @@
-//! The operator's own metrics: reconciles, failures by error label, and reconcile duration.
+//! The operator's own metrics: reconciles, failures by error label, reconcile duration, and the
+//! autoscaler's decisions by reason and its failed scrapes.
 
 use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
 
@@ -8,6 +9,9 @@ pub struct OperatorMetrics {
     pub reconciles: IntCounter,
     pub failures: IntCounterVec,
     pub duration: Histogram,
+    /// `ferry_operator_scale_decisions_total{reason}`: one per service per tick.
+    pub decisions: IntCounterVec,
+    pub scrape_failures: IntCounter,
 }
 
 impl OperatorMetrics {
@@ -24,10 +28,20 @@ impl OperatorMetrics {
                 .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
         )
         .expect("valid");
+        let decisions = IntCounterVec::new(
+            Opts::new("ferry_operator_scale_decisions_total", "Autoscaler decisions, by reason."),
+            &["reason"],
+        )
+        .expect("valid");
+        let scrape_failures =
+            IntCounter::new("ferry_operator_scrape_failures_total", "Sidecar scrapes that failed or timed out.")
+                .expect("valid");
+        registry.register(Box::new(decisions.clone())).expect("unique");
+        registry.register(Box::new(scrape_failures.clone())).expect("unique");
         registry.register(Box::new(reconciles.clone())).expect("unique");
         registry.register(Box::new(failures.clone())).expect("unique");
         registry.register(Box::new(duration.clone())).expect("unique");
-        OperatorMetrics { registry, reconciles, failures, duration }
+        OperatorMetrics { registry, reconciles, failures, duration, decisions, scrape_failures }
     }
 
     pub fn render(&self) -> String {

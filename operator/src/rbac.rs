@@ -44,8 +44,8 @@ pub const CLUSTER_RULES: &[Rule] = &[
     Rule {
         api_group: "",
         resource: "pods",
-        verbs: &["list"],
-        why: "the autoscaler finds the ready worker pods to scrape",
+        verbs: &["list", "watch", "patch"],
+        why: "the autoscaler watches the worker pods to scrape, and sets their deletion cost before a scale-down",
     },
     Rule {
         api_group: "events.k8s.io",

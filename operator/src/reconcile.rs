@@ -14,13 +14,12 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource, ResourceExt};
-use serde_json::json;
 use tokio::time::Instant;
 
 use crate::desired::{self, Images, FIELD_MANAGER, REPLICAS_MANAGER};
 use crate::metrics::OperatorMetrics;
 use crate::status;
-use ferry_core::spec::InferenceService;
+use ferry_core::spec::{InferenceService, InferenceServiceStatus};
 
 /// What every reconcile shares.
 pub struct Context {
@@ -117,9 +116,9 @@ async fn apply(isvc: &InferenceService, ctx: &Context) -> Result<Action, Error> 
         Err(invalid) => {
             let conditions =
                 status::carry_transitions(status::invalid(&invalid.message, generation, &now), &previous.conditions);
-            let patch = json!({"status": {"observedGeneration": generation, "conditions": conditions}});
+            let patch = InferenceServiceStatus { observed_generation: generation, conditions, ..Default::default() };
             isvcs
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch_status(&name, &PatchParams::default(), &status::patch(&patch))
                 .await
                 .map_err(Error::PatchStatus)?;
             if previous.observed_generation != generation {
@@ -151,17 +150,16 @@ async fn apply(isvc: &InferenceService, ctx: &Context) -> Result<Action, Error> 
 
     let workers = status::observe(&applied, generation, &now);
     let conditions = status::carry_transitions(workers.conditions, &previous.conditions);
-    let mut patch = json!({"status": {
-        "observedGeneration": generation,
-        "replicas": workers.replicas,
-        "readyReplicas": workers.ready,
-        "conditions": conditions,
-    }});
-    // After the create, desiredReplicas is the autoscaler's to write.
-    if created {
-        patch["status"]["desiredReplicas"] = json!(desired_replicas);
-    }
-    isvcs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(Error::PatchStatus)?;
+    let patch = InferenceServiceStatus {
+        observed_generation: generation,
+        replicas: Some(workers.replicas),
+        ready_replicas: Some(workers.ready),
+        conditions,
+        // After the create, desiredReplicas is the autoscaler's to write.
+        desired_replicas,
+        ..Default::default()
+    };
+    isvcs.patch_status(&name, &PatchParams::default(), &status::patch(&patch)).await.map_err(Error::PatchStatus)?;
 
     if created {
         let note =

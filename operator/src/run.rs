@@ -17,8 +17,8 @@ use kube::runtime::{watcher, Controller};
 use kube::{Api, Client};
 use tokio::sync::watch;
 
-use crate::autoscale::scale::Autoscaler;
-use crate::desired::Images;
+use crate::autoscale::scale::{Autoscaler, Stores};
+use crate::desired::{Images, LABEL_SERVICE};
 use crate::lease::{self, LeaseConfig};
 use crate::metrics::OperatorMetrics;
 use crate::reconcile::{error_policy, reconcile, Context};
@@ -71,16 +71,23 @@ pub async fn run(
         controller: "ferry-operator".into(),
         instance: options.lease.as_ref().map(|(_, c)| c.identity.clone()),
     };
-    let autoscaler =
-        Autoscaler::new(client.clone(), Recorder::new(client.clone(), reporter.clone()), options.metrics_window);
-    tokio::spawn(autoscaler.run(options.scale_interval));
-    let ctx = Arc::new(Context::new(client.clone(), options.images, metrics, Recorder::new(client.clone(), reporter)));
+    // Owned objects are watched by Ferry's label only: a big cluster's other Deployments and
+    // Services are none of the operator's business.
+    let labelled = || watcher::Config::default().labels(LABEL_SERVICE);
     let controller = Controller::new(Api::<InferenceService>::all(client.clone()), watcher::Config::default())
-        .owns(Api::<Deployment>::all(client.clone()), watcher::Config::default())
-        .owns(Api::<Service>::all(client.clone()), watcher::Config::default())
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
+        .owns(Api::<Deployment>::all(client.clone()), labelled())
+        .owns(Api::<Service>::all(client.clone()), labelled());
+    let stores = Stores::watch(&client, controller.store());
+    let autoscaler = Autoscaler::new(
+        client.clone(),
+        Recorder::new(client.clone(), reporter.clone()),
+        options.metrics_window,
+        metrics.clone(),
+    );
+    tokio::spawn(autoscaler.run(stores, options.scale_interval));
+    let ctx = Arc::new(Context::new(client.clone(), options.images, metrics, Recorder::new(client.clone(), reporter)));
+    let controller =
+        controller.graceful_shutdown_on(shutdown).run(reconcile, error_policy, ctx).for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!(error = %e, "reconcile did not complete");
             }

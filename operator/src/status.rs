@@ -6,12 +6,20 @@
 //! - `Degraded`: something needs a person: the spec cannot be run, or the Deployment reports a
 //!   failure (quota, image pull, progress deadline).
 
+use ferry_core::spec::InferenceServiceStatus;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::Patch;
 
 pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
+
+/// A merge patch of the status subresource that sets the fields `status` has and leaves the
+/// others (the other writer's) alone.
+pub fn patch(status: &InferenceServiceStatus) -> Patch<serde_json::Value> {
+    Patch::Merge(serde_json::json!({ "status": status }))
+}
 
 /// What the status says about the workers.
 #[derive(Debug, Clone, PartialEq)]

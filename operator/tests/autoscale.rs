@@ -1,16 +1,22 @@
 //! The autoscaler's actuation against a scripted API server: it patches replicas as the
 //! `ferry-autoscaler` field manager only when the count changes, writes the observed figures and
-//! the reason into the status, and records an Event.
+//! the reason into the status (typed), records an Event that names the counts, sets deletion
+//! costs before a scale-down, and reads everything else from its watches' stores.
 
 use std::time::Duration;
 
 use ferry_core::spec::InferenceService;
-use ferry_operator::autoscale::decide::Observed;
-use ferry_operator::autoscale::scale::Autoscaler;
+use ferry_operator::autoscale::decide::{Observed, Reason};
+use ferry_operator::autoscale::scale::{Autoscaler, Stores, WorkerPod, DELETION_COST};
+use ferry_operator::metrics::OperatorMetrics;
 use ferry_operator::rbac;
 use http::{Request, Response};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::jiff::Timestamp;
 use kube::client::Body;
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
 use kube::Client;
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -30,11 +36,36 @@ fn isvc() -> InferenceService {
     .unwrap()
 }
 
+fn store<K>(objects: Vec<K>) -> Store<K>
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (reader, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for o in objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(o));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    reader
+}
+
+fn ready_pod(name: &str, queue_depth: f64) -> WorkerPod {
+    WorkerPod {
+        uid: format!("uid-{name}"),
+        name: name.into(),
+        ip: Some("10.0.0.1".into()),
+        ready_for: Some(Duration::from_secs(600)),
+        deletion_cost: None,
+        queue_depth,
+    }
+}
+
 fn setup() -> (Autoscaler, Handle) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "ml");
     let recorder = Recorder::new(client.clone(), Reporter { controller: "ferry-operator".into(), instance: None });
-    (Autoscaler::new(client, recorder, Duration::from_secs(10)), handle)
+    (Autoscaler::new(client, recorder, Duration::from_secs(10), OperatorMetrics::new()), handle)
 }
 
 async fn expect(
@@ -59,9 +90,11 @@ async fn expect(
     body
 }
 
-fn deployment(replicas: i32) -> Value {
-    json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "quick", "namespace": "ml"},
-           "spec": {"replicas": replicas, "selector": {}, "template": {}}})
+fn deployment(replicas: i32) -> Deployment {
+    serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "quick", "namespace": "ml", "labels": {"ferry.dev/inference-service": "quick"}},
+        "spec": {"replicas": replicas, "selector": {}, "template": {}}}))
+    .unwrap()
 }
 
 fn load(rate: f64) -> Observed {
@@ -82,22 +115,28 @@ fn load(rate: f64) -> Observed {
 async fn more_load_patches_replicas_as_the_autoscaler_and_says_why() {
     let (mut scaler, mut api) = setup();
     let stored = serde_json::to_value(isvc()).unwrap();
-    let run = tokio::spawn(async move { scaler.scale(&isvc(), &load(1000.0), Some(0.9), Instant::now()).await });
-    expect(&mut api, "GET", DEPLOYMENT, "", 200, Some(deployment(2))).await;
-    let patch = expect(&mut api, "PATCH", DEPLOYMENT, "fieldManager=ferry-autoscaler", 200, Some(deployment(5))).await;
+    let pods = vec![ready_pod("a", 1.0), ready_pod("b", 2.0)];
+    let run = tokio::spawn(async move {
+        scaler.act(&isvc(), &deployment(2), &pods, load(1000.0), Some(0.9), Instant::now()).await
+    });
+    let reply = serde_json::to_value(deployment(5)).unwrap();
+    let patch = expect(&mut api, "PATCH", DEPLOYMENT, "fieldManager=ferry-autoscaler", 200, Some(reply)).await;
     assert_eq!(patch["spec"], json!({"replicas": 5}), "only the replicas field");
     let status = expect(&mut api, "PATCH", STATUS, "", 200, Some(stored)).await;
     let s = &status["status"];
     assert_eq!((s["desiredReplicas"].clone(), s["arrivalRate"].clone()), (json!(5), json!(1000.0)));
     assert_eq!((s["queueDepth"].clone(), s["batchFill"].clone()), (json!(3.0), json!(0.9)));
     assert_eq!(s["oldestQueueAge"], json!(0.004));
+    assert_eq!(s["startupTime"], json!(60.0), "spec.scaling.startupTime until one is measured");
+    assert!(s.get("measuredStartupTime").is_none());
+    assert!(s.get("replicas").is_none() && s.get("conditions").is_none(), "the reconciler's fields are left alone");
     assert!(s["lastScaleReason"].as_str().unwrap().starts_with("scale up: 1000 req/s"), "{s}");
     assert!(s.get("lastScaleTime").is_some());
     let event = expect(&mut api, "POST", EVENTS, "", 201, None).await;
-    assert_eq!(event["reason"], "Scaled");
+    assert_eq!((event["reason"].clone(), event["action"].clone()), (json!("Scaled"), json!("Scale 2 to 5")));
     assert!(event["note"].as_str().unwrap().starts_with("2 → 5 replicas: scale up"), "{event}");
     let decision = run.await.unwrap().unwrap().unwrap();
-    assert_eq!(decision.replicas, 5);
+    assert_eq!((decision.replicas, decision.reason), (5, Reason::Load));
 }
 
 #[tokio::test]
@@ -105,8 +144,11 @@ async fn a_steady_count_only_updates_the_status() {
     let (mut scaler, mut api) = setup();
     let stored = serde_json::to_value(isvc()).unwrap();
     // 300 req/s needs 2 (at 256 usable each), plus 1 warm: the 3 there are.
-    let run = tokio::spawn(async move { scaler.scale(&isvc(), &load(300.0), None, Instant::now()).await });
-    expect(&mut api, "GET", DEPLOYMENT, "", 200, Some(deployment(3))).await;
+    let pods = vec![ready_pod("a", 0.0), ready_pod("b", 0.0), ready_pod("c", 0.0)];
+    let run =
+        tokio::spawn(
+            async move { scaler.act(&isvc(), &deployment(3), &pods, load(300.0), None, Instant::now()).await },
+        );
     let status = expect(&mut api, "PATCH", STATUS, "", 200, Some(stored)).await;
     assert_eq!(status["status"]["desiredReplicas"], 3);
     assert!(status["status"].get("lastScaleTime").is_none(), "nothing changed");
@@ -115,16 +157,51 @@ async fn a_steady_count_only_updates_the_status() {
 }
 
 #[tokio::test]
-async fn nothing_is_scaled_before_the_reconciler_made_the_deployment() {
+async fn a_scale_down_first_marks_the_pods_with_the_least_work_as_cheapest_to_delete() {
     let (mut scaler, mut api) = setup();
-    let run = tokio::spawn(async move { scaler.scale(&isvc(), &load(1000.0), None, Instant::now()).await });
-    let missing = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404});
-    expect(&mut api, "GET", DEPLOYMENT, "", 404, Some(missing)).await;
-    assert!(run.await.unwrap().unwrap().is_none());
+    let mut quick = isvc();
+    quick.spec.scaling.scale_down_delay = ferry_core::spec::GatewayDuration::new("0s");
+    let stored = serde_json::to_value(&quick).unwrap();
+    // No load on 3 replicas, no delay: down to the one warm spare.
+    let mut idle = ready_pod("c", 0.0);
+    idle.deletion_cost = Some("0".into());
+    let pods = vec![ready_pod("a", 7.4), ready_pod("b", 2.0), idle];
+    let run = tokio::spawn(async move {
+        let idle = Observed { queue_depth: 9.4, ..load(0.0) };
+        scaler.act(&quick, &deployment(3), &pods, idle, None, Instant::now()).await
+    });
+    let a = expect(&mut api, "PATCH", "/api/v1/namespaces/ml/pods/a", "", 200, Some(json!({}))).await;
+    assert_eq!(a, json!({"metadata": {"annotations": {DELETION_COST: "7"}}}));
+    let b = expect(&mut api, "PATCH", "/api/v1/namespaces/ml/pods/b", "", 200, Some(json!({}))).await;
+    assert_eq!(b["metadata"]["annotations"][DELETION_COST], "2");
+    // Pod c already says 0: no call. Then the replicas.
+    let reply = serde_json::to_value(deployment(1)).unwrap();
+    let patch = expect(&mut api, "PATCH", DEPLOYMENT, "fieldManager=ferry-autoscaler", 200, Some(reply)).await;
+    assert_eq!(patch["spec"]["replicas"], 1);
+    expect(&mut api, "PATCH", STATUS, "", 200, Some(stored)).await;
+    let event = expect(&mut api, "POST", EVENTS, "", 201, None).await;
+    assert_eq!(event["action"], "Scale 3 to 1");
+    assert_eq!(run.await.unwrap().unwrap().unwrap().reason, Reason::ScaleDown);
+}
+
+#[tokio::test]
+async fn a_starting_pod_holds_a_scale_down_back() {
+    let (mut scaler, mut api) = setup();
+    let mut quick = isvc();
+    quick.spec.scaling.scale_down_delay = ferry_core::spec::GatewayDuration::new("0s");
+    let stored = serde_json::to_value(&quick).unwrap();
+    let warming = WorkerPod { ip: None, ready_for: None, ..ready_pod("c", 0.0) };
+    let pods = vec![ready_pod("a", 0.0), ready_pod("b", 0.0), warming];
+    let run =
+        tokio::spawn(async move { scaler.act(&quick, &deployment(3), &pods, load(0.0), None, Instant::now()).await });
+    // No deletion costs, no replicas patch: only the status.
+    let status = expect(&mut api, "PATCH", STATUS, "", 200, Some(stored)).await;
+    assert_eq!(status["status"]["desiredReplicas"], 3);
+    assert_eq!(run.await.unwrap().unwrap().unwrap().reason, Reason::Warming);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tick_scrapes_the_ready_pods_of_each_service_and_scales_it() {
+async fn a_tick_scrapes_the_ready_pods_of_each_service_from_its_stores_and_scales_it() {
     // A real sidecar stands in for the service's one ready pod, at 127.0.0.1.
     let (api_addr, admin) = ferry_sidecar::server::spawn(&[
         "--listen",
@@ -147,16 +224,23 @@ async fn a_tick_scrapes_the_ready_pods_of_each_service_and_scales_it() {
     let (mut scaler, mut api) = setup();
     scaler.metrics_port = admin.port();
     let stored = serde_json::to_value(isvc()).unwrap();
-    let list =
-        |items: Vec<Value>, kind: &str| json!({"apiVersion": "v1", "kind": kind, "metadata": {}, "items": items});
-    let pod = |name: &str, uid: &str, ready: &str| {
-        json!({"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": name, "namespace": "ml", "uid": uid, "labels": {"ferry.dev/inference-service": "quick"}},
-               "status": {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": ready}]}})
+    let pod = |name: &str, uid: &str, ready: &str, ip: &str| {
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": "ml", "uid": uid, "labels": {"ferry.dev/inference-service": "quick"},
+                            "creationTimestamp": "2026-12-02T08:00:00Z"},
+               "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": ready,
+                                                        "lastTransitionTime": "2026-12-02T08:00:45Z"}]}}))
+        .unwrap()
+    };
+    // The unready pod's IP answers nothing: it must not be scraped (a scrape would time out
+    // and count a failure).
+    let stores = Stores {
+        services: store(vec![isvc()]),
+        deployments: store(vec![deployment(1)]),
+        pods: store(vec![pod("quick-a", "uid-a", "True", "127.0.0.1"), pod("quick-b", "uid-b", "False", "192.0.2.1")]),
     };
     let t0 = Instant::now();
-    let pods = list(vec![pod("quick-a", "uid-a", "True"), pod("quick-b", "uid-b", "False")], "PodList");
-    let isvcs = list(vec![stored.clone()], "InferenceServiceList");
+    let wall: Timestamp = "2026-12-02T09:00:00Z".parse().unwrap();
     let mut statuses = Vec::new();
     for round in 0..2u32 {
         if round == 1 {
@@ -165,18 +249,16 @@ async fn a_tick_scrapes_the_ready_pods_of_each_service_and_scales_it() {
                 assert_eq!(r.status(), 200);
             }
         }
+        let stores = stores.clone();
         let run = tokio::spawn(async move {
-            scaler.tick(t0 + Duration::from_secs(2 * u64::from(round))).await.unwrap();
+            let at = Duration::from_secs(2 * u64::from(round));
+            scaler.tick(&stores, t0 + at, wall + at).await;
             scaler
         });
-        expect(&mut api, "GET", "/apis/ferry.dev/v1alpha1/inferenceservices", "", 200, Some(isvcs.clone())).await;
-        expect(&mut api, "GET", "/api/v1/pods", "labelSelector=ferry.dev%2Finference-service", 200, Some(pods.clone()))
-            .await;
-        expect(&mut api, "GET", DEPLOYMENT, "", 200, Some(deployment(1))).await;
         if round == 1 {
             // Traffic now: 1 replica for the rate plus the warm spare.
-            let patch =
-                expect(&mut api, "PATCH", DEPLOYMENT, "fieldManager=ferry-autoscaler", 200, Some(deployment(2))).await;
+            let reply = serde_json::to_value(deployment(2)).unwrap();
+            let patch = expect(&mut api, "PATCH", DEPLOYMENT, "fieldManager=ferry-autoscaler", 200, Some(reply)).await;
             assert_eq!(patch["spec"]["replicas"], 2);
         }
         statuses.push(expect(&mut api, "PATCH", STATUS, "", 200, Some(stored.clone())).await);
@@ -186,10 +268,54 @@ async fn a_tick_scrapes_the_ready_pods_of_each_service_and_scales_it() {
         scaler = run.await.unwrap();
     }
     // One scrape has no rate yet; the second sees the 5 requests of the 2 s between the ticks,
-    // from the one ready pod (the unready one is not scraped).
+    // from the one ready pod.
     assert_eq!(statuses[0]["status"]["arrivalRate"], 0.0);
     assert_eq!(statuses[1]["status"]["arrivalRate"], 2.5);
     assert!(statuses[1]["status"]["batchFill"].as_f64().unwrap() > 0.0);
-    assert_eq!(statuses[0]["status"]["desiredReplicas"], 1, "no load: the minimum (warm spare included)");
+    assert_eq!(statuses[0]["status"]["desiredReplicas"], 1, "no load: the warm spare");
     assert_eq!(statuses[1]["status"]["desiredReplicas"], 2);
+    // The ready pod took 45 s from creation to Ready: that is the service's time-to-ready now.
+    assert_eq!(statuses[0]["status"]["measuredStartupTime"], 45.0);
+    assert_eq!(statuses[0]["status"]["startupTime"], 45.0);
+    assert!(tokio::time::timeout(Duration::from_millis(50), api.next_request()).await.is_err(), "no other call");
+}
+
+#[tokio::test]
+async fn a_service_without_its_deployment_yet_is_left_alone_and_a_deleted_one_forgotten() {
+    let (service, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "ml");
+    let recorder = Recorder::new(client.clone(), Reporter { controller: "ferry-operator".into(), instance: None });
+    let metrics = OperatorMetrics::new();
+    let mut scaler = Autoscaler::new(client, recorder, Duration::from_secs(10), metrics.clone());
+    let stores = Stores { services: store(vec![isvc()]), deployments: store(vec![]), pods: store(vec![]) };
+    scaler.tick(&stores, Instant::now(), Timestamp::now()).await;
+    assert!(tokio::time::timeout(Duration::from_millis(50), api.next_request()).await.is_err(), "no API call");
+    assert_eq!(scaler.remembered(), vec!["ml/quick".to_owned()]);
+    assert!(!metrics.render().contains("ferry_operator_scale_decisions_total{"), "no decision without a Deployment");
+    // The service is deleted: its history goes with it.
+    let gone = Stores { services: store(vec![]), ..stores };
+    scaler.tick(&gone, Instant::now(), Timestamp::now()).await;
+    assert!(scaler.remembered().is_empty());
+}
+
+#[tokio::test]
+async fn decisions_are_counted_by_reason() {
+    let (service, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "ml");
+    let recorder = Recorder::new(client.clone(), Reporter { controller: "ferry-operator".into(), instance: None });
+    let metrics = OperatorMetrics::new();
+    let mut scaler = Autoscaler::new(client, recorder, Duration::from_secs(10), metrics.clone());
+    let stored = serde_json::to_value(isvc()).unwrap();
+    let pods = vec![ready_pod("a", 0.0), ready_pod("b", 0.0), ready_pod("c", 0.0)];
+    let run =
+        tokio::spawn(
+            async move { scaler.act(&isvc(), &deployment(3), &pods, load(300.0), None, Instant::now()).await },
+        );
+    expect(&mut api, "PATCH", STATUS, "", 200, Some(stored)).await;
+    run.await.unwrap().unwrap();
+    assert!(
+        metrics.render().contains("ferry_operator_scale_decisions_total{reason=\"steady\"} 1"),
+        "{}",
+        metrics.render()
+    );
 }

@@ -157,6 +157,11 @@ impl Collector {
         }
     }
 
+    /// A pod's latest scrape.
+    pub fn last(&self, pod: &str) -> Option<&PodSample> {
+        self.pods.get(pod).and_then(|w| w.samples.back()).map(|(_, s)| s)
+    }
+
     /// Forgets pods that are gone.
     pub fn retain(&mut self, alive: &[String]) {
         self.pods.retain(|pod, _| alive.contains(pod));

@@ -3,7 +3,8 @@
 //!
 //! - [`decide`]: the pure decision of how many worker pods a service needs, with its reason.
 //! - [`collect`]: sidecar metrics parsed and turned into windowed rates.
-//! - [`scale`]: the loop that scrapes, decides and patches replicas and status.
+//! - [`scale`]: the loop that scrapes, decides and patches replicas and status, from watches.
+//! - [`startup`]: time-to-ready, measured on each service's pods.
 //! - [`plan`]: the capacity planner (arithmetic, then the dispatch rule in simulation).
 //! - [`simulate`]: the decision against an HPA-style policy, fixed replicas and an oracle, on
 //!   arrival traces, in virtual time.
@@ -13,3 +14,4 @@ pub mod decide;
 pub mod plan;
 pub mod scale;
 pub mod simulate;
+pub mod startup;

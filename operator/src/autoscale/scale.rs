@@ -1,35 +1,138 @@
 //! The autoscaler's loop: every tick, scrape each ready worker pod's sidecar by pod IP (as
 //! Knative's autoscaler scrapes its queue-proxies), run [`decide`] for each InferenceService, and
 //! act: patch the worker Deployment's replicas as the `ferry-autoscaler` field manager (the
-//! owner of that one field), write the observed figures and the decision's reason into the
-//! status, and record an Event when the count changes.
+//! owner of that one field), write the observed figures and the decision into the status, and
+//! record an Event when the count changes.
+//!
+//! It reads what it decides on from watches ([`Stores`]: reflector caches of the
+//! InferenceServices, and of the Deployments and Pods that carry Ferry's service label), never
+//! by listing the cluster each tick; it scrapes all pods at once, each within its own timeout,
+//! so that one hung pod delays nothing; and it forgets a service's history when the service is
+//! gone.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::collect::{scrape, Collector};
-use super::decide::{decide, History, Observed, ScaleDecision, Target};
+use super::collect::{scrape, Collector, PodSample};
+use super::decide::{decide, History, Observed, ScaleDecision, Target, PRESSURE_TOLERANCE};
+use super::startup::StartupTimes;
 use crate::desired::{self, LABEL_SERVICE, METRICS_PORT, REPLICAS_MANAGER};
-use ferry_core::spec::InferenceService;
+use crate::metrics::OperatorMetrics;
+use crate::status;
+use ferry_core::spec::{InferenceService, InferenceServiceStatus};
+
+/// The annotation a ReplicaSet reads to choose which of its pods to delete first (lowest cost).
+pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+/// Scrapes in flight at once.
+const CONCURRENT_SCRAPES: usize = 64;
+
+/// The objects the autoscaler reads, kept current by watches.
+#[derive(Clone)]
+pub struct Stores {
+    pub services: Store<InferenceService>,
+    pub deployments: Store<Deployment>,
+    pub pods: Store<Pod>,
+}
+
+impl Stores {
+    /// Starts watches of the Deployments and Pods that carry Ferry's service label (pods without
+    /// their managed fields, which the autoscaler never reads), beside the controller's store of
+    /// InferenceServices.
+    pub fn watch(client: &Client, services: Store<InferenceService>) -> Stores {
+        let labelled = || watcher::Config::default().labels(LABEL_SERVICE);
+        let (deployments, writer) = reflector::store();
+        let stream = watcher(Api::<Deployment>::all(client.clone()), labelled()).default_backoff().reflect(writer);
+        tokio::spawn(stream.for_each(|_| std::future::ready(())));
+        let (pods, writer) = reflector::store();
+        let stream = watcher(Api::<Pod>::all(client.clone()), labelled())
+            .default_backoff()
+            .modify(|pod: &mut Pod| pod.managed_fields_mut().clear())
+            .reflect(writer);
+        tokio::spawn(stream.for_each(|_| std::future::ready(())));
+        Stores { services, deployments, pods }
+    }
+
+    /// Resolves once every store has listed its objects.
+    pub async fn ready(&self) -> Result<(), reflector::store::WriterDropped> {
+        self.services.wait_until_ready().await?;
+        self.deployments.wait_until_ready().await?;
+        self.pods.wait_until_ready().await
+    }
+}
+
+/// A worker pod as the decision counts it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerPod {
+    pub uid: String,
+    pub name: String,
+    /// `None` while not ready.
+    pub ip: Option<String>,
+    /// How long it has been ready.
+    pub ready_for: Option<Duration>,
+    pub deletion_cost: Option<String>,
+    /// Its queue at the last scrape.
+    pub queue_depth: f64,
+}
+
+/// The pods of one service that are not being deleted.
+pub fn workers(pods: &[Arc<Pod>], wall: Timestamp) -> Vec<WorkerPod> {
+    pods.iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let ready = p
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "Ready" && c.status == "True"));
+            let ready_for = ready.map(|c| {
+                let since = c.last_transition_time.as_ref().map_or(wall, |t| t.0);
+                Duration::from_millis(u64::try_from(wall.as_millisecond() - since.as_millisecond()).unwrap_or(0))
+            });
+            let ip = p.status.as_ref().and_then(|s| s.pod_ip.clone()).filter(|_| ready.is_some());
+            Some(WorkerPod {
+                uid: p.uid()?,
+                name: p.name_any(),
+                ip,
+                ready_for,
+                deletion_cost: p.annotations().get(DELETION_COST).cloned(),
+                queue_depth: 0.0,
+            })
+        })
+        .collect()
+}
+
+/// What the autoscaler remembers of one service.
+#[derive(Debug, Clone, Default)]
+struct Memory {
+    history: History,
+    startup: StartupTimes,
+}
 
 pub struct Autoscaler {
     client: Client,
     recorder: Recorder,
     http: reqwest::Client,
     collector: Collector,
-    histories: HashMap<String, History>,
+    services: HashMap<String, Memory>,
+    metrics: OperatorMetrics,
     /// Port of the sidecars' metrics (9090 in worker pods).
     pub metrics_port: u16,
+    /// How long one pod's scrape may take.
+    pub scrape_timeout: Duration,
 }
 
 fn key(isvc: &InferenceService) -> String {
@@ -37,7 +140,8 @@ fn key(isvc: &InferenceService) -> String {
 }
 
 /// The spec's numbers for [`decide`]; `None` for a spec the reconciler reports as invalid.
-pub fn target(isvc: &InferenceService) -> Option<Target> {
+/// `measured`: the service's time-to-ready, which replaces `startupTime` once there is one.
+pub fn target(isvc: &InferenceService, measured: Option<Duration>) -> Option<Target> {
     let checked = desired::check(&isvc.spec).ok()?;
     let s = &isvc.spec;
     Some(Target {
@@ -51,136 +155,227 @@ pub fn target(isvc: &InferenceService) -> Option<Target> {
         max_replicas: s.scaling.max_replicas,
         warm_replicas: s.scaling.warm_replicas,
         scale_down_delay: checked.scale_down_delay,
-        pressure_tolerance: super::decide::PRESSURE_TOLERANCE,
-        startup: checked.startup_time,
+        pressure_tolerance: PRESSURE_TOLERANCE,
+        startup: measured.unwrap_or(checked.startup_time),
     })
 }
 
 impl Autoscaler {
     /// `window`: the span rates are taken over.
-    pub fn new(client: Client, recorder: Recorder, window: Duration) -> Self {
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build().expect("an HTTP client");
+    pub fn new(client: Client, recorder: Recorder, window: Duration, metrics: OperatorMetrics) -> Self {
         Autoscaler {
             client,
             recorder,
-            http,
+            http: reqwest::Client::new(),
             collector: Collector::new(window),
-            histories: HashMap::new(),
+            services: HashMap::new(),
+            metrics,
             metrics_port: METRICS_PORT as u16,
+            scrape_timeout: Duration::from_secs(1),
         }
     }
 
-    /// Runs a tick every `interval`, forever; a failed tick is logged and the next one tries again.
-    pub async fn run(mut self, interval: Duration) {
+    /// The services it keeps a history for ("namespace/name"), sorted.
+    pub fn remembered(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.services.keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
+    /// Waits for the stores, then runs a tick every `interval`, forever.
+    pub async fn run(mut self, stores: Stores, interval: Duration) {
+        if stores.ready().await.is_err() {
+            tracing::error!("the autoscaler's watches stopped before listing");
+            return;
+        }
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            if let Err(e) = self.tick(Instant::now()).await {
-                tracing::warn!(error = %e, "autoscaler tick failed");
-            }
-            tokio::time::sleep(interval).await;
+            ticks.tick().await;
+            self.tick(&stores, Instant::now(), Timestamp::now()).await;
         }
     }
 
-    /// One round: scrape, decide and act for every InferenceService.
-    pub async fn tick(&mut self, now: Instant) -> Result<(), kube::Error> {
-        let isvcs = Api::<InferenceService>::all(self.client.clone()).list(&ListParams::default()).await?;
-        let pods = Api::<Pod>::all(self.client.clone()).list(&ListParams::default().labels(LABEL_SERVICE)).await?;
-        let mut alive = Vec::new();
-        for isvc in &isvcs {
-            let mine: Vec<&Pod> = pods
-                .iter()
-                .filter(|p| {
-                    p.namespace() == isvc.namespace() && p.labels().get(LABEL_SERVICE) == Some(&isvc.name_any())
-                })
-                .collect();
-            let mut uids = Vec::new();
-            for pod in mine.iter().filter(|p| is_ready(p)) {
-                let (Some(uid), Some(ip)) = (pod.uid(), pod.status.as_ref().and_then(|s| s.pod_ip.clone())) else {
-                    continue;
-                };
-                let url = format!("http://{ip}:{}/metrics", self.metrics_port);
-                match scrape(&self.http, &url).await {
-                    Ok(sample) => self.collector.observe(&uid, now, sample),
-                    Err(e) => tracing::debug!(pod = %pod.name_any(), error = %e, "scrape failed"),
+    /// One round: scrape, decide and act for every InferenceService. `now` times the scrapes;
+    /// `wall` is the cluster's clock, for the pods' timestamps.
+    pub async fn tick(&mut self, stores: &Stores, now: Instant, wall: Timestamp) {
+        let services = stores.services.state();
+        let alive: HashSet<String> = services.iter().map(|s| key(s)).collect();
+        self.services.retain(|k, _| alive.contains(k));
+
+        let mut pods: HashMap<String, Vec<Arc<Pod>>> = HashMap::new();
+        for pod in stores.pods.state() {
+            if let Some(service) = pod.labels().get(LABEL_SERVICE) {
+                pods.entry(format!("{}/{service}", pod.namespace().unwrap_or_default())).or_default().push(pod.clone());
+            }
+        }
+        let mut workers: HashMap<&String, Vec<WorkerPod>> =
+            pods.iter().map(|(service, pods)| (service, workers(pods, wall))).collect();
+
+        // A pod ready for less than a window counts from zero at its Ready time.
+        for w in workers.values().flatten() {
+            if let (Some(_), Some(ready_for)) = (&w.ip, w.ready_for) {
+                if ready_for < self.collector.span() {
+                    if let Some(at) = now.checked_sub(ready_for) {
+                        self.collector.started(&w.uid, at);
+                    }
                 }
-                uids.push(uid);
-            }
-            alive.extend(uids.iter().cloned());
-            let observed = self.collector.observed(&uids, now);
-            let fill = self
-                .collector
-                .rows_per_batch(&uids, now)
-                .map(|rows| rows / f64::from(isvc.spec.batching.max_batch_size));
-            if let Err(e) = self.scale(isvc, &observed, fill, now).await {
-                tracing::warn!(object = %key(isvc), error = %e, "could not scale");
             }
         }
-        self.collector.retain(&alive);
-        Ok(())
+        let targets: Vec<(String, String)> = workers
+            .values()
+            .flatten()
+            .filter_map(|w| {
+                w.ip.as_ref().map(|ip| (w.uid.clone(), format!("http://{ip}:{}/metrics", self.metrics_port)))
+            })
+            .collect();
+        let (http, timeout) = (&self.http, self.scrape_timeout);
+        let scraped: Vec<(String, Result<PodSample, String>)> = futures::stream::iter(targets)
+            .map(|(uid, url)| async move {
+                let sample = match tokio::time::timeout(timeout, scrape(http, &url)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(format!("{url}: no answer within {timeout:?}")),
+                };
+                (uid, sample)
+            })
+            .buffer_unordered(CONCURRENT_SCRAPES)
+            .collect()
+            .await;
+        for (uid, sample) in scraped {
+            match sample {
+                Ok(sample) => self.collector.observe(&uid, now, sample),
+                Err(e) => {
+                    self.metrics.scrape_failures.inc();
+                    tracing::debug!(pod = %uid, error = %e, "scrape failed");
+                }
+            }
+        }
+        for w in workers.values_mut().flatten() {
+            w.queue_depth = self.collector.last(&w.uid).map_or(0.0, |s| s.queue_depth);
+        }
+        let uids: Vec<String> = workers.values().flatten().map(|w| w.uid.clone()).collect();
+        self.collector.retain(&uids);
+
+        for isvc in &services {
+            let k = key(isvc);
+            let mine = pods.get(&k).map(Vec::as_slice).unwrap_or_default();
+            let memory = self.services.entry(k.clone()).or_default();
+            for pod in mine {
+                memory.startup.observe(pod);
+            }
+            memory.startup.retain(&mine.iter().filter_map(|p| p.uid()).collect());
+            let reference = ObjectRef::new(&isvc.name_any()).within(&isvc.namespace().unwrap_or_default());
+            let Some(deployment) = stores.deployments.get(&reference) else { continue };
+            let empty = Vec::new();
+            let service_workers = workers.get(&k).unwrap_or(&empty);
+            if let Err(e) = self.scale(isvc, &deployment, service_workers, now).await {
+                tracing::warn!(object = %k, error = %e, "could not scale");
+            }
+        }
     }
 
-    /// Decides for one InferenceService and acts. `None` when there is nothing to scale yet (no
-    /// worker Deployment, or a spec the reconciler reports as invalid).
+    /// Decides for one InferenceService, whose worker Deployment is `deployment` and whose pods
+    /// are `workers`, from the collector's figures, and acts.
     pub async fn scale(
         &mut self,
         isvc: &InferenceService,
-        observed: &Observed,
-        batch_fill: Option<f64>,
+        deployment: &Deployment,
+        workers: &[WorkerPod],
         now: Instant,
     ) -> Result<Option<ScaleDecision>, kube::Error> {
-        let Some(target) = target(isvc) else { return Ok(None) };
+        let uids: Vec<String> = workers.iter().filter(|w| w.ip.is_some()).map(|w| w.uid.clone()).collect();
+        let observed = self.collector.observed(&uids, now);
+        let fill =
+            self.collector.rows_per_batch(&uids, now).map(|rows| rows / f64::from(isvc.spec.batching.max_batch_size));
+        self.act(isvc, deployment, workers, observed, fill, now).await
+    }
+
+    /// Decides on `observed` (its pod counts are taken from `workers`) and acts. `None` for a
+    /// spec the reconciler reports as invalid.
+    pub async fn act(
+        &mut self,
+        isvc: &InferenceService,
+        deployment: &Deployment,
+        workers: &[WorkerPod],
+        observed: Observed,
+        fill: Option<f64>,
+        now: Instant,
+    ) -> Result<Option<ScaleDecision>, kube::Error> {
+        let k = key(isvc);
+        let memory = self.services.entry(k.clone()).or_default();
+        let measured = memory.startup.measured();
+        let Some(target) = target(isvc, measured) else { return Ok(None) };
         let namespace = isvc.namespace().unwrap_or_default();
         let name = isvc.name_any();
-        let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), &namespace);
-        let Some(deployment) = deployments.get_opt(&name).await? else { return Ok(None) };
         let current = deployment.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1).max(0) as u32;
-        let ready = deployment.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0).max(0) as u32;
-        let observed = &Observed { starting: current.saturating_sub(ready), ..observed.clone() };
-        let history = self.histories.get(&key(isvc)).cloned().unwrap_or_default();
-        let decision = decide(observed, &target, current, &history, now);
-        self.histories.insert(key(isvc), decision.history.clone());
+        let ready: Vec<&WorkerPod> = workers.iter().filter(|w| w.ip.is_some()).collect();
+        let window = self.collector.span();
+        let observed = Observed {
+            // Pods asked for but not yet there count as starting too.
+            starting: current.saturating_sub(ready.len() as u32).max((workers.len() - ready.len()) as u32),
+            settling: ready.iter().filter(|w| w.ready_for.is_some_and(|r| r < window)).count() as u32,
+            ..observed
+        };
+        let decision = decide(&observed, &target, current, &memory.history, now);
+        memory.history = decision.history.clone();
+        self.metrics.decisions.with_label_values(&[decision.reason.label()]).inc();
 
+        let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), &namespace);
         let changed = decision.replicas != current;
+        if decision.replicas < current {
+            self.write_deletion_costs(&namespace, &ready).await?;
+        }
         if changed {
             let patch = desired::replicas_patch(isvc, decision.replicas as i32);
             deployments.patch(&name, &PatchParams::apply(REPLICAS_MANAGER).force(), &Patch::Apply(&patch)).await?;
         }
-        let mut status = json!({
-            "desiredReplicas": decision.replicas,
-            "arrivalRate": round(observed.arrival_rate),
-            "queueDepth": observed.queue_depth,
-            "oldestQueueAge": round(observed.oldest_queue_age.as_secs_f64()),
-        });
-        if let Some(fill) = batch_fill {
-            status["batchFill"] = json!(round(fill));
-        }
-        if changed {
-            status["lastScaleTime"] = json!(Time(Timestamp::now()));
-            status["lastScaleReason"] = json!(decision.message);
-        }
+        let status = InferenceServiceStatus {
+            desired_replicas: Some(decision.replicas as i32),
+            arrival_rate: Some(round(observed.arrival_rate)),
+            queue_depth: Some(observed.queue_depth),
+            oldest_queue_age: Some(round(observed.oldest_queue_age.as_secs_f64())),
+            batch_fill: fill.map(round),
+            last_scale_time: changed.then(|| Time(Timestamp::now())),
+            last_scale_reason: changed.then(|| decision.message.clone()),
+            startup_time: Some(round(target.startup.as_secs_f64())),
+            measured_startup_time: measured.map(|d| round(d.as_secs_f64())),
+            ..InferenceServiceStatus::default()
+        };
         let isvcs: Api<InferenceService> = Api::namespaced(self.client.clone(), &namespace);
-        isvcs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&json!({ "status": status }))).await?;
+        isvcs.patch_status(&name, &PatchParams::default(), &status::patch(&status)).await?;
         if changed {
-            tracing::info!(object = %key(isvc), from = current, to = decision.replicas, reason = %decision.message, "scaled");
+            tracing::info!(object = %k, from = current, to = decision.replicas, reason = decision.reason.label(), message = %decision.message, "scaled");
+            // The counts are in the action too: the recorder folds repeats of one action into a
+            // series that keeps its first note, so "2 → 3" must not stand for a later "3 → 8".
             let event = Event {
                 type_: EventType::Normal,
                 reason: "Scaled".into(),
                 note: Some(format!("{current} → {} replicas: {}", decision.replicas, decision.message)),
-                action: "Scale".into(),
+                action: format!("Scale {current} to {}", decision.replicas),
                 secondary: None,
             };
             if let Err(e) = self.recorder.publish(&event, &isvc.object_ref(&())).await {
-                tracing::warn!(object = %key(isvc), error = %e, "could not publish an event");
+                tracing::warn!(object = %k, error = %e, "could not publish an event");
             }
         }
         Ok(Some(decision))
     }
-}
 
-fn is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    /// Before a scale-down: each ready pod's deletion cost is its queue at the last scrape, so the
+    /// ReplicaSet removes the pods with the least work. (Scale-down never happens while a pod is
+    /// starting, so its habit of removing unready pods first never undoes a scale-up.)
+    async fn write_deletion_costs(&self, namespace: &str, ready: &[&WorkerPod]) -> Result<(), kube::Error> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        for pod in ready {
+            let cost = (pod.queue_depth.round() as i64).clamp(0, i64::from(i32::MAX)).to_string();
+            if pod.deletion_cost.as_deref() == Some(cost.as_str()) {
+                continue;
+            }
+            let patch = json!({"metadata": {"annotations": {DELETION_COST: cost}}});
+            pods.patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        }
+        Ok(())
+    }
 }
 
 fn round(x: f64) -> f64 {
