@@ -90,6 +90,15 @@ struct RunArgs {
     /// This replica's identity in the Lease.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// How long the Lease stays held without renewal.
+    #[arg(long, env = "FERRY_LEASE_DURATION", default_value = "15s", value_parser = ferry_core::duration::parse)]
+    lease_duration: Duration,
+    /// How long the leader keeps acting without a successful renewal (below the duration).
+    #[arg(long, env = "FERRY_LEASE_RENEW_DEADLINE", default_value = "10s", value_parser = ferry_core::duration::parse)]
+    lease_renew_deadline: Duration,
+    /// How often the leader renews and a candidate looks.
+    #[arg(long, env = "FERRY_LEASE_RETRY_PERIOD", default_value = "2s", value_parser = ferry_core::duration::parse)]
+    lease_retry_period: Duration,
     /// How often the autoscaler scrapes the sidecars and decides.
     #[arg(long, env = "FERRY_SCALE_INTERVAL", default_value = "2s", value_parser = ferry_core::duration::parse)]
     scale_interval: Duration,
@@ -182,12 +191,17 @@ fn main() -> ExitCode {
                 LeaseConfig {
                     name: args.lease_name.clone(),
                     identity,
-                    duration: Duration::from_secs(15),
-                    retry: Duration::from_secs(4),
+                    duration: args.lease_duration,
+                    renew_deadline: args.lease_renew_deadline,
+                    retry: args.lease_retry_period,
                 },
             )
         }),
     };
+    if let Some(Err(e)) = options.lease.as_ref().map(|(_, config)| config.check()) {
+        tracing::error!("{e}");
+        return ExitCode::FAILURE;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     match runtime.block_on(run::run(options, run::shutdown_signal())) {
         Ok(()) => ExitCode::SUCCESS,

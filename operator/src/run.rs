@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
@@ -59,12 +59,21 @@ pub async fn run(
         .route("/healthz", get(|| std::future::ready("ok")));
     tokio::spawn(async move { axum::serve(listener, app).await });
 
+    let shutdown = shutdown.shared();
     let (leading_tx, mut leading) = watch::channel(options.lease.is_none());
+    let mut election = None;
     if let Some((namespace, config)) = options.lease.clone() {
         let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
-        tokio::spawn(lease::hold(leases, config, leading_tx));
+        let holder = tokio::spawn(lease::hold(leases.clone(), config.clone(), leading_tx));
+        election = Some((holder, leases, config));
         tracing::info!("waiting to become the leader");
-        leading.wait_for(|l| *l).await?;
+        tokio::select! {
+            led = leading.wait_for(|l| *l) => { led?; }
+            () = shutdown.clone() => {
+                tracing::info!("stopped before becoming the leader");
+                return Ok(());
+            }
+        }
     }
 
     let reporter = Reporter {
@@ -98,6 +107,15 @@ pub async fn run(
     tokio::select! {
         () = controller => {
             tracing::info!("controller stopped");
+            // Hand the Lease over at once rather than after its duration.
+            if let Some((holder, leases, config)) = election {
+                holder.abort();
+                match tokio::time::timeout(config.retry, lease::release(&leases, &config)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::warn!(error = %e, "could not release the leader Lease"),
+                    Err(_) => tracing::warn!("releasing the leader Lease timed out"),
+                }
+            }
             Ok(())
         }
         () = lost => {
