@@ -68,7 +68,15 @@ impl Stores {
 
     /// Resolves once every store has listed its objects.
     pub async fn ready(&self) -> Result<(), reflector::store::WriterDropped> {
-        self.services.wait_until_ready().await?;
+        // The controller waits on its store too, and kube-runtime 5's readiness signal wakes only
+        // one of two tasks waiting at once (a oneshot with one waker behind the shared reader):
+        // look again every 100 ms rather than wait on it alone.
+        loop {
+            match tokio::time::timeout(Duration::from_millis(100), self.services.wait_until_ready()).await {
+                Ok(result) => break result?,
+                Err(_) => continue,
+            }
+        }
         self.deployments.wait_until_ready().await?;
         self.pods.wait_until_ready().await
     }
@@ -188,6 +196,7 @@ impl Autoscaler {
             tracing::error!("the autoscaler's watches stopped before listing");
             return;
         }
+        tracing::info!(every = ?interval, "autoscaler started");
         let mut ticks = tokio::time::interval(interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -200,6 +209,7 @@ impl Autoscaler {
     /// `wall` is the cluster's clock, for the pods' timestamps.
     pub async fn tick(&mut self, stores: &Stores, now: Instant, wall: Timestamp) {
         let services = stores.services.state();
+        tracing::debug!(services = services.len(), pods = stores.pods.state().len(), "autoscaler tick");
         let alive: HashSet<String> = services.iter().map(|s| key(s)).collect();
         self.services.retain(|k, _| alive.contains(k));
 
@@ -241,6 +251,7 @@ impl Autoscaler {
             .buffer_unordered(CONCURRENT_SCRAPES)
             .collect()
             .await;
+        tracing::debug!(pods = scraped.len(), failed = scraped.iter().filter(|(_, s)| s.is_err()).count(), "scraped");
         for (uid, sample) in scraped {
             match sample {
                 Ok(sample) => self.collector.observe(&uid, now, sample),
@@ -317,6 +328,9 @@ impl Autoscaler {
             ..observed
         };
         let decision = decide(&observed, &target, current, &memory.history, now);
+        tracing::debug!(object = %k, rate = observed.arrival_rate, latest = observed.latest_rate, pressure = observed.pressure,
+            starting = observed.starting, settling = observed.settling, replicas = decision.replicas,
+            reason = decision.reason.label(), "decided");
         memory.history = decision.history.clone();
         self.metrics.decisions.with_label_values(&[decision.reason.label()]).inc();
 
