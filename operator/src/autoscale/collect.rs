@@ -207,12 +207,18 @@ impl Collector {
             seconds += grew(|s| s.batch_seconds);
         }
         let duration = first.map_or(0.0, |f| (now - f).as_secs_f64());
-        // The latest interval: since the newest scrape before the last, on every pod.
+        // The latest interval: from the newest scrape before the last of any pod, each pod's
+        // increase counted from its own sample at or before then, over the time from the
+        // earliest of those samples (the same rule as the window's).
         let latest_from =
             self.windows(pods, now.checked_sub(self.span)).filter_map(|w| w.len().checked_sub(2).map(|i| w[i].0)).max();
         let latest = latest_from.map_or(0.0, |from| {
-            let grew: f64 = self.windows(pods, Some(from)).map(|w| increase(w.iter().map(|(_, s)| s.requests))).sum();
-            let secs = (now - from).as_secs_f64();
+            let (mut grew, mut start) = (0.0, now);
+            for w in self.windows(pods, Some(from)).filter(|w| w.len() >= 2) {
+                grew += increase(w.iter().map(|(_, s)| s.requests));
+                start = start.min(w[0].0);
+            }
+            let secs = (now - start).as_secs_f64();
             if secs > 0.0 {
                 grew / secs
             } else {
@@ -337,6 +343,13 @@ mod tests {
         let o = c.observed(&["a".into(), "b".into()], t0 + 20 * S);
         assert!((o.arrival_rate - 60.0).abs() < 1e-9, "{o:?}");
         assert!((o.latest_rate - 60.0).abs() < 1e-9, "60 + 60 over the last 2 s: {o:?}");
+        // A pod ready 0.5 s before the last scrape: the latest interval is still the 2 s since
+        // the others' previous scrape, not the half second since its Ready (which would count
+        // their 2 s of requests over 0.5 s).
+        c.started("d", t0 + 19 * S + S / 2);
+        c.observe("d", t0 + 20 * S, sample(15.0, 15.0, 0.0, 0.0, 0.0));
+        let o = c.observed(&["a".into(), "b".into(), "d".into()], t0 + 20 * S);
+        assert!((o.latest_rate - 67.5).abs() < 1e-9, "(60 + 60 + 15) / 2 s: {o:?}");
         // A pod that has not answered for a whole window adds no stale gauges.
         c.observe("c", t0, PodSample { queue_depth: 50.0, ..PodSample::default() });
         assert_eq!(c.observed(&["c".into()], t0 + 20 * S).queue_depth, 0.0);
