@@ -223,7 +223,7 @@ pub async fn hold(api: Api<Lease>, config: LeaseConfig, leading: watch::Sender<b
     loop {
         let now = Instant::now();
         // A leader's look may not outlast its deadline; anyone's, the retry period.
-        let limit = candidate.deadline().map_or(retry, |d| d.saturating_duration_since(now).min(retry));
+        let limit = candidate.deadline().filter(|d| *d > now).map_or(retry, |d| (d - now).min(retry));
         let limit = limit.max(Duration::from_millis(1));
         match tokio::time::timeout(limit, step(&api, &mut candidate)).await {
             Ok(Ok(_)) => {}

@@ -93,7 +93,7 @@ pub async fn run(
         options.metrics_window,
         metrics.clone(),
     );
-    tokio::spawn(autoscaler.run(stores, options.scale_interval));
+    let scaling = tokio::spawn(autoscaler.run(stores, options.scale_interval));
     let ctx = Arc::new(Context::new(client.clone(), options.images, metrics, Recorder::new(client.clone(), reporter)));
     let controller =
         controller.graceful_shutdown_on(shutdown).run(reconcile, error_policy, ctx).for_each(|result| async move {
@@ -107,6 +107,9 @@ pub async fn run(
     tokio::select! {
         () = controller => {
             tracing::info!("controller stopped");
+            // Stop scaling before the Lease goes: a follower may act at once after the release.
+            scaling.abort();
+            let _ = scaling.await;
             // Hand the Lease over at once rather than after its duration.
             if let Some((holder, leases, config)) = election {
                 holder.abort();
@@ -119,8 +122,8 @@ pub async fn run(
             Ok(())
         }
         () = lost => {
-            // Give in-flight writes a moment, then let the pod restart as a candidate.
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // Stop acting at once; the pod restarts as a candidate.
+            scaling.abort();
             anyhow::bail!("lost the leader Lease; exiting so that only one replica acts")
         }
     }

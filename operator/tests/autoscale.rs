@@ -58,6 +58,7 @@ fn ready_pod(name: &str, queue_depth: f64) -> WorkerPod {
         ready_for: Some(Duration::from_secs(600)),
         deletion_cost: None,
         queue_depth,
+        age: Some(Duration::from_secs(900)),
     }
 }
 
@@ -190,7 +191,7 @@ async fn a_starting_pod_holds_a_scale_down_back() {
     let mut quick = isvc();
     quick.spec.scaling.scale_down_delay = ferry_core::spec::GatewayDuration::new("0s");
     let stored = serde_json::to_value(&quick).unwrap();
-    let warming = WorkerPod { ip: None, ready_for: None, ..ready_pod("c", 0.0) };
+    let warming = WorkerPod { ip: None, ready_for: None, age: Some(Duration::from_secs(20)), ..ready_pod("c", 0.0) };
     let pods = vec![ready_pod("a", 0.0), ready_pod("b", 0.0), warming];
     let run =
         tokio::spawn(async move { scaler.act(&quick, &deployment(3), &pods, load(0.0), None, Instant::now()).await });
@@ -198,6 +199,27 @@ async fn a_starting_pod_holds_a_scale_down_back() {
     let status = expect(&mut api, "PATCH", STATUS, "", 200, Some(stored)).await;
     assert_eq!(status["status"]["desiredReplicas"], 3);
     assert_eq!(run.await.unwrap().unwrap().unwrap().reason, Reason::Warming);
+}
+
+#[tokio::test]
+async fn a_pod_unready_for_far_longer_than_a_start_up_is_stuck_not_starting() {
+    let (mut scaler, mut api) = setup();
+    let mut quick = isvc();
+    quick.spec.scaling.scale_down_delay = ferry_core::spec::GatewayDuration::new("0s");
+    let stored = serde_json::to_value(&quick).unwrap();
+    // Unschedulable for 10 minutes (startupTime 60 s): it holds the scale-down back no longer.
+    let stuck = WorkerPod { ip: None, ready_for: None, age: Some(Duration::from_secs(600)), ..ready_pod("c", 0.0) };
+    let pods = vec![ready_pod("a", 0.0), ready_pod("b", 0.0), stuck];
+    let run =
+        tokio::spawn(async move { scaler.act(&quick, &deployment(3), &pods, load(0.0), None, Instant::now()).await });
+    for pod in ["a", "b"] {
+        expect(&mut api, "PATCH", &format!("/api/v1/namespaces/ml/pods/{pod}"), "", 200, Some(json!({}))).await;
+    }
+    let reply = serde_json::to_value(deployment(1)).unwrap();
+    expect(&mut api, "PATCH", DEPLOYMENT, "fieldManager=ferry-autoscaler", 200, Some(reply)).await;
+    expect(&mut api, "PATCH", STATUS, "", 200, Some(stored)).await;
+    expect(&mut api, "POST", EVENTS, "", 201, None).await;
+    assert_eq!(run.await.unwrap().unwrap().unwrap().reason, Reason::ScaleDown);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,7 +262,7 @@ async fn a_tick_scrapes_the_ready_pods_of_each_service_from_its_stores_and_scale
         pods: store(vec![pod("quick-a", "uid-a", "True", "127.0.0.1"), pod("quick-b", "uid-b", "False", "192.0.2.1")]),
     };
     let t0 = Instant::now();
-    let wall: Timestamp = "2026-12-02T09:00:00Z".parse().unwrap();
+    let wall: Timestamp = "2026-12-02T08:02:00Z".parse().unwrap();
     let mut statuses = Vec::new();
     for round in 0..2u32 {
         if round == 1 {

@@ -120,6 +120,13 @@ async fn a_leader_whose_api_stops_answering_stops_leading_at_its_renew_deadline(
     answer(&mut server, "GET", &format!("{PATH}/ferry-operator"), 404, not_found()).await;
     answer(&mut server, "POST", PATH, 201, lease("pod-a", 0)).await;
     leading.wait_for(|l| *l).await.unwrap();
+    // While the API answers, the leader renews every 2 s and leads past its 10 s deadline.
+    for _ in 0..6 {
+        answer(&mut server, "GET", &format!("{PATH}/ferry-operator"), 200, lease("pod-a", 0)).await;
+        answer(&mut server, "PUT", &format!("{PATH}/ferry-operator"), 200, lease("pod-a", 0)).await;
+    }
+    let renewed = tokio::time::Instant::now();
+    assert!(renewed - t0 >= Duration::from_secs(12) && *leading.borrow(), "still leading after 6 renewals");
     // From now on every request hangs: the renewals time out, and leadership ends at the renew
     // deadline, 10 s after the last renewal began — 5 s before a follower that saw it may take over.
     let mut hung = Vec::new();
@@ -130,8 +137,9 @@ async fn a_leader_whose_api_stops_answering_stops_leading_at_its_renew_deadline(
         }
     });
     leading.wait_for(|l| !*l).await.unwrap();
-    let lost = t0.elapsed();
-    assert!(lost >= Duration::from_secs(10) && lost < Duration::from_millis(10_100), "{lost:?}");
+    // The last renewal began with its GET, just before `renewed`.
+    let lost = renewed.elapsed();
+    assert!(lost <= Duration::from_secs(10) && lost > Duration::from_millis(9_900), "{lost:?}");
     drain.abort();
 }
 

@@ -71,7 +71,7 @@ class Kubelet:
 
     def __exit__(self, *exc):
         self._stop.set()
-        self.thread.join(20)
+        self.thread.join(60)
         for pods in self.pods.values():
             for pod in pods:
                 pod.process.kill()
@@ -154,6 +154,8 @@ class Kubelet:
                     pods.remove(pod)
                 self._remove(pod)
         for pod in pods:
+            if pod.process.poll() is not None:
+                raise RuntimeError(f"sidecar {pod.name} at {pod.ip} exited with {pod.process.returncode}; see its log")
             if not pod.ready and ready(f"http://{pod.ip}:8080/v2/health/ready"):
                 conditions = [{"type": "Ready", "status": "True", "lastTransitionTime": now_rfc3339()}]
                 call(self._url(f"pods/{pod.name}/status"), "PATCH", {"status": {"conditions": conditions}},

@@ -85,6 +85,8 @@ class Emulator(kmock.KubernetesEmulator):
         super().__attrs_post_init__()
         self._versions = itertools.count(1)
         self._latest = 0
+        # (fieldManager, replicas) of every write that changed a Deployment's spec.replicas.
+        self.replica_writes = []
 
     def _version(self):
         self._latest = next(self._versions)
@@ -148,6 +150,9 @@ class Emulator(kmock.KubernetesEmulator):
             return old
         if request.subresource is None and new.get("spec") != old.get("spec"):
             new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
+        replicas = (new.get("spec") or {}).get("replicas")
+        if request.resource.plural == "deployments" and replicas != (old.get("spec") or {}).get("replicas"):
+            self.replica_writes.append((request.params.get("fieldManager"), replicas))
         new["metadata"]["resourceVersion"] = self._version()
         self._objects[key].history.append(new)
         await self._buses[request.resource].put({"type": "MODIFIED", "object": new})
@@ -181,6 +186,8 @@ class Emulator(kmock.KubernetesEmulator):
                     obj.setdefault("metadata", {})["name"] = request.name
                     obj.pop("status", None)
                     self._stamp(obj, request.namespace)
+                    if request.resource.plural == "deployments" and "replicas" in (obj.get("spec") or {}):
+                        self.replica_writes.append((request.params.get("fieldManager"), obj["spec"]["replicas"]))
                     if key in self._objects:
                         self._objects[key].create(obj)
                     else:

@@ -184,9 +184,7 @@ impl Collector {
 
     /// What `pods` add up to over the window ending `now`.
     pub fn observed(&self, pods: &[String], now: Instant) -> Observed {
-        let (mut requests, mut ok, mut pressure, mut batches, mut rows, mut seconds) = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
         let (mut depth, mut oldest) = (0.0, 0.0f64);
-        let mut first: Option<Instant> = None;
         for w in self.windows(pods, now.checked_sub(self.span)) {
             let (last_at, last) = *w.last().expect("not empty");
             // Gauges from a pod that has not answered for a whole window are stale.
@@ -194,45 +192,21 @@ impl Collector {
                 depth += last.queue_depth;
                 oldest = oldest.max(last.oldest_age);
             }
-            if w.len() < 2 {
-                continue;
-            }
-            first = Some(first.map_or(w[0].0, |f: Instant| f.min(w[0].0)));
-            let grew = |f: fn(&PodSample) -> f64| increase(w.iter().map(|(_, s)| f(s)));
-            requests += grew(|s| s.requests);
-            ok += grew(|s| s.ok);
-            pressure += grew(|s| s.pressure);
-            batches += grew(|s| s.batches);
-            rows += grew(|s| s.batch_rows);
-            seconds += grew(|s| s.batch_seconds);
         }
-        let duration = first.map_or(0.0, |f| (now - f).as_secs_f64());
-        // The latest interval: from the newest scrape before the last of any pod, each pod's
-        // increase counted from its own sample at or before then, over the time from the
-        // earliest of those samples (the same rule as the window's).
+        let window = self.since(pods, now.checked_sub(self.span), now);
+        // The latest interval: since the newest scrape before the last, of any pod.
         let latest_from =
             self.windows(pods, now.checked_sub(self.span)).filter_map(|w| w.len().checked_sub(2).map(|i| w[i].0)).max();
-        let latest = latest_from.map_or(0.0, |from| {
-            let (mut grew, mut start) = (0.0, now);
-            for w in self.windows(pods, Some(from)).filter(|w| w.len() >= 2) {
-                grew += increase(w.iter().map(|(_, s)| s.requests));
-                start = start.min(w[0].0);
-            }
-            let secs = (now - start).as_secs_f64();
-            if secs > 0.0 {
-                grew / secs
-            } else {
-                0.0
-            }
-        });
+        let latest = latest_from.map_or(Growth::default(), |from| self.since(pods, Some(from), now));
+        let (requests, ok, batches) = (window.requests, window.ok, window.batches);
         Observed {
-            arrival_rate: if duration > 0.0 { requests / duration } else { 0.0 },
-            latest_rate: latest,
-            rows_per_request: if ok > 0.0 && batches > 0.0 { (rows / ok).max(1.0) } else { 1.0 },
-            batch_time: (batches > 0.0).then(|| Duration::from_secs_f64(seconds / batches)),
+            arrival_rate: window.rate(),
+            latest_rate: latest.rate(),
+            rows_per_request: if ok > 0.0 && batches > 0.0 { (window.rows / ok).max(1.0) } else { 1.0 },
+            batch_time: (batches > 0.0).then(|| Duration::from_secs_f64(window.seconds / batches)),
             queue_depth: depth,
             oldest_queue_age: Duration::from_secs_f64(oldest),
-            pressure: if requests > 0.0 { pressure / requests } else { 0.0 },
+            pressure: if requests > 0.0 { window.pressure / requests } else { 0.0 },
             starting: 0,
             settling: 0,
         }
@@ -240,12 +214,59 @@ impl Collector {
 
     /// Mean rows per batch over the window, for `batchFill`.
     pub fn rows_per_batch(&self, pods: &[String], now: Instant) -> Option<f64> {
-        let (mut batches, mut rows) = (0.0, 0.0);
-        for w in self.windows(pods, now.checked_sub(self.span)) {
-            batches += increase(w.iter().map(|(_, s)| s.batches));
-            rows += increase(w.iter().map(|(_, s)| s.batch_rows));
+        let window = self.since(pods, now.checked_sub(self.span), now);
+        (window.batches > 0.0).then(|| window.rows / window.batches)
+    }
+
+    /// What the counters of `pods` grew by from `from` to `now`, and over how long: from `from`,
+    /// or from the earliest Ready of a pod that started later. A pod's interval that straddles
+    /// `from` counts in proportion to its part after it (as Prometheus' `rate()` extrapolates),
+    /// so a pod whose scrapes paused does not stretch everyone's window.
+    fn since(&self, pods: &[String], from: Option<Instant>, now: Instant) -> Growth {
+        let mut g = Growth::default();
+        let mut start: Option<Instant> = None;
+        for w in self.windows(pods, from).filter(|w| w.len() >= 2) {
+            let first = from.map_or(w[0].0, |from| from.max(w[0].0));
+            start = Some(start.map_or(first, |s| s.min(first)));
+            for pair in w.windows(2) {
+                let ((t0, a), (t1, b)) = (pair[0], pair[1]);
+                let share = match from {
+                    Some(from) if t0 < from => ((t1 - from.min(t1)).as_secs_f64() / (t1 - t0).as_secs_f64()).min(1.0),
+                    _ => 1.0,
+                };
+                let grew = |f: fn(&PodSample) -> f64| increase([f(&a), f(&b)].into_iter()) * share;
+                g.requests += grew(|s| s.requests);
+                g.ok += grew(|s| s.ok);
+                g.pressure += grew(|s| s.pressure);
+                g.batches += grew(|s| s.batches);
+                g.rows += grew(|s| s.batch_rows);
+                g.seconds += grew(|s| s.batch_seconds);
+            }
         }
-        (batches > 0.0).then(|| rows / batches)
+        g.duration = start.map_or(0.0, |s| (now - s).as_secs_f64());
+        g
+    }
+}
+
+/// Counter growth over one interval of several pods.
+#[derive(Debug, Clone, Copy, Default)]
+struct Growth {
+    requests: f64,
+    ok: f64,
+    pressure: f64,
+    batches: f64,
+    rows: f64,
+    seconds: f64,
+    duration: f64,
+}
+
+impl Growth {
+    fn rate(&self) -> f64 {
+        if self.duration > 0.0 {
+            self.requests / self.duration
+        } else {
+            0.0
+        }
     }
 }
 
@@ -343,13 +364,30 @@ mod tests {
         let o = c.observed(&["a".into(), "b".into()], t0 + 20 * S);
         assert!((o.arrival_rate - 60.0).abs() < 1e-9, "{o:?}");
         assert!((o.latest_rate - 60.0).abs() < 1e-9, "60 + 60 over the last 2 s: {o:?}");
-        // A pod ready 0.5 s before the last scrape: the latest interval is still the 2 s since
-        // the others' previous scrape, not the half second since its Ready (which would count
-        // their 2 s of requests over 0.5 s).
+        // A pod ready 0.5 s before the last scrape: the latest interval is that half second,
+        // with the others' last 2 s counted for its part in it (not their whole 2 s over 0.5 s).
         c.started("d", t0 + 19 * S + S / 2);
         c.observe("d", t0 + 20 * S, sample(15.0, 15.0, 0.0, 0.0, 0.0));
         let o = c.observed(&["a".into(), "b".into(), "d".into()], t0 + 20 * S);
-        assert!((o.latest_rate - 67.5).abs() < 1e-9, "(60 + 60 + 15) / 2 s: {o:?}");
+        assert!((o.latest_rate - 90.0).abs() < 1e-9, "30 req/s on each of the three: {o:?}");
+    }
+
+    #[test]
+    fn a_pod_whose_scrapes_paused_does_not_stretch_the_window() {
+        // 30 req/s on each of two pods; b's scrapes failed from 4 s to 16 s.
+        let t0 = Instant::now();
+        let mut c = Collector::new(10 * S);
+        for i in 0..=10u32 {
+            let n = 60.0 * f64::from(i);
+            c.observe("a", t0 + 2 * i * S, sample(n, n, 0.0, 0.0, 0.0));
+            if !(2..8).contains(&i) {
+                c.observe("b", t0 + 2 * i * S, sample(n, n, 0.0, 0.0, 0.0));
+            }
+        }
+        // b's 2 s → 16 s interval counts for its 6 s inside the window: 60 req/s, not the 46.7
+        // of everything since b's sample at 2 s over 18 s.
+        let o = c.observed(&["a".into(), "b".into()], t0 + 20 * S);
+        assert!((o.arrival_rate - 60.0).abs() < 1e-9, "{o:?}");
         // A pod that has not answered for a whole window adds no stale gauges.
         c.observe("c", t0, PodSample { queue_depth: 50.0, ..PodSample::default() });
         assert_eq!(c.observed(&["c".into()], t0 + 20 * S).queue_depth, 0.0);

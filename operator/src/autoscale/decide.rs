@@ -299,7 +299,8 @@ pub fn decide(observed: &Observed, target: &Target, current: u32, history: &Hist
     }
     if let Some(floor) = h.floor {
         let moved = (rate - floor.rate).abs() > FLOOR_RATE_BAND * floor.rate;
-        if moved || observed.pressure > 2.0 * floor.pressure + target.pressure_tolerance {
+        let gone = !pressured;
+        if moved || gone || observed.pressure > 2.0 * floor.pressure + target.pressure_tolerance {
             h.floor = None;
         }
     }
@@ -315,6 +316,12 @@ pub fn decide(observed: &Observed, target: &Target, current: u32, history: &Hist
         message,
         history: h,
     };
+    // A count above `maxReplicas` (the spec was lowered) comes down to it at once.
+    if current > target.max_replicas {
+        h.lower_since = None;
+        let message = format!("scale down: {current} is above maxReplicas ({}); {why}", target.max_replicas);
+        return decision(target.max_replicas, Reason::ScaleDown, message, h);
+    }
     if short {
         h.lower_since = None;
         if desired > current {
@@ -327,7 +334,12 @@ pub fn decide(observed: &Observed, target: &Target, current: u32, history: &Hist
             );
             return decision(current, Reason::Settling, message, h);
         }
-        let replicas = bounded(current + 1).max(current);
+        let replicas = bounded(current + 1);
+        if replicas == current {
+            // At maxReplicas: nothing to try, so nothing to judge later.
+            let message = format!("deadline pressure: {pressure}, at maxReplicas ({current}); {why}");
+            return decision(current, Reason::Pressure, message, h);
+        }
         h.probe = Some(Probe { from: current, replicas, pressure: observed.pressure });
         return decision(replicas, Reason::Pressure, format!("deadline pressure: {pressure}; {why}"), h);
     }
@@ -342,7 +354,7 @@ pub fn decide(observed: &Observed, target: &Target, current: u32, history: &Hist
                 probe.replicas,
                 probe.pressure * 100.0
             );
-            debug_assert_eq!(desired, desired.max(bounded(floor.replicas)));
+            debug_assert!(desired >= bounded(floor.replicas));
             return decision(desired, Reason::Structural, message, h);
         }
     }
@@ -567,6 +579,9 @@ mod tests {
             .contains("after the scale-up from 6 to 7 for 1.5 %, not for want of capacity: back to 6"));
         let later = decide(&ready, &t, 6, &floor.history, t0 + 146 * S);
         assert_eq!((later.replicas, later.reason), (6, Reason::Structural));
+        // Once the pressure is gone, so is the floor: the load alone (5) decides again.
+        let calm = decide(&load(1000.0), &t, 6, &later.history, t0 + 147 * S);
+        assert_eq!((calm.history.floor, calm.reason), (None, Reason::Cooling));
         assert!(
             later.message.contains("replicas added at 1000 req/s did not relieve it; keeping 6"),
             "{}",
@@ -648,6 +663,8 @@ mod tests {
         let t = Target { min_replicas: 2, max_replicas: 6, ..target() };
         assert_eq!(once(&load(10_000.0), &t, 3).replicas, 6);
         assert_eq!(once(&load(0.0), &t, 2).replicas, 2);
+        // The spec was lowered below the count: down to maxReplicas at once, not after the delay.
+        assert_eq!((once(&load(100.0), &t, 9).replicas, once(&load(100.0), &t, 9).reason), (6, Reason::ScaleDown));
         let zero_min = Target { min_replicas: 0, warm_replicas: 0, ..target() };
         let h = History { lower_since: Some((now - 300 * S, 0)), ..History::default() };
         let idle = decide(&load(0.0), &zero_min, 1, &h, now);

@@ -39,6 +39,8 @@ use ferry_core::spec::{InferenceService, InferenceServiceStatus};
 pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 /// Scrapes in flight at once.
 const CONCURRENT_SCRAPES: usize = 64;
+/// An unready pod older than twice the time-to-ready and this is stuck, not starting.
+const STUCK_MARGIN: Duration = Duration::from_secs(60);
 
 /// The objects the autoscaler reads, kept current by watches.
 #[derive(Clone)]
@@ -94,6 +96,8 @@ pub struct WorkerPod {
     pub deletion_cost: Option<String>,
     /// Its queue at the last scrape.
     pub queue_depth: f64,
+    /// Since its creation.
+    pub age: Option<Duration>,
 }
 
 /// The pods of one service that are not being deleted.
@@ -118,6 +122,9 @@ pub fn workers(pods: &[Arc<Pod>], wall: Timestamp) -> Vec<WorkerPod> {
                 ready_for,
                 deletion_cost: p.annotations().get(DELETION_COST).cloned(),
                 queue_depth: 0.0,
+                age: p.metadata.creation_timestamp.as_ref().map(|t| {
+                    Duration::from_millis(u64::try_from(wall.as_millisecond() - t.0.as_millisecond()).unwrap_or(0))
+                }),
             })
         })
         .collect()
@@ -272,7 +279,7 @@ impl Autoscaler {
             let mine = pods.get(&k).map(Vec::as_slice).unwrap_or_default();
             let memory = self.services.entry(k.clone()).or_default();
             for pod in mine {
-                memory.startup.observe(pod);
+                memory.startup.observe(pod, wall);
             }
             memory.startup.retain(&mine.iter().filter_map(|p| p.uid()).collect());
             let reference = ObjectRef::new(&isvc.name_any()).within(&isvc.namespace().unwrap_or_default());
@@ -321,9 +328,13 @@ impl Autoscaler {
         let current = deployment.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1).max(0) as u32;
         let ready: Vec<&WorkerPod> = workers.iter().filter(|w| w.ip.is_some()).collect();
         let window = self.collector.span();
+        // Pods asked for but not there yet, and unready pods young enough to be on their way, are
+        // capacity to come. One unready for longer (unschedulable, failing its image pull or
+        // crash-looping) is not: it must not hold scale-down and pressure back for ever.
+        let stuck_after = 2 * target.startup + STUCK_MARGIN;
+        let coming = workers.iter().filter(|w| w.ip.is_none() && w.age.is_none_or(|a| a < stuck_after)).count();
         let observed = Observed {
-            // Pods asked for but not yet there count as starting too.
-            starting: current.saturating_sub(ready.len() as u32).max((workers.len() - ready.len()) as u32),
+            starting: current.saturating_sub(workers.len() as u32) + coming as u32,
             settling: ready.iter().filter(|w| w.ready_for.is_some_and(|r| r < window)).count() as u32,
             ..observed
         };

@@ -7,6 +7,7 @@ use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 /// How long `pod` took from creation to Ready, if it is ready and this was its start: a pod
@@ -28,20 +29,32 @@ pub fn time_to_ready(pod: &Pod) -> Option<Duration> {
 pub struct StartupTimes {
     /// Pods (UIDs) already measured, so each counts once.
     seen: HashSet<String>,
+    /// Pods seen before they were ready: their Ready is their start-up's end.
+    unready: HashSet<String>,
     recent: VecDeque<Duration>,
 }
+
+/// A pod first seen already ready is measured only if it became ready this recently: a Ready
+/// from long ago (an operator that just took over) may be a recovery's, after a probe failed.
+const RECENT: Duration = Duration::from_secs(300);
 
 impl StartupTimes {
     /// Measurements kept; the figure is their median.
     pub const KEEP: usize = 5;
 
-    /// Measures `pod` if it has become ready and was not measured before.
-    pub fn observe(&mut self, pod: &Pod) {
+    /// Measures `pod` if it has become ready and was not measured before; `wall` is now.
+    pub fn observe(&mut self, pod: &Pod, wall: Timestamp) {
         let Some(uid) = pod.uid() else { return };
         if self.seen.contains(&uid) {
             return;
         }
-        if let Some(took) = time_to_ready(pod) {
+        let Some(took) = time_to_ready(pod) else {
+            self.unready.insert(uid);
+            return;
+        };
+        let created = pod.metadata.creation_timestamp.as_ref().map_or(wall, |t| t.0);
+        let since_ready = (wall.as_millisecond() - created.as_millisecond()) - took.as_millis() as i64;
+        if self.unready.remove(&uid) || since_ready < RECENT.as_millis() as i64 {
             self.seen.insert(uid);
             self.recent.push_back(took);
             if self.recent.len() > Self::KEEP {
@@ -53,6 +66,7 @@ impl StartupTimes {
     /// Forgets pods that are gone (their measurement stays among the recent ones).
     pub fn retain(&mut self, alive: &HashSet<String>) {
         self.seen.retain(|uid| alive.contains(uid));
+        self.unready.retain(|uid| alive.contains(uid));
     }
 
     /// The median of the latest measurements; `None` before the first.
@@ -82,19 +96,27 @@ mod tests {
         .unwrap()
     }
 
+    fn at(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
     #[test]
     fn a_pod_is_measured_from_creation_to_ready_once() {
         let mut times = StartupTimes::default();
         assert_eq!(times.measured(), None);
-        times.observe(&pod("a", "2026-12-02T08:00:00Z", None, 0));
+        times.observe(&pod("a", "2026-12-02T08:00:00Z", None, 0), at("2026-12-02T08:00:10Z"));
         assert_eq!(times.measured(), None, "not ready yet");
-        times.observe(&pod("a", "2026-12-02T08:00:00Z", Some("2026-12-02T08:01:30Z"), 0));
+        times.observe(&pod("a", "2026-12-02T08:00:00Z", Some("2026-12-02T08:01:30Z"), 0), at("2026-12-02T08:01:31Z"));
         assert_eq!(times.measured(), Some(Duration::from_secs(90)));
         // Seen again later (say its Ready flapped): still one measurement.
-        times.observe(&pod("a", "2026-12-02T08:00:00Z", Some("2026-12-02T08:09:00Z"), 0));
+        times.observe(&pod("a", "2026-12-02T08:00:00Z", Some("2026-12-02T08:09:00Z"), 0), at("2026-12-02T08:09:01Z"));
         assert_eq!(times.measured(), Some(Duration::from_secs(90)));
         // A restarted pod's Ready is a recovery, not a start-up.
-        times.observe(&pod("b", "2026-12-02T08:00:00Z", Some("2026-12-02T08:30:00Z"), 1));
+        times.observe(&pod("b", "2026-12-02T08:00:00Z", Some("2026-12-02T08:30:00Z"), 1), at("2026-12-02T08:30:01Z"));
+        assert_eq!(times.measured(), Some(Duration::from_secs(90)));
+        // A pod first seen ready long after its Ready (an operator that just took over): its Ready
+        // may be a recovery's, after a probe failed; not measured.
+        times.observe(&pod("c", "2026-12-02T08:00:00Z", Some("2026-12-02T09:00:00Z"), 0), at("2026-12-02T11:00:00Z"));
         assert_eq!(times.measured(), Some(Duration::from_secs(90)));
     }
 
@@ -103,7 +125,7 @@ mod tests {
         let mut times = StartupTimes::default();
         for (i, secs) in [30u64, 40, 50, 45, 200, 35, 38].into_iter().enumerate() {
             let ready = format!("2026-12-02T08:{:02}:{:02}Z", secs / 60, secs % 60);
-            times.observe(&pod(&format!("p{i}"), "2026-12-02T08:00:00Z", Some(&ready), 0));
+            times.observe(&pod(&format!("p{i}"), "2026-12-02T08:00:00Z", Some(&ready), 0), at("2026-12-02T08:05:00Z"));
         }
         // The latest five: 50, 45, 200, 35, 38; one slow pull does not move the median far.
         assert_eq!(times.measured(), Some(Duration::from_secs(45)));
