@@ -109,6 +109,7 @@ fn load(rate: f64) -> Observed {
         pressure: 0.0,
         starting: 0,
         settling: 0,
+        stuck: 0,
     }
 }
 

@@ -164,13 +164,14 @@ def test_one_service_from_apply_through_overload_to_a_spec_change(world):
         watch(10)
         during = wait_for("the status under load", lambda: isvc()["status"])
         watch(20)
-    # The last decision's own arithmetic: "... needs N, plus 1 warm". It ends there, with at most
-    # a pressure probe's one more on the way.
-    reason = isvc()["status"]["lastScaleReason"]
-    needs = int(re.search(r"needs (\d+), plus 1 warm", reason).group(1))
+    # It ends where the last decision's own arithmetic ("... needs N" for the rate, plus 1 warm)
+    # puts it, or one more while a pressure probe is out or its floor keeps a replica that helped;
+    # never near maxReplicas.
+    final, reason = replicas(), isvc()["status"]["lastScaleReason"]
+    needs = int(re.search(r"needs (\d+)", reason).group(1))
     assert needs in (4, 5), reason
-    assert seen[-1] == needs + 1, f"900 req/s ended at {seen[-1]}, the arithmetic says {needs} + 1: {reason}"
-    assert max(seen) <= needs + 2 < 8, f"seen {sorted(set(seen))}"
+    assert needs + 1 <= final <= needs + 2, f"900 req/s ended at {final}; the arithmetic says {needs} + 1: {reason}"
+    assert max(seen) <= 7, f"seen {sorted(set(seen))}"
     assert 600 <= during["arrivalRate"] <= 1200, during
     assert during["desiredReplicas"] >= 5 and during["batchFill"] > 0.3, during
     assert during["startupTime"] == during["measuredStartupTime"] < 30, "time-to-ready measured on the pods"
@@ -184,9 +185,9 @@ def test_one_service_from_apply_through_overload_to_a_spec_change(world):
     for event, (a, b) in zip(scaled, counts):
         assert event["note"].startswith(f"{a} → {b} replicas: "), event
     assert counts[0] == (1, 2), counts
-    assert all(b <= needs + 2 for _, b in counts), counts
+    assert all(b <= 7 for _, b in counts), counts
     # (A repeat of the same change is folded into the first one's event series.)
-    assert seen[-1] in {b for _, b in counts}, counts
+    assert final in {b for _, b in counts}, counts
 
     # A spec change reaches the Deployment.
     status, _ = call(api.url + f"{isvcs}/{NAME}", "PATCH", {"spec": {"batching": {"maxBatchSize": 16}}},

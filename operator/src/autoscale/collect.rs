@@ -194,9 +194,15 @@ impl Collector {
             }
         }
         let window = self.since(pods, now.checked_sub(self.span), now);
-        // The latest interval: since the newest scrape before the last, of any pod.
-        let latest_from =
-            self.windows(pods, now.checked_sub(self.span)).filter_map(|w| w.len().checked_sub(2).map(|i| w[i].0)).max();
+        // The latest interval: since the newest scrape before the last, of any pod. A pod's
+        // start at zero is no scrape: a pod ready just before the last scrape is counted whole
+        // over the others' interval, not the others over its short one (their load moved to it).
+        let latest_from = self
+            .windows(pods, now.checked_sub(self.span))
+            .filter_map(|w| w.len().checked_sub(2).map(|i| w[i]))
+            .filter(|(_, s)| *s != PodSample::default())
+            .map(|(at, _)| at)
+            .max();
         let latest = latest_from.map_or(Growth::default(), |from| self.since(pods, Some(from), now));
         let (requests, ok, batches) = (window.requests, window.ok, window.batches);
         Observed {
@@ -209,6 +215,7 @@ impl Collector {
             pressure: if requests > 0.0 { window.pressure / requests } else { 0.0 },
             starting: 0,
             settling: 0,
+            stuck: 0,
         }
     }
 
@@ -364,12 +371,13 @@ mod tests {
         let o = c.observed(&["a".into(), "b".into()], t0 + 20 * S);
         assert!((o.arrival_rate - 60.0).abs() < 1e-9, "{o:?}");
         assert!((o.latest_rate - 60.0).abs() < 1e-9, "60 + 60 over the last 2 s: {o:?}");
-        // A pod ready 0.5 s before the last scrape: the latest interval is that half second,
-        // with the others' last 2 s counted for its part in it (not their whole 2 s over 0.5 s).
+        // A pod ready 0.5 s before the last scrape: the latest interval is still the others'
+        // last 2 s, with the new pod counted whole (not their 2 s prorated over its half second,
+        // as if their load had not moved to it).
         c.started("d", t0 + 19 * S + S / 2);
         c.observe("d", t0 + 20 * S, sample(15.0, 15.0, 0.0, 0.0, 0.0));
         let o = c.observed(&["a".into(), "b".into(), "d".into()], t0 + 20 * S);
-        assert!((o.latest_rate - 90.0).abs() < 1e-9, "30 req/s on each of the three: {o:?}");
+        assert!((o.latest_rate - 67.5).abs() < 1e-9, "(60 + 60 + 15) / 2 s: {o:?}");
     }
 
     #[test]

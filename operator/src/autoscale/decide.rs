@@ -55,6 +55,8 @@ pub struct Observed {
     /// Ready pods that have not been ready for a whole window: the window's figures do not show
     /// their effect yet.
     pub settling: u32,
+    /// Pods unready for far longer than a start-up: neither capacity nor capacity to come.
+    pub stuck: u32,
 }
 
 /// The spec's numbers the decision uses.
@@ -256,7 +258,7 @@ pub fn decide(observed: &Observed, target: &Target, current: u32, history: &Hist
     let capacity = capacity_per_replica(target, batch_time, observed.rows_per_request);
     let usable = capacity * target.target_utilization;
     let for_rate = (ahead / usable).ceil() as u32;
-    let ready = current.saturating_sub(observed.starting);
+    let ready = current.saturating_sub(observed.starting + observed.stuck);
     let backlog = observed.queue_depth > 0.0 && observed.oldest_queue_age > target.max_wait + batch_time;
     // What the ready replicas cannot drain within one latency budget needs more of them.
     let budget = target.latency_budget.as_secs_f64();
@@ -354,7 +356,7 @@ pub fn decide(observed: &Observed, target: &Target, current: u32, history: &Hist
                 probe.replicas,
                 probe.pressure * 100.0
             );
-            debug_assert!(desired >= bounded(floor.replicas));
+            debug_assert!(floor.replicas < current, "the probe's replica goes");
             return decision(desired, Reason::Structural, message, h);
         }
     }
@@ -447,6 +449,7 @@ mod tests {
             pressure: 0.0,
             starting: 0,
             settling: 0,
+            stuck: 0,
         }
     }
 
@@ -538,6 +541,18 @@ mod tests {
         let held = decide(&Observed { pressure: 0.05, ..backlog.clone() }, &target(), 20, &h, now);
         assert_eq!(held.replicas, 20, "no scale-down (and max bounds the scale-up) under pressure");
         assert_eq!(held.history.lower_since, None);
+    }
+
+    #[test]
+    fn stuck_pods_are_no_capacity() {
+        // 400 req/s with pressure on 4 replicas: idle ones if all 4 serve, busy ones if 2 are
+        // stuck (unschedulable), which is want of capacity.
+        let o = Observed { pressure: 0.05, ..load(400.0) };
+        let idle = once(&o, &target(), 4);
+        assert_eq!((idle.replicas, idle.reason), (4, Reason::Cooling));
+        assert!(idle.message.contains("not for want of capacity"), "{}", idle.message);
+        let d = once(&Observed { stuck: 2, ..o }, &target(), 4);
+        assert_eq!((d.replicas, d.reason), (5, Reason::Pressure), "{}", d.message);
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 const CONCURRENT_SCRAPES: usize = 64;
 /// An unready pod older than twice the time-to-ready and this is stuck, not starting.
 const STUCK_MARGIN: Duration = Duration::from_secs(60);
+/// A pod that took longer than this from creation to its (latest) Ready did not just start.
+const START_UP_AT_MOST: Duration = Duration::from_secs(600);
 
 /// The objects the autoscaler reads, kept current by watches.
 #[derive(Clone)]
@@ -229,10 +231,12 @@ impl Autoscaler {
         let mut workers: HashMap<&String, Vec<WorkerPod>> =
             pods.iter().map(|(service, pods)| (service, workers(pods, wall))).collect();
 
-        // A pod ready for less than a window counts from zero at its Ready time.
+        // A pod that became ready as the end of its start-up, less than a window ago, counts
+        // from zero at its Ready time. (One whose Ready only flapped has counted since long
+        // before: its first scrape is a baseline, not growth.)
         for w in workers.values().flatten() {
-            if let (Some(_), Some(ready_for)) = (&w.ip, w.ready_for) {
-                if ready_for < self.collector.span() {
+            if let (Some(_), Some(ready_for), Some(age)) = (&w.ip, w.ready_for, w.age) {
+                if ready_for < self.collector.span() && age.saturating_sub(ready_for) < START_UP_AT_MOST {
                     if let Some(at) = now.checked_sub(ready_for) {
                         self.collector.started(&w.uid, at);
                     }
@@ -333,8 +337,10 @@ impl Autoscaler {
         // crash-looping) is not: it must not hold scale-down and pressure back for ever.
         let stuck_after = 2 * target.startup + STUCK_MARGIN;
         let coming = workers.iter().filter(|w| w.ip.is_none() && w.age.is_none_or(|a| a < stuck_after)).count();
+        let unready = workers.iter().filter(|w| w.ip.is_none()).count();
         let observed = Observed {
             starting: current.saturating_sub(workers.len() as u32) + coming as u32,
+            stuck: (unready - coming) as u32,
             settling: ready.iter().filter(|w| w.ready_for.is_some_and(|r| r < window)).count() as u32,
             ..observed
         };

@@ -48,14 +48,21 @@ impl StartupTimes {
         if self.seen.contains(&uid) {
             return;
         }
+        let created = pod.metadata.creation_timestamp.as_ref().map_or(wall, |t| t.0);
+        let age = wall.as_millisecond() - created.as_millisecond();
         let Some(took) = time_to_ready(pod) else {
-            self.unready.insert(uid);
+            // Unready and young: starting, so its Ready will end a start-up. (An old unready pod
+            // may be one whose probe failed after it had served.)
+            if age < RECENT.as_millis() as i64 {
+                self.unready.insert(uid);
+            }
             return;
         };
-        let created = pod.metadata.creation_timestamp.as_ref().map_or(wall, |t| t.0);
-        let since_ready = (wall.as_millisecond() - created.as_millisecond()) - took.as_millis() as i64;
-        if self.unready.remove(&uid) || since_ready < RECENT.as_millis() as i64 {
-            self.seen.insert(uid);
+        let since_ready = age - took.as_millis() as i64;
+        let measured = self.unready.remove(&uid) || since_ready < RECENT.as_millis() as i64;
+        // Either way it is judged once: a pod first seen long ready is never measured later.
+        self.seen.insert(uid);
+        if measured {
             self.recent.push_back(took);
             if self.recent.len() > Self::KEEP {
                 self.recent.pop_front();
