@@ -10,10 +10,18 @@
 //! On top of the fit sits a tail-aware correction: the 90th percentile of recent residuals
 //! (measured minus fitted), not their mean, because admission promises deadlines and a mean
 //! estimate would break one promise in two whenever batch times vary. When every recent batch
-//! had the same shape, the estimate for that shape is exactly the p90 of their times.
+//! had the same shape, the estimate for that shape is exactly the p90 of their times. It is
+//! never more than what the last second's batches alone say (their own fit plus their largest
+//! residual: [`crate::evidence`], rule 2), so a slow spell stops counting a second after the
+//! engine is fast again; and the model keeps the prior it started from, for admission's probes
+//! (rule 3).
 
 use std::collections::VecDeque;
 use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::evidence;
 
 /// How many recent batches the fit and the correction remember.
 const WINDOW: usize = 64;
@@ -76,89 +84,135 @@ impl CostModel {
 /// A tail-aware linear model of a duration over four features (the first is the constant 1):
 /// the fit and its correction, shared by the batch-time [`Estimator`] and the generation step's
 /// estimator ([`crate::generation::step::StepEstimator`]).
+///
+/// Two fits are kept: one over the whole window, corrected by its residuals' [`QUANTILE`], and
+/// one over the recent samples alone ([`evidence::recent`]), corrected by their largest residual.
+/// The estimate is the lesser: the long window's tail, as long as the last second has shown it;
+/// what the last second has shown, once the engine has been faster than that for a second (a slow
+/// spell over). `fitted` and `correction_ns` are the long window's, an upper bound of both.
 #[derive(Debug, Clone)]
 pub(crate) struct Linear {
     prior: [f64; 4],
     /// The fitted costs, in nanoseconds per unit of each feature.
     fit: [f64; 4],
     window: VecDeque<([f64; 4], f64)>,
+    /// When each sample of `window` was measured.
+    measured: VecDeque<Instant>,
     correction_ns: f64,
+    /// The fit of the recent samples and their largest residual, when they are not the whole
+    /// window.
+    recent: Option<([f64; 4], f64)>,
 }
 
 impl Linear {
     pub(crate) fn new(prior: [f64; 4]) -> Self {
-        Linear { prior, fit: prior, window: VecDeque::with_capacity(WINDOW), correction_ns: 0.0 }
+        Linear {
+            prior,
+            fit: prior,
+            window: VecDeque::with_capacity(WINDOW),
+            measured: VecDeque::with_capacity(WINDOW),
+            correction_ns: 0.0,
+            recent: None,
+        }
+    }
+
+    /// The model it started from, before anything was measured.
+    pub(crate) fn prior(&self) -> Linear {
+        Linear::new(self.prior)
     }
 
     pub(crate) fn fitted(&self, x: [f64; 4]) -> f64 {
-        self.fit.iter().zip(x).map(|(c, x)| c * x).sum()
+        dot(self.fit, x)
     }
 
-    /// The fit plus the correction, in whole nanoseconds.
+    /// The lesser of the long window's and the recent samples' fit plus correction, in whole
+    /// nanoseconds.
     pub(crate) fn estimate(&self, x: [f64; 4]) -> Duration {
-        Duration::from_nanos((self.fitted(x) + self.correction_ns).max(0.0).round() as u64)
+        let long = self.fitted(x) + self.correction_ns;
+        let ns = self.recent.map_or(long, |(fit, correction)| long.min(dot(fit, x) + correction));
+        Duration::from_nanos(ns.max(0.0).round() as u64)
     }
 
     pub(crate) fn correction_ns(&self) -> f64 {
         self.correction_ns
     }
 
-    pub(crate) fn observe(&mut self, x: [f64; 4], elapsed: Duration) {
+    /// Feeds one measurement, taken at `at`.
+    pub(crate) fn observe(&mut self, x: [f64; 4], elapsed: Duration, at: Instant) {
         if self.window.len() == WINDOW {
             self.window.pop_front();
+            self.measured.pop_front();
         }
         self.window.push_back((x, elapsed.as_nanos() as f64));
-        self.fit = self.refit();
-        let mut residuals: Vec<f64> = self.window.iter().map(|(x, y)| y - self.fitted(*x)).collect();
-        residuals.sort_by(f64::total_cmp);
-        let rank = ((residuals.len() as f64 * QUANTILE).ceil() as usize).clamp(1, residuals.len());
-        self.correction_ns = residuals[rank - 1];
+        self.measured.push_back(at);
+        let all = self.window.len();
+        (self.fit, self.correction_ns) = fit(self.prior, self.window.iter(), all, QUANTILE);
+        let recent = evidence::recent(&self.measured);
+        self.recent = (recent < all).then(|| fit(self.prior, self.window.iter().skip(all - recent), recent, 1.0));
     }
+}
 
-    /// Ridge least squares towards the prior, with costs kept non-negative: a cost that comes out
-    /// negative is pinned at zero and the rest refitted (at most once per feature).
-    fn refit(&self) -> [f64; 4] {
-        let n = self.window.len() as f64;
-        let mut scale = [0.0; 4];
-        for (x, _) in &self.window {
-            for (acc, x) in scale.iter_mut().zip(x) {
-                *acc += x * x / n;
+fn dot(c: [f64; 4], x: [f64; 4]) -> f64 {
+    c.iter().zip(x).map(|(c, x)| c * x).sum()
+}
+
+/// The fit of `n` samples and the `quantile` of its residuals.
+fn fit<'a>(
+    prior: [f64; 4],
+    samples: impl Iterator<Item = &'a ([f64; 4], f64)> + Clone,
+    n: usize,
+    quantile: f64,
+) -> ([f64; 4], f64) {
+    let coef = refit(prior, samples.clone(), n);
+    let mut residuals: Vec<f64> = samples.map(|(x, y)| y - dot(coef, *x)).collect();
+    let rank = ((residuals.len() as f64 * quantile).ceil() as usize).clamp(1, residuals.len());
+    let correction = *residuals.select_nth_unstable_by(rank - 1, f64::total_cmp).1;
+    (coef, correction)
+}
+
+/// Ridge least squares towards the prior, with costs kept non-negative: a cost that comes out
+/// negative is pinned at zero and the rest refitted (at most once per feature).
+fn refit<'a>(prior: [f64; 4], samples: impl Iterator<Item = &'a ([f64; 4], f64)> + Clone, n: usize) -> [f64; 4] {
+    let n = n as f64;
+    let mut scale = [0.0; 4];
+    for (x, _) in samples.clone() {
+        for (acc, x) in scale.iter_mut().zip(x) {
+            *acc += x * x / n;
+        }
+    }
+    let mut pinned = [false; 4];
+    loop {
+        let mut a = [[0.0; 4]; 4];
+        let mut b = [0.0; 4];
+        for (x, y) in samples.clone() {
+            for i in 0..4 {
+                b[i] += x[i] * y;
+                for j in 0..4 {
+                    a[i][j] += x[i] * x[j];
+                }
             }
         }
-        let mut pinned = [false; 4];
-        loop {
-            let mut a = [[0.0; 4]; 4];
-            let mut b = [0.0; 4];
-            for (x, y) in &self.window {
-                for i in 0..4 {
-                    b[i] += x[i] * y;
-                    for j in 0..4 {
-                        a[i][j] += x[i] * x[j];
-                    }
-                }
+        for i in 0..4 {
+            let lambda = PRIOR_WEIGHT * scale[i].max(1.0);
+            a[i][i] += lambda;
+            b[i] += lambda * prior[i];
+        }
+        // A pinned cost is zero: its row says so, and its column contributes nothing.
+        for i in (0..4).filter(|&i| pinned[i]) {
+            for (r, row) in a.iter_mut().enumerate() {
+                row[i] = if r == i { 1.0 } else { 0.0 };
             }
-            for i in 0..4 {
-                let lambda = PRIOR_WEIGHT * scale[i].max(1.0);
-                a[i][i] += lambda;
-                b[i] += lambda * self.prior[i];
-            }
-            // A pinned cost is zero: its row says so, and its column contributes nothing.
-            for i in (0..4).filter(|&i| pinned[i]) {
-                for (r, row) in a.iter_mut().enumerate() {
-                    row[i] = if r == i { 1.0 } else { 0.0 };
-                }
-                a[i] = [0.0; 4];
-                a[i][i] = 1.0;
-                b[i] = 0.0;
-            }
-            let fit = solve(a, b);
-            let negative: Vec<usize> = (0..4).filter(|&i| !pinned[i] && fit[i] < 0.0).collect();
-            if negative.is_empty() {
-                return fit.map(|c| c.max(0.0));
-            }
-            for i in negative {
-                pinned[i] = true;
-            }
+            a[i] = [0.0; 4];
+            a[i][i] = 1.0;
+            b[i] = 0.0;
+        }
+        let fit = solve(a, b);
+        let negative: Vec<usize> = (0..4).filter(|&i| !pinned[i] && fit[i] < 0.0).collect();
+        if negative.is_empty() {
+            return fit.map(|c| c.max(0.0));
+        }
+        for i in negative {
+            pinned[i] = true;
         }
     }
 }
@@ -178,6 +232,12 @@ impl Estimator {
         Estimator { model: Linear::new(model.coefficients()) }
     }
 
+    /// The estimator as it started, before anything was measured: the configured or calibrated
+    /// model, which admission's probes are judged by ([`crate::evidence`], rule 3).
+    pub fn prior(&self) -> Estimator {
+        Estimator { model: self.model.prior() }
+    }
+
     /// Expected engine time for a batch of this shape.
     pub fn estimate(&self, shape: Shape) -> Duration {
         self.model.estimate(shape.features())
@@ -193,9 +253,9 @@ impl Estimator {
         Duration::from_nanos(ns.ceil().min(u64::MAX as f64) as u64)
     }
 
-    /// Feeds one measured batch.
-    pub fn observe(&mut self, shape: Shape, elapsed: Duration) {
-        self.model.observe(shape.features(), elapsed);
+    /// Feeds one measured batch, ended at `at`.
+    pub fn observe(&mut self, shape: Shape, elapsed: Duration, at: Instant) {
+        self.model.observe(shape.features(), elapsed, at);
     }
 }
 
@@ -244,7 +304,7 @@ mod tests {
     #[test]
     fn exact_measurements_change_nothing() {
         let mut e = Estimator::new(100 * MS, Duration::ZERO);
-        e.observe(rows(4), 100 * MS);
+        e.observe(rows(4), 100 * MS, Instant::now());
         assert_eq!(e.estimate(rows(4)), 100 * MS);
         assert_eq!(e.estimate(rows(1)), 100 * MS);
     }
@@ -255,11 +315,11 @@ mod tests {
         // Nine batches at 100 ms and one at 150 ms: the p90 residual is the slow one's 50 ms
         // only once it is more than a tenth of the window; here it is exactly a tenth.
         for _ in 0..9 {
-            e.observe(rows(1), 100 * MS);
+            e.observe(rows(1), 100 * MS, Instant::now());
         }
-        e.observe(rows(1), 150 * MS);
+        e.observe(rows(1), 150 * MS, Instant::now());
         assert_eq!(e.estimate(rows(1)), 100 * MS);
-        e.observe(rows(1), 150 * MS);
+        e.observe(rows(1), 150 * MS, Instant::now());
         assert_eq!(e.estimate(rows(1)), 150 * MS);
     }
 
@@ -267,11 +327,11 @@ mod tests {
     fn learns_a_faster_engine_and_forgets_old_batches() {
         let mut e = Estimator::new(100 * MS, Duration::ZERO);
         for _ in 0..WINDOW {
-            e.observe(rows(1), 300 * MS);
+            e.observe(rows(1), 300 * MS, Instant::now());
         }
         assert_eq!(e.estimate(rows(1)), 300 * MS);
         for _ in 0..WINDOW {
-            e.observe(rows(1), 40 * MS);
+            e.observe(rows(1), 40 * MS, Instant::now());
         }
         assert_eq!(e.estimate(rows(1)), 40 * MS);
     }
@@ -290,7 +350,7 @@ mod tests {
             let longest = 8 + (seed >> 16) % 120;
             let tokens = rows * longest - (seed >> 4) % (rows * longest / 2 + 1);
             let s = Shape { rows, tokens, longest };
-            e.observe(s, truth(s));
+            e.observe(s, truth(s), Instant::now());
         }
         for s in [Shape { rows: 64, tokens: 4000, longest: 200 }, Shape { rows: 1, tokens: 5, longest: 5 }] {
             let (want, got) = (truth(s).as_secs_f64(), e.estimate(s).as_secs_f64());
@@ -303,12 +363,45 @@ mod tests {
         }
     }
 
+    /// An engine slow for a while (a throttled GPU) and then fast again: the slow batches stop
+    /// counting once a second of fast ones follows, though they fill most of the window — their
+    /// costs per row too, for shapes the last second did not show.
+    #[test]
+    fn a_slow_spell_stops_counting_a_second_after_it_ends() {
+        let truth = |r: u32| 100 * MS + 2 * MS * r;
+        let mut e = Estimator::new(100 * MS, 2 * MS);
+        let mut t = Instant::now();
+        for i in 0..40 {
+            t += 100 * MS;
+            e.observe(rows(1 + i % 16), 3 * truth(1 + i % 16), t);
+        }
+        assert!(e.estimate(rows(32)) > 2 * truth(32), "{:?}", e.estimate(rows(32)));
+        let fast_from = t;
+        for i in 0..5 {
+            t += 100 * MS;
+            e.observe(rows(1 + i % 8), truth(1 + i % 8), t);
+        }
+        assert!(e.estimate(rows(32)) > 2 * truth(32), "half a second of fast batches proves little");
+        let mut i = 0;
+        while t <= fast_from + crate::evidence::RECENT_SPAN {
+            t += 100 * MS;
+            e.observe(rows(1 + i % 8), truth(1 + i % 8), t);
+            i += 1;
+        }
+        for r in [1, 8, 32] {
+            let est = e.estimate(rows(r)).as_secs_f64();
+            let want = truth(r).as_secs_f64();
+            assert!((est - want).abs() / want < 0.05, "{r} rows: estimated {est}, truly {want}");
+        }
+        assert_eq!(e.prior().estimate(rows(1)), 102 * MS, "the prior is kept");
+    }
+
     #[test]
     fn costs_stay_non_negative() {
         // Times that fall with more rows would fit a negative per-row cost; it is pinned at zero.
         let mut e = Estimator::new(10 * MS, MS);
         for r in 1..=20 {
-            e.observe(rows(r), Duration::from_millis(u64::from(40 - r)));
+            e.observe(rows(r), Duration::from_millis(u64::from(40 - r)), Instant::now());
         }
         assert!(e.estimate(rows(1000)) >= e.estimate(rows(1)) - 20 * MS, "no large negative slope");
         assert!(e.model.fit.iter().all(|c| *c >= 0.0), "{:?}", e.model.fit);

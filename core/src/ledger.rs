@@ -129,6 +129,9 @@ struct Entry {
 struct Running {
     worker: usize,
     dispatched_at: Instant,
+    /// When the watchdog was last set: it is set again, for as long, when the process stalled
+    /// since (a stall is no evidence that the engine hangs).
+    armed: Instant,
     watchdog: Instant,
     rows: u32,
     /// (request, attempt) in batch order.
@@ -173,6 +176,14 @@ impl Ledger {
     /// Applies the events of instant `now` in the ledger's order (see the module documentation)
     /// and appends what must happen to `effects`.
     pub fn step(&mut self, now: Instant, events: Vec<Event>, effects: &mut Vec<Effect>) {
+        // A late wake first: it may say that the process stalled while a batch that ended now
+        // ran, and such a batch is not evidence.
+        let (wakes, events): (Vec<Event>, Vec<Event>) = events.into_iter().partition(|e| matches!(e, Event::Woke(_)));
+        for wake in wakes {
+            if let Event::Woke(lateness) = wake {
+                self.scheduler.observe_wake(now, lateness);
+            }
+        }
         let (mut finished, mut commands): (Vec<Event>, Vec<Event>) =
             events.into_iter().partition(|e| matches!(e, Event::Finished { .. }));
         finished.sort_by_key(|e| match e {
@@ -191,9 +202,8 @@ impl Ledger {
                 Event::Submit(ticket) => self.submit(ticket, now, effects),
                 Event::Cancel(id) => self.cancel(id),
                 Event::Calibrate(cost) => self.scheduler.calibrate(cost),
-                Event::Woke(lateness) => self.scheduler.observe_wake(lateness),
-                Event::Trip(trip) => self.scheduler.observe_trip(trip),
-                Event::Finished { .. } => unreachable!("partitioned"),
+                Event::Trip(trip) => self.scheduler.observe_trip(now, trip),
+                Event::Woke(_) | Event::Finished { .. } => unreachable!("partitioned"),
             }
         }
         self.dispatch(now, effects);
@@ -277,7 +287,14 @@ impl Ledger {
                 break;
             }
             self.watchdogs.pop_first();
-            let Some(run) = self.running.remove(&seq) else { continue };
+            let Some(mut run) = self.running.remove(&seq) else { continue };
+            if !self.scheduler.evidence(run.armed, now) {
+                run.watchdog = now + (run.watchdog - run.armed);
+                run.armed = now;
+                self.watchdogs.insert((run.watchdog, seq));
+                self.running.insert(seq, run);
+                continue;
+            }
             self.scheduler.abandon(run.worker);
             let error = format!(
                 "the batch did not finish within {} ms (the watchdog gives up at {}× the expected time)",
@@ -373,7 +390,15 @@ impl Ledger {
             }));
             self.running.insert(
                 seq,
-                Running { worker: batch.worker, dispatched_at: now, watchdog, rows: batch.rows, members, held },
+                Running {
+                    worker: batch.worker,
+                    dispatched_at: now,
+                    armed: now,
+                    watchdog,
+                    rows: batch.rows,
+                    members,
+                    held,
+                },
             );
         }
     }

@@ -105,6 +105,9 @@ pub struct Scheduler {
     margin: Margin,
     /// The tenants' fair shares of seats, one per priority tier.
     shares: [Shares; 2],
+    /// The request admitted as a probe ([`crate::evidence`], rule 3), until its batch leaves: it
+    /// rides even where the learned estimate says it is doomed.
+    probing: Option<RequestId>,
 }
 
 impl Scheduler {
@@ -118,6 +121,7 @@ impl Scheduler {
             workers: vec![Worker::Idle; workers],
             estimator,
             shares: Default::default(),
+            probing: None,
         }
     }
 
@@ -175,11 +179,29 @@ impl Scheduler {
                 self.queue.push(ticket);
                 Ok(shed)
             }
+            Err(refusal) if refusal.outcome == Outcome::Infeasible && self.probe_fits(&ticket, now) => {
+                self.restore(shed);
+                self.probing = Some(ticket.id);
+                self.queue.push(ticket);
+                Ok(Vec::new())
+            }
             Err(refusal) => {
                 self.restore(shed);
                 Err(refusal)
             }
         }
+    }
+
+    /// Whether a request refused by the forecast is admitted as a probe ([`crate::evidence`],
+    /// rule 3): nothing is queued or running, so it can only risk itself, and the refusal came of
+    /// what was learned alone — the batch time the engine was configured or timed with, plus the
+    /// margin's floor, would finish it in time. It leaves at once and is learned from; one that
+    /// misses is answered 504 at its deadline.
+    fn probe_fits(&self, ticket: &Ticket, now: Instant) -> bool {
+        self.queue.is_empty()
+            && self.probes.is_empty()
+            && self.workers.iter().all(|w| *w == Worker::Idle)
+            && now + self.estimator.prior().estimate(ticket.shape()) + self.margin.floor() <= ticket.deadline
     }
 
     /// At a queue bound, the room a newcomer may take from others: batch-tier requests for an
@@ -345,7 +367,9 @@ impl Scheduler {
         };
         let planned: Shape = chosen.iter().map(Ticket::shape).sum();
         let finish = now + self.estimator.estimate(planned);
-        let (tickets, doomed): (Vec<Ticket>, Vec<Ticket>) = chosen.into_iter().partition(|t| t.deadline >= finish);
+        let probing = self.probing.take();
+        let (tickets, doomed): (Vec<Ticket>, Vec<Ticket>) =
+            chosen.into_iter().partition(|t| t.deadline >= finish || Some(t.id) == probing);
         let shape: Shape = tickets.iter().map(Ticket::shape).sum();
         if probe.is_none() {
             // Every ticket the cut took holds a seat, the doomed too (as the forecast counts).
@@ -370,14 +394,21 @@ impl Scheduler {
         Some(Batch { worker, trigger, dispatched_at: now, rows: shape.rows, shape, tickets, doomed, probe })
     }
 
-    /// A worker finished its batch (successfully or not): it is idle again, and its measured time
-    /// teaches the estimator.
+    /// A worker finished its batch: it is idle again, and its measured time teaches the
+    /// estimator and the margin — unless the process stalled while it ran (not evidence).
     pub fn finish(&mut self, worker: usize, now: Instant) {
         if let Worker::Busy { since, shape, expected_end } = self.workers[worker] {
-            self.margin.observe_batch(expected_end - since, now - since);
-            self.estimator.observe(shape, now - since);
+            if self.margin.evidence(since, now) {
+                self.margin.observe_batch(now, expected_end - since, now - since);
+                self.estimator.observe(shape, now - since, now);
+            }
         }
         self.workers[worker] = Worker::Idle;
+    }
+
+    /// Whether the process ran throughout `from`..`to` (no stall its timer saw).
+    pub fn evidence(&self, from: Instant, to: Instant) -> bool {
+        self.margin.evidence(from, to)
     }
 
     /// A worker's batch failed, or the watchdog gave up on it: its slot is free again (a
@@ -387,14 +418,15 @@ impl Scheduler {
         self.workers[worker] = Worker::Idle;
     }
 
-    /// The owner's timer, set for the scheduler's next instant, woke it `lateness` after it.
-    pub fn observe_wake(&mut self, lateness: Duration) {
-        self.margin.observe_wake(lateness);
+    /// The owner's timer, set for the scheduler's next instant, woke it at `now`, `lateness`
+    /// after it.
+    pub fn observe_wake(&mut self, now: Instant, lateness: Duration) {
+        self.margin.observe_wake(now, lateness);
     }
 
-    /// An answer took `trip` from its batch's end to its caller.
-    pub fn observe_trip(&mut self, trip: Duration) {
-        self.margin.observe_trip(trip);
+    /// An answer took `trip` from its batch's end to its caller, told at `now`.
+    pub fn observe_trip(&mut self, now: Instant, trip: Duration) {
+        self.margin.observe_trip(now, trip);
     }
 
     /// The deadline margin now: the configured floor plus what was measured.

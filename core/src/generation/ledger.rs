@@ -111,13 +111,20 @@ impl Ledger {
 
     /// Applies the events of one instant and appends the effects to carry out.
     pub fn step(&mut self, now: Instant, events: Vec<Event>, effects: &mut Vec<Effect>) {
+        // A late wake first: it may say that the process stalled while the step that ended now
+        // ran, and such a step is not evidence.
+        let (wakes, events): (Vec<Event>, Vec<Event>) = events.into_iter().partition(|e| matches!(e, Event::Woke(_)));
+        for wake in wakes {
+            if let Event::Woke(late) = wake {
+                self.margin.observe_wake(now, late);
+            }
+        }
         let mut commands = Vec::new();
         for event in events {
             match event {
                 Event::StepDone { step, result } => self.step_done(step, result, now, effects),
                 Event::Calibrate(cost) => *self.scheduler.estimator_mut() = super::step::StepEstimator::new(cost),
-                Event::Woke(late) => self.margin.observe_wake(late),
-                Event::Trip(trip) => self.margin.observe_trip(trip),
+                Event::Trip(trip) => self.margin.observe_trip(now, trip),
                 command => commands.push(command),
             }
         }
@@ -157,6 +164,13 @@ impl Ledger {
         });
         match admitted {
             Ok(()) => self.scheduler.insert(r),
+            Err(refusal)
+                if refusal.outcome == Outcome::Infeasible
+                    && self.running.is_none()
+                    && self.scheduler.probe_fits(&r, now, self.margin.floor()) =>
+            {
+                self.scheduler.insert_probe(r)
+            }
             Err(refusal) => effects.push(Effect::End { id: r.id, end: End::Refused(refusal), admitted: false }),
         }
     }
@@ -175,10 +189,14 @@ impl Ledger {
             return;
         }
         let took = now - at;
-        self.margin.observe_batch(plan.expected, took);
+        // A step across a stall of the process is not evidence about the engine.
+        let evidence = self.margin.evidence(at, now);
+        self.margin.observe_batch(now, plan.expected, took);
         match result {
             Ok(stopped) => {
-                self.scheduler.estimator_mut().observe(plan.shape, took);
+                if evidence {
+                    self.scheduler.estimator_mut().observe(plan.shape, took, now);
+                }
                 let (progress, late) = self.scheduler.complete(&plan, now, &|id| stopped.contains(&id));
                 for p in progress {
                     match p {

@@ -114,6 +114,9 @@ pub(crate) struct Seq {
     pub first_token: Option<Instant>,
     /// When it was first given a step (for the queue-wait metric).
     pub started: Option<Instant>,
+    /// Admitted as a probe ([`crate::evidence`], rule 3): the learned step times said it would
+    /// miss, so rule 4 does not end it on their word; its deadlines still end it when they come.
+    pub probe: bool,
 }
 
 impl Seq {
@@ -243,6 +246,19 @@ impl Scheduler {
         &self.estimator
     }
 
+    /// Whether a request that admission's forecast refused is taken as a probe
+    /// ([`crate::evidence`], rule 3): nothing is held (and no step runs, the caller says), so it
+    /// can only risk itself, and the forecast with the step costs the engine started from, and
+    /// the margin's floor, keeps its promises.
+    pub fn probe_fits(&self, r: &Request, now: Instant, floor: Duration) -> bool {
+        if !self.is_empty() {
+            return false;
+        }
+        let mut prior = self.clone();
+        prior.estimator = self.estimator.prior();
+        super::forecast::admit(&prior, None, r, now, floor).is_ok()
+    }
+
     pub(crate) fn estimator_mut(&mut self) -> &mut StepEstimator {
         &mut self.estimator
     }
@@ -336,6 +352,15 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Takes a request in as a probe ([`crate::evidence`], rule 3): it waits for its first step,
+    /// and is not ended early on the word of the learned step times.
+    pub fn insert_probe(&mut self, request: Request) {
+        self.insert(request);
+        if let Some(seq) = self.seqs.get_mut(&request.id) {
+            seq.probe = true;
+        }
+    }
+
     /// Takes an admitted request in: it waits for its first step.
     pub fn insert(&mut self, request: Request) {
         self.set_weight(request.tenant, request.weight);
@@ -347,6 +372,7 @@ impl Scheduler {
             running: false,
             first_token: None,
             started: None,
+            probe: false,
         };
         self.enqueue(&seq);
         self.seqs.insert(request.id, seq);
@@ -440,6 +466,7 @@ impl Scheduler {
     pub fn hopeless(&self, now: Instant) -> Vec<(SeqId, Refusal)> {
         self.seqs
             .values()
+            .filter(|s| !s.probe)
             .filter_map(|s| {
                 let (first, all) = self.least_remaining(s);
                 let r = &s.request;

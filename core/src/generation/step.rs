@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::estimate::Linear;
 
 /// What a step's time depends on.
@@ -68,9 +70,15 @@ impl StepEstimator {
         self.model.estimate(shape.features())
     }
 
-    /// Feeds one measured step.
-    pub fn observe(&mut self, shape: StepShape, took: Duration) {
-        self.model.observe(shape.features(), took);
+    /// Feeds one measured step, ended at `at`.
+    pub fn observe(&mut self, shape: StepShape, took: Duration, at: Instant) {
+        self.model.observe(shape.features(), took, at);
+    }
+
+    /// The estimator as it started: the configured costs or those the engine timed at load, which
+    /// admission's probes are judged by ([`crate::evidence`], rule 3).
+    pub fn prior(&self) -> StepEstimator {
+        StepEstimator { model: self.model.prior() }
     }
 
     /// The most prefill tokens, up to `limit`, that a step of shape `base` can add and still be
@@ -137,7 +145,7 @@ mod tests {
         for i in 0..64u32 {
             let s =
                 StepShape { decodes: 1 + i % 17, prefill: (i * 37) % 300, context: u64::from(100 + (i * 311) % 5000) };
-            e.observe(s, truth(s));
+            e.observe(s, truth(s), Instant::now());
         }
         let s = StepShape { decodes: 30, prefill: 50, context: 8000 };
         let (want, got) = (truth(s).as_secs_f64(), e.estimate(s).as_secs_f64());

@@ -94,12 +94,18 @@ impl UpstreamModel {
         self.itl.estimate([1.0, f64::from(running), 0.0, 0.0])
     }
 
-    fn observe_ttft(&mut self, prompt: u32, running: u32, took: Duration) {
-        self.ttft.observe([1.0, f64::from(prompt), f64::from(running), 0.0], took);
+    /// The model as it started, before anything was measured (admission's probes are judged by
+    /// it: [`crate::evidence`], rule 3).
+    pub fn prior(&self) -> UpstreamModel {
+        UpstreamModel { ttft: self.ttft.prior(), itl: self.itl.prior() }
     }
 
-    fn observe_itl(&mut self, running: u32, gap: Duration) {
-        self.itl.observe([1.0, f64::from(running), 0.0, 0.0], gap);
+    fn observe_ttft(&mut self, prompt: u32, running: u32, took: Duration, at: Instant) {
+        self.ttft.observe([1.0, f64::from(prompt), f64::from(running), 0.0], took, at);
+    }
+
+    fn observe_itl(&mut self, running: u32, gap: Duration, at: Instant) {
+        self.itl.observe([1.0, f64::from(running), 0.0, 0.0], gap, at);
     }
 }
 
@@ -249,6 +255,14 @@ impl Window {
     }
 
     pub fn step(&mut self, now: Instant, events: Vec<Event>, effects: &mut Vec<Effect>) {
+        // A late wake first: it may say that the process stalled while a token was on its way,
+        // and such a gap is not evidence about the upstream.
+        let (wakes, events): (Vec<Event>, Vec<Event>) = events.into_iter().partition(|e| matches!(e, Event::Woke(_)));
+        for wake in wakes {
+            if let Event::Woke(late) = wake {
+                self.margin.observe_wake(now, late);
+            }
+        }
         let mut commands = Vec::new();
         for event in events {
             match event {
@@ -262,7 +276,6 @@ impl Window {
                 }
                 Event::Failed { id, refusal } => self.failed(id, refusal, now, effects),
                 Event::Ready(ready) => self.ready = ready,
-                Event::Woke(late) => self.margin.observe_wake(late),
                 command => commands.push(command),
             }
         }
@@ -290,17 +303,21 @@ impl Window {
             flight.last = now;
             flight.tokens = 1;
             let (prompt, running, took) = (entry.request.prompt, flight.running_at_send, now - flight.sent);
-            self.model.observe_ttft(prompt, running, took);
+            if self.margin.evidence(flight.sent, now) {
+                self.model.observe_ttft(prompt, running, took, now);
+            }
         }
     }
 
     fn token(&mut self, id: SeqId, now: Instant) {
         let running = self.running.len() as u32;
         let Some(flight) = self.entries.get_mut(&id).and_then(|e| e.flight.as_mut()) else { return };
-        let gap = now - flight.last;
+        let (gap, since) = (now - flight.last, flight.last);
         flight.last = now;
         flight.tokens += 1;
-        self.model.observe_itl(running, gap);
+        if self.margin.evidence(since, now) {
+            self.model.observe_itl(running, gap, now);
+        }
     }
 
     fn failed(&mut self, id: SeqId, refusal: Refusal, now: Instant, effects: &mut Vec<Effect>) {
@@ -395,15 +412,40 @@ impl Window {
 
     fn submit(&mut self, r: Request, now: Instant, effects: &mut Vec<Effect>) {
         match self.check(&r).and_then(|()| self.admissible(&r, now)) {
-            Ok(()) => {
+            Err(refusal) if refusal.outcome != Outcome::Infeasible || !self.probe_fits(&r, now) => {
+                effects.push(Effect::End { id: r.id, end: End::Refused(refusal), admitted: false })
+            }
+            _ => {
                 let entry = Entry { request: r, flight: None, attempts: 0 };
                 self.waiting.insert(entry.order());
                 self.queued_bytes += r.bytes;
                 self.queued_tokens += u64::from(r.prompt);
                 self.entries.insert(r.id, entry);
             }
-            Err(refusal) => effects.push(Effect::End { id: r.id, end: End::Refused(refusal), admitted: false }),
         }
+    }
+
+    /// Whether a request refused for what the window learned is sent as a probe
+    /// ([`crate::evidence`], rule 3): nothing is in flight or waiting, so it can only risk itself,
+    /// and the upstream's starting costs, with the margin's floor, would keep its promises. Its
+    /// first token and its tokens' gaps, at one in flight, are what the fits lacked to tell an
+    /// idle upstream from a slow one.
+    fn probe_fits(&self, r: &Request, now: Instant) -> bool {
+        if !self.entries.is_empty() {
+            return false;
+        }
+        let prior = Window {
+            policy: self.policy,
+            model: self.model.prior(),
+            margin: Margin::new(self.margin.floor()),
+            entries: BTreeMap::new(),
+            waiting: BTreeSet::new(),
+            running: BTreeSet::new(),
+            queued_bytes: 0,
+            queued_tokens: 0,
+            ready: self.ready,
+        };
+        prior.check(r).and_then(|()| prior.admissible(r, now)).is_ok()
     }
 
     fn check(&self, r: &Request) -> Result<(), Refusal> {
@@ -477,7 +519,11 @@ impl Window {
         let mut out = BTreeMap::new();
         for (_, _, id, r) in order {
             let Reverse(free) = slots.pop().expect("at least one slot");
-            let first = free.max(now) + self.model.ttft(r.prompt, n);
+            let send = free.max(now);
+            // Its first token comes at the concurrency it is sent into (itself included), not at
+            // the window's: an idle upstream answers at its idle speed.
+            let running = 1 + slots.iter().filter(|Reverse(s)| *s > send).count() as u32;
+            let first = send + self.model.ttft(r.prompt, running);
             let end = first + itl * r.max_tokens.saturating_sub(1);
             slots.push(Reverse(end));
             out.insert(id, (first, end));

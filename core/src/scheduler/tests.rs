@@ -148,18 +148,19 @@ fn the_deadline_margin_moves_the_dispatch_earlier() {
 #[test]
 fn the_measured_timer_lateness_widens_the_margin_for_dispatch_and_admission_alike() {
     let mut s = with_margin(scheduler(4, 50, 1, 100), ms(2));
-    s.observe_wake(ms(3));
+    s.observe_wake(Instant::now(), ms(3));
     // The floor, the timer's 3 ms, and (no batch measured yet) as much again for the engine.
     assert_eq!(s.margin(), ms(8));
     let trace = replay(s.clone(), fixed(100), &[Arrival::new(0, 120)]);
     assert_eq!(trace.fate(0), &done(12, 112, 1), "leaves 8 ms before the last moment");
     // Admission keeps the same margin: a request that would end 4 ms before its deadline is
-    // refused when the margin is 8, and admitted on the floor alone.
+    // refused when the margin is 8, and admitted on the floor alone. (A request queued ahead of
+    // it, with time to spare, makes it no probe: see `evidence`, rule 3.)
     let t0 = Instant::now();
-    let tight = |id| Ticket {
+    let ticket = |id, deadline| Ticket {
         id,
         arrival: t0,
-        deadline: t0 + ms(104),
+        deadline: t0 + ms(deadline),
         rows: 1,
         bytes: 1,
         priority: Priority::Interactive,
@@ -167,10 +168,18 @@ fn the_measured_timer_lateness_widens_the_margin_for_dispatch_and_admission_alik
         weight: 1,
         tokens: Tokens::default(),
     };
+    let tight = |id| ticket(id, 104);
+    let mut probe = s.clone();
+    s.admit(ticket(0, 1000), t0).unwrap();
     let refused = s.admit(tight(1), t0).unwrap_err();
     assert_eq!(refused.outcome, Outcome::Infeasible, "{refused}");
     let mut floor_only = with_margin(scheduler(4, 50, 1, 100), ms(2));
+    floor_only.admit(ticket(0, 1000), t0).unwrap();
     assert_eq!(floor_only.admit(tight(1), t0), Ok(Vec::new()));
+    // Alone, it is refused only by what was measured: it is taken as a probe, and leaves at once.
+    assert_eq!(probe.admit(tight(1), t0), Ok(Vec::new()));
+    let batch = probe.take(t0).expect("the probe leaves at once");
+    assert_eq!((batch.tickets.len(), batch.doomed.len()), (1, 0), "{batch:?}");
 }
 
 #[test]
