@@ -78,13 +78,20 @@ async fn overload_is_refused_early_and_never_answered_late() {
     let summary = Summary::of(&samples, Duration::from_secs(2), Some(4));
     assert!(summary.rejected > 0.3, "most of the excess is refused at admission: {:?}", summary.statuses);
     assert_eq!(summary.late_server, 0, "no 200 after its deadline by the sidecar's clock");
-    // By the client's clock, a 200 may arrive after its deadline only by the time the answer
-    // spends on its way back, and that is small even on two busy cores.
-    let late: Vec<(Duration, Option<f64>)> = samples
+    // By the client's clock, a 200 may arrive after its deadline only by the time the request and
+    // its answer spend outside the sidecar, which is small even on two busy cores, save for the
+    // rare moment the machine does not run the client at all (latency counts from the scheduled
+    // send): at most one answer in a hundred past 5 ms, none past 100 ms.
+    let ok: Vec<_> = samples.iter().filter(|s| s.status == Some(200)).collect();
+    let late: Vec<(Duration, Option<f64>)> = ok
         .iter()
-        .filter(|s| s.status == Some(200) && s.latency > s.deadline + Duration::from_millis(5))
+        .filter(|s| s.latency > s.deadline + Duration::from_millis(5))
         .map(|s| (s.latency - s.deadline, s.server_ms))
         .collect();
-    assert!(late.is_empty(), "200s more than 5 ms past their deadline at the client: {late:?}");
+    assert!(late.len() * 100 <= ok.len(), "200s more than 5 ms past their deadline at the client: {late:?}");
+    assert!(
+        late.iter().all(|(by, _)| *by <= Duration::from_millis(100)),
+        "a 200 more than 100 ms past its deadline at the client: {late:?}"
+    );
     assert!(summary.count("200") > 80, "{:?}", summary.statuses);
 }

@@ -102,7 +102,7 @@ fn the_sidecar_reads_its_arguments_as_the_spec_says() {
             (EngineKind::Remote, EngineSettings::Remote { upstream, .. }) => {
                 assert_eq!(upstream, &format!("http://127.0.0.1:{}", spec.engine.port))
             }
-            (EngineKind::SimLlm, EngineSettings::SimLlm { times }) => {
+            (EngineKind::SimLlm, EngineSettings::SimLlm { times, .. }) => {
                 let sim = spec.engine.sim.clone().unwrap_or_default();
                 let fine = |d: &Option<ferry_core::spec::FineDuration>| d.as_ref().map(|d| d.duration());
                 assert_eq!(Some(times.step_time), fine(&sim.step_time), "{name}");

@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use crate::embed::{Device, Overflow};
 use crate::engine::sim::Faults;
+use crate::engine::spell::SlowSpell;
 use crate::generation::sim::SimLlmTimes;
 use crate::idempotency;
 use ferry_core::duration;
@@ -89,6 +90,10 @@ pub struct Cli {
     /// Probability that a sim batch never returns (fault injection). [default: 0]
     #[arg(long, env = "FERRY_SIM_HANG_RATE")]
     pub sim_hang_rate: Option<f64>,
+    /// A slow spell of the sim engines (fault injection): FACTORx@AFTER+LASTING, e.g. 3x@5s+4s —
+    /// batches or steps that start from AFTER since start-up, for LASTING, take FACTOR times as long.
+    #[arg(long, env = "FERRY_SIM_SLOW_SPELL")]
+    pub sim_slow_spell: Option<String>,
     /// Seed of the sim engine's fault draws. [default: 0]
     #[arg(long, env = "FERRY_SIM_SEED")]
     pub sim_seed: Option<u64>,
@@ -210,6 +215,8 @@ pub enum EngineSettings {
     /// Simulated generation: the prompt cycled, steps of a configured time.
     SimLlm {
         times: SimLlmTimes,
+        /// A slow spell (fault injection).
+        slow: Option<SlowSpell>,
     },
     /// An OpenAI-compatible LLM server at `upstream` that batches by itself, serving the model
     /// as `model`.
@@ -331,6 +338,7 @@ impl Settings {
                         hang_rate: probability("--sim-hang-rate", cli.sim_hang_rate)?,
                         seed: cli.sim_seed.unwrap_or(0),
                         poison: cli.sim_poison,
+                        slow: slow_spell(cli.sim_slow_spell.as_deref())?,
                     },
                 },
                 "remote" => EngineSettings::Remote {
@@ -369,6 +377,7 @@ impl Settings {
                     },
                 },
                 "sim-llm" => EngineSettings::SimLlm {
+                    slow: slow_spell(cli.sim_slow_spell.as_deref())?,
                     times: SimLlmTimes {
                         step_time: cli
                             .sim_step_time
@@ -520,6 +529,10 @@ fn parse_bytes(text: &str) -> Result<u64, String> {
         .ok()
         .and_then(|n| n.checked_mul(scale))
         .ok_or_else(|| format!("'{text}' is not a byte count: digits, optionally followed by Ki, Mi, Gi or Ti"))
+}
+
+fn slow_spell(text: Option<&str>) -> Result<Option<SlowSpell>, ConfigError> {
+    text.map(SlowSpell::parse).transpose().map_err(ConfigError)
 }
 
 fn probability(flag: &str, value: Option<f64>) -> Result<f64, ConfigError> {

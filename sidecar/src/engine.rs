@@ -8,6 +8,7 @@
 pub mod embedding;
 pub mod remote;
 pub mod sim;
+pub mod spell;
 
 use std::future::Future;
 use std::pin::Pin;

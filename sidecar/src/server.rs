@@ -173,10 +173,10 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, Str
     let g = &settings.generation;
     let model_metrics = metrics.generation(&settings.model, &settings.version);
     let step_engine: Option<Arc<dyn StepEngine>> = match &settings.engine {
-        EngineSettings::SimLlm { times } => Some(Arc::new(SimLlm::new(
-            *times,
-            KvLayout { blocks: g.kv_blocks.unwrap_or(4096), block_size: g.kv_block_size },
-        ))),
+        EngineSettings::SimLlm { times, slow } => Some(Arc::new(
+            SimLlm::new(*times, KvLayout { blocks: g.kv_blocks.unwrap_or(4096), block_size: g.kv_block_size })
+                .with_slow_spell(*slow),
+        )),
         EngineSettings::Llm { source, device, kv_cache_memory } => {
             let started = tokio::time::Instant::now();
             let engine = LlmEngine::load(source, *device, g.kv_blocks, *kv_cache_memory, g.kv_block_size)

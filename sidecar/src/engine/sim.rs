@@ -14,6 +14,9 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use tokio::time::Instant;
+
+use super::spell::SlowSpell;
 use super::{BatchOutputs, BoxFuture, Engine, EngineError, Inputs, Signature, TensorSpec, Tokens};
 use crate::tensor::{DataType, Tensor, TensorData};
 
@@ -24,6 +27,8 @@ pub struct SimEngine {
     signature: Signature,
     faults: Faults,
     rng: Mutex<StdRng>,
+    /// When it was built: its slow spell is timed from then.
+    start: Instant,
 }
 
 /// Injected faults: probabilities per batch, the seed of the generator that draws them, and a
@@ -35,6 +40,8 @@ pub struct Faults {
     pub seed: u64,
     /// A batch holding a row whose first element equals this fails.
     pub poison: Option<f64>,
+    /// Batches that start within this spell are slower.
+    pub slow: Option<SlowSpell>,
 }
 
 impl SimEngine {
@@ -50,6 +57,7 @@ impl SimEngine {
             },
             faults: Faults::default(),
             rng: Mutex::new(StdRng::seed_from_u64(0)),
+            start: Instant::now(),
         }
     }
 
@@ -76,7 +84,7 @@ impl Engine for SimEngine {
 
     fn infer(&self, batch: Vec<Inputs>) -> BoxFuture<Result<BatchOutputs, EngineError>> {
         let rows: u64 = batch.iter().map(|inputs| inputs[0].rows()).sum();
-        let took = self.batch_time(rows);
+        let took = SlowSpell::time(self.faults.slow.as_ref(), self.start, Instant::now(), self.batch_time(rows));
         let (fail, hang) = {
             let mut rng = self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             (rng.random_bool(self.faults.fail_rate), rng.random_bool(self.faults.hang_rate))

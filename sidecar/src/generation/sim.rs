@@ -14,6 +14,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::engine::spell::SlowSpell;
+
 use ferry_core::generation::step::StepCost;
 
 use super::engine::{Detokenizer, KvLayout, LanguageModel, Message, StepEngine, StepInput};
@@ -51,6 +53,9 @@ struct Vocabulary {
 
 pub struct SimLlm {
     times: SimLlmTimes,
+    /// Steps that start within this spell are slower (fault injection), timed from `start`.
+    slow: Option<SlowSpell>,
+    start: tokio::time::Instant,
     kv: KvLayout,
     vocabulary: Arc<Mutex<Vocabulary>>,
     cache: Arc<Mutex<Vec<u32>>>,
@@ -60,10 +65,20 @@ impl SimLlm {
     pub fn new(times: SimLlmTimes, kv: KvLayout) -> Self {
         SimLlm {
             times,
+            slow: None,
+            start: tokio::time::Instant::now(),
             kv,
             vocabulary: Arc::default(),
             cache: Arc::new(Mutex::new(vec![u32::MAX; (kv.blocks as usize) * (kv.block_size as usize)])),
         }
+    }
+}
+
+impl SimLlm {
+    /// Makes the steps that start within `spell` slower (fault injection).
+    pub fn with_slow_spell(mut self, spell: Option<SlowSpell>) -> Self {
+        self.slow = spell;
+        self
     }
 }
 
@@ -143,6 +158,7 @@ impl StepEngine for SimLlm {
 
     fn step(&self, step: StepInput) -> BoxFuture<Result<Vec<u32>, EngineError>> {
         let took = self.times.cost().time(step.shape);
+        let took = SlowSpell::time(self.slow.as_ref(), self.start, tokio::time::Instant::now(), took);
         let (cache, b) = (self.cache.clone(), self.kv.block_size as usize);
         let slot = move |blocks: &[u32], p: usize| -> Result<usize, EngineError> {
             let block = blocks.get(p / b).ok_or_else(|| {
