@@ -25,7 +25,7 @@ impl SlowSpell {
         let (factor, rest) = text.split_once("x@").ok_or_else(|| wrong("no 'x@'"))?;
         let (after, lasting) = rest.split_once('+').ok_or_else(|| wrong("no '+'"))?;
         let factor: f64 = factor.parse().map_err(|_| wrong("the factor is not a number"))?;
-        if !(factor.is_finite() && factor >= 1.0 && factor <= 1000.0) {
+        if !(factor.is_finite() && (1.0..=1000.0).contains(&factor)) {
             return Err(wrong("the factor must be between 1 and 1000"));
         }
         Ok(SlowSpell {
