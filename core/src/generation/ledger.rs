@@ -171,7 +171,20 @@ impl Ledger {
             {
                 self.scheduler.insert_probe(r)
             }
-            Err(refusal) => effects.push(Effect::End { id: r.id, end: End::Refused(refusal), admitted: false }),
+            Err(mut refusal) => {
+                let margin = self.margin.get();
+                if refusal.outcome == Outcome::Infeasible && margin > self.margin.floor() {
+                    let p = self.margin.parts();
+                    refusal.message += &format!(
+                        " (the {} ms margin: timers {} ms late, steps {} ms over their estimate, tokens {} ms on their way)",
+                        margin.as_millis(),
+                        p.lateness.as_millis(),
+                        p.overshoot.as_millis(),
+                        p.trip.as_millis()
+                    );
+                }
+                effects.push(Effect::End { id: r.id, end: End::Refused(refusal), admitted: false })
+            }
         }
     }
 

@@ -491,10 +491,23 @@ impl Window {
         Ok(())
     }
 
-    /// When each waiting request (and `extra`) would get its first and last token, in queue order.
+    /// How many requests the forecast takes to be in flight while it lasts: those running, waiting
+    /// and `extra`, up to the window. Tokens are forecast at this concurrency, not at the window's
+    /// most: a fit extrapolated to a concurrency the upstream has not been seen at (and, refused,
+    /// never would be) must not refuse what it serves at the concurrency it runs. A later arrival
+    /// that raises it is refused if it would make a running or waiting request miss
+    /// ([`Window::admissible`]), so the promise holds.
+    fn concurrency(&self, extra: bool) -> u32 {
+        let wanted = self.running.len() + self.waiting.len() + usize::from(extra);
+        (wanted.clamp(1, self.window().max(1) as usize)) as u32
+    }
+
+    /// When each running and waiting request (and `extra`) would get its first and last token,
+    /// waiting ones in queue order.
     fn forecast(&self, extra: Option<&Request>, now: Instant) -> BTreeMap<SeqId, (Instant, Instant)> {
         let n = self.window().max(1);
-        let itl = self.model.itl(n);
+        let itl = self.model.itl(self.concurrency(extra.is_some()));
+        let mut out = BTreeMap::new();
         // When each of the `n` slots frees: running requests take all of their max_tokens.
         let mut slots: BinaryHeap<Reverse<Instant>> = self
             .running
@@ -504,7 +517,9 @@ impl Window {
                 let f = e.flight.expect("running requests are in flight");
                 let first = f.first.unwrap_or(f.sent + self.model.ttft(e.request.prompt, f.running_at_send));
                 let left = e.request.max_tokens.saturating_sub(f.tokens.max(1));
-                Reverse((first + itl * left).max(now))
+                let end = (first + itl * left).max(now);
+                out.insert(*id, (first, end));
+                Reverse(end)
             })
             .collect();
         while slots.len() < n as usize {
@@ -516,7 +531,6 @@ impl Window {
             order.push((r.priority, r.ttft_deadline, r.id, *r));
             order.sort_by_key(|(p, t, id, _)| (*p, *t, *id));
         }
-        let mut out = BTreeMap::new();
         for (_, _, id, r) in order {
             let Reverse(free) = slots.pop().expect("at least one slot");
             let send = free.max(now);
@@ -556,7 +570,7 @@ impl Window {
             ));
         }
         if end + margin > r.deadline {
-            let itl = self.model.itl(self.window().max(1));
+            let itl = self.model.itl(self.concurrency(true));
             let room = r.deadline.saturating_duration_since(first + margin);
             let fit = 1 + (room.as_nanos() / itl.as_nanos().max(1)) as u64;
             return Err(infeasible(
@@ -570,22 +584,26 @@ impl Window {
                 end.saturating_duration_since(r.deadline),
             ));
         }
-        let harmed = self.waiting.iter().any(|(_, _, id)| {
+        // Running requests are judged by their deadline alone (their first token is behind them
+        // or already on its way); waiting ones by both promises.
+        let keeps = |id: &SeqId, fate: (Instant, Instant)| {
             let q = &self.entries[id].request;
-            !Self::keeps(q, with[id], margin)
-        });
-        if harmed {
+            if self.running.contains(id) {
+                fate.1 + margin <= q.deadline
+            } else {
+                Self::keeps(q, fate, margin)
+            }
+        };
+        let others = || self.running.iter().chain(self.waiting.iter().map(|(_, _, id)| id));
+        if others().any(|id| !keeps(id, with[id])) {
             let without = self.forecast(None, now);
-            let harmed = self.waiting.iter().filter(|(_, _, id)| {
-                let q = &self.entries[id].request;
-                !Self::keeps(q, with[id], margin) && Self::keeps(q, without[id], margin)
-            });
-            let n = harmed.count();
+            let n = others().filter(|id| !keeps(id, with[id]) && keeps(id, without[id])).count();
             if n > 0 {
                 return Err(infeasible(
                     format!(
-                        "admitting it would make {n} waiting request(s) miss a deadline ({} in flight upstream)",
-                        self.running.len()
+                        "admitting it would make {n} running or waiting request(s) miss a deadline ({} in flight upstream, {} waiting)",
+                        self.running.len(),
+                        self.waiting.len()
                     ),
                     Duration::ZERO,
                 ));

@@ -367,7 +367,15 @@ impl Task {
                 }
             }
             Effect::Preempted(_) => self.metrics.preemptions.inc(),
-            Effect::StepEnded { plan, took, .. } => {
+            Effect::StepEnded { step, plan, took } => {
+                tracing::debug!(
+                    step,
+                    took_ms = took.as_secs_f64() * 1e3,
+                    expected_ms = plan.expected.as_secs_f64() * 1e3,
+                    tokens = plan.shape.tokens(),
+                    sequences = plan.members.len(),
+                    "step ended"
+                );
                 self.metrics.step_duration.observe(took.as_secs_f64());
                 self.metrics.step_tokens.observe(f64::from(plan.shape.tokens()));
                 self.metrics.step_sequences.observe(plan.members.len() as f64);

@@ -117,15 +117,26 @@ fn a_request_that_cannot_get_its_first_token_in_time_is_refused_at_arrival_with_
 #[test]
 fn a_completion_that_cannot_fit_names_the_max_tokens_that_would() {
     let mut h = Harness::new(policy());
-    // The forecast takes the window to be full (4 in flight: others may join it): the first
-    // token at 50 + 2 + 20 = 72 ms, then 28 ms a token; 500 ms hold 16.
+    // Alone on an idle upstream: the first token at 50 + 2 + 5 = 57 ms, then 22 ms a token (one
+    // in flight); 500 ms hold 21.
     let r = Request { deadline: h.start + 500 * MS, ..h.request(0, 0, 10, 100) };
     let e = h.at(0, vec![Event::Submit(r)]);
     let r = refusal(&e, 0);
-    assert!(r.message.contains("about 28.0 ms a token upstream"), "{}", r.message);
-    assert!(r.message.contains("a max_tokens of 16 would fit"), "{}", r.message);
-    let ok = Request { deadline: h.start + 500 * MS, ..h.request(1, 0, 10, 16) };
+    assert!(r.message.contains("about 22.0 ms a token upstream"), "{}", r.message);
+    assert!(r.message.contains("a max_tokens of 21 would fit"), "{}", r.message);
+    let ok = Request { deadline: h.start + 500 * MS, ..h.request(1, 0, 10, 21) };
     assert_eq!(released(&h.at(0, vec![Event::Submit(ok)])), vec![1]);
+    // A second in flight would make its tokens 24 ms apart and its end 57 + 20 × 24 = 537 ms:
+    // refused, though alone it would fit.
+    let e = h.at(0, vec![Event::Submit(h.request(2, 0, 10, 5))]);
+    let r = refusal(&e, 2);
+    assert!(r.message.contains("would make 1 running or waiting request(s) miss"), "{}", r.message);
+    // With one token left (at 57 + 19 × 22 = 475 ms) a second fits: the first ends at 475 + 24.
+    h.at(57, vec![Event::First(1)]);
+    for k in 1..20 {
+        h.at(57 + 22 * k, vec![Event::Token(1)]);
+    }
+    assert!(released(&h.at(475, vec![Event::Submit(h.request(3, 475, 10, 5))])).contains(&3));
 }
 
 #[test]
@@ -181,7 +192,7 @@ fn admitting_a_request_never_breaks_the_promise_of_one_waiting() {
     let e = h.at(0, vec![Event::Submit(c)]);
     let r = refusal(&e, 2);
     assert!(
-        r.message.contains("first token is forecast") || r.message.contains("would make 1 waiting"),
+        r.message.contains("first token is forecast") || r.message.contains("would make 1 running or waiting"),
         "{}",
         r.message
     );
