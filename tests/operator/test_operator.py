@@ -4,7 +4,7 @@ emulator, completed in emulator.py) with real ferry-sidecar processes as the wor
 
 One service's life, in order: the example InferenceService is applied and gets its Deployment and
 Service; malformed and misrouted traffic scales nothing; a 20 req/s trickle ends at what the
-arithmetic needs plus the warm spare; 900 req/s of real overload ends there too, not at
+arithmetic needs plus the warm spare; 600 req/s of real overload ends there too, not at
 maxReplicas; the status carries the figures and every Scaled event names its counts; a spec
 change reaches the Deployment. Every wait is on the API's own objects, with generous limits.
 """
@@ -153,14 +153,16 @@ def test_one_service_from_apply_through_overload_to_a_spec_change(world):
         watch(12)
     assert max(seen) == 2 and seen[-1] == 2, f"a 20 req/s trickle: {seen}; {isvc()['status']}"
 
-    # Real overload: 900 req/s on 2 replicas of 320 req/s each. The arithmetic needs 3.5 → 4 at
-    # 0.8 utilization, plus the warm spare: 5 — or 6 where the measured batch time (a few ms over
-    # 100) and rate put it past 4.0. About a fifth of requests are refused whatever the count
+    # Real overload: 600 req/s on 2 replicas of 320 req/s each. The arithmetic needs 2.3 → 3 at
+    # 0.8 utilization, plus the warm spare: 4 — or 5 where the measured batch time and rate put it
+    # past 3.0. (900 req/s, as this test once sent, is more than two cores drive through the
+    # debug builds of six sidecars, the load generator, the operator and the emulator: most
+    # requests were then refused for the machine's own slowness.) About a fifth of requests are refused whatever the count
     # (budget = 2 batches: a request that arrives as a batch starts waits it out, then its own);
     # a replica added for that pressure does not relieve it and goes again. It must not climb
     # towards maxReplicas (8), as it once did a replica per tick.
     seen.clear()
-    with Traffic(kubelet, NAME, load, INFER, 900, 30):
+    with Traffic(kubelet, NAME, load, INFER, 600, 30):
         watch(10)
         during = wait_for("the status under load", lambda: isvc()["status"])
         watch(20)
@@ -169,11 +171,11 @@ def test_one_service_from_apply_through_overload_to_a_spec_change(world):
     # never near maxReplicas.
     final, reason = replicas(), isvc()["status"]["lastScaleReason"]
     needs = int(re.search(r"needs (\d+)", reason).group(1))
-    assert needs in (4, 5), reason
-    assert needs + 1 <= final <= needs + 2, f"900 req/s ended at {final}; the arithmetic says {needs} + 1: {reason}"
+    assert needs in (3, 4), reason
+    assert needs + 1 <= final <= needs + 2, f"600 req/s ended at {final}; the arithmetic says {needs} + 1: {reason}"
     assert max(seen) <= 7, f"seen {sorted(set(seen))}"
-    assert 600 <= during["arrivalRate"] <= 1200, during
-    assert during["desiredReplicas"] >= 5 and during["batchFill"] > 0.3, during
+    assert 400 <= during["arrivalRate"] <= 800, during
+    assert during["desiredReplicas"] >= 4 and during["batchFill"] > 0.3, during
     assert during["startupTime"] == during["measuredStartupTime"] < 30, "time-to-ready measured on the pods"
     # The last change says why, with its arithmetic (a scale-up, or the pressure probe).
     assert "req/s per replica" in during["lastScaleReason"], during
