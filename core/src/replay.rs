@@ -116,7 +116,25 @@ pub fn replay(scheduler: Scheduler, engine: impl Fn(u32) -> Duration, arrivals: 
 
 /// Runs `arrivals` through `ledger`: request `i` of the trace has id `i`; arrivals of one instant
 /// are submitted in trace order.
-pub fn replay_ledger(mut ledger: Ledger, engine: impl Fn(u32) -> Duration, arrivals: &[Arrival]) -> Trace {
+pub fn replay_ledger(ledger: Ledger, engine: impl Fn(u32) -> Duration, arrivals: &[Arrival]) -> Trace {
+    replay_in(ledger, |_, rows| engine(rows), arrivals, &[])
+}
+
+/// [`replay_ledger`] in a world that changes over the trace: a batch dispatched at `at` (since the
+/// start) takes `engine(at, rows)`, and the shell adds `events` at their instants (timer wakes,
+/// calibrations; submissions, cancellations and batch ends are the replay's own). Every answer's
+/// trip to its caller takes no virtual time and is reported, as the sidecar's batcher reports
+/// each, with the next instant's events.
+pub fn replay_in(
+    mut ledger: Ledger,
+    mut engine: impl FnMut(Duration, u32) -> Duration,
+    arrivals: &[Arrival],
+    events: &[(Duration, Event)],
+) -> Trace {
+    let mut extra: Vec<&(Duration, Event)> = events.iter().collect();
+    extra.sort_by_key(|e| e.0);
+    let mut next_extra = 0;
+    let mut trips = 0;
     let start = Instant::now();
     let since = |t: Instant| t - start;
     let mut order: Vec<usize> = (0..arrivals.len()).collect();
@@ -133,11 +151,17 @@ pub fn replay_ledger(mut ledger: Ledger, engine: impl Fn(u32) -> Duration, arriv
             order.get(next_arrival).map(|&i| start + arrivals[i].at),
             running.iter().map(|r| r.0).min(),
             ledger.next_wake(clock),
+            extra.get(next_extra).map(|e| start + e.0),
         ];
         let Some(now) = next.into_iter().flatten().min() else { break };
         clock = now;
 
-        let mut events = Vec::new();
+        let mut events: Vec<Event> = std::iter::repeat_n(Event::Trip(Duration::ZERO), trips).collect();
+        trips = 0;
+        while let Some((_, event)) = extra.get(next_extra).filter(|e| start + e.0 <= now) {
+            events.push(event.clone());
+            next_extra += 1;
+        }
         running.retain(|&(end, seq, outputs)| {
             let done = end <= now;
             if done {
@@ -167,7 +191,7 @@ pub fn replay_ledger(mut ledger: Ledger, engine: impl Fn(u32) -> Duration, arriv
         for effect in effects.drain(..) {
             match effect {
                 Effect::Dispatch(d) => {
-                    let end = now + engine(d.rows);
+                    let end = now + engine(since(now), d.rows);
                     trace.batches.push(BatchRecord {
                         worker: d.worker,
                         trigger: d.trigger,
@@ -180,6 +204,7 @@ pub fn replay_ledger(mut ledger: Ledger, engine: impl Fn(u32) -> Duration, arriv
                     batch_of.insert(d.seq, trace.batches.len() - 1);
                 }
                 Effect::Answer { id, seq, batch_rows, .. } => {
+                    trips += 1;
                     trace.ends[id as usize] += 1;
                     let dispatched = trace.batches[batch_of[&seq]].dispatched;
                     trace.fates[id as usize] = Some(Fate::Done { dispatched, finished: since(now), batch_rows });

@@ -15,7 +15,7 @@ use super::kv::BlockPool;
 use super::ledger::{Effect, Event, Ledger};
 use super::scheduler::{Policy, Scheduler, StepPlan};
 use super::sequence::{End, FinishReason, Request, SeqId};
-use super::step::{StepCost, StepEstimator};
+use super::step::{StepCost, StepEstimator, StepShape};
 use crate::outcome::Refusal;
 use crate::tenant::{TenantId, DEFAULT_TENANT};
 use crate::ticket::Priority;
@@ -157,6 +157,24 @@ fn prompt_ids(i: usize, len: u32) -> Vec<u32> {
 }
 
 pub fn replay(setup: Setup, arrivals: &[Arrival]) -> Trace {
+    replay_in(setup, arrivals, |_, shape| setup.cost.time(shape), &[])
+}
+
+/// [`replay`] in a world that changes over the trace: a step started at `at` (since the start)
+/// takes `step_time(at, shape)` rather than `setup.cost`'s time, and the shell adds `events` at their
+/// instants (timer wakes, calibrations; the rest are the replay's own). Every token's trip to its
+/// caller takes no virtual time and is reported, as the sidecar's shell reports each, with the
+/// next instant's events.
+pub fn replay_in(
+    setup: Setup,
+    arrivals: &[Arrival],
+    mut step_time: impl FnMut(Duration, StepShape) -> Duration,
+    events: &[(Duration, Event)],
+) -> Trace {
+    let mut extra: Vec<&(Duration, Event)> = events.iter().collect();
+    extra.sort_by_key(|e| e.0);
+    let mut next_extra = 0;
+    let mut trips = 0;
     let start = Instant::now();
     let scheduler =
         Scheduler::new(setup.policy, BlockPool::new(setup.blocks, setup.block_size), StepEstimator::new(setup.prior));
@@ -192,9 +210,15 @@ pub fn replay(setup: Setup, arrivals: &[Arrival]) -> Trace {
             engine.as_ref().map(|(_, end, _)| *end),
             ledger.next_wake(),
             cancels.iter().map(|(at, _)| *at).min(),
+            extra.get(next_extra).map(|e| start + e.0),
         ];
         let Some(now) = candidates.into_iter().flatten().min() else { break };
-        let mut events = Vec::new();
+        let mut events: Vec<Event> = std::iter::repeat_n(Event::Trip(Duration::ZERO), trips).collect();
+        trips = 0;
+        while let Some((_, event)) = extra.get(next_extra).filter(|e| start + e.0 <= now) {
+            events.push(event.clone());
+            next_extra += 1;
+        }
         let mut sampled = BTreeMap::new();
         if let Some((step, _, _)) = engine.as_ref().filter(|(_, end, _)| *end == now) {
             events.push(Event::StepDone { step: *step, result: Ok(Vec::new()) });
@@ -257,7 +281,7 @@ pub fn replay(setup: Setup, arrivals: &[Arrival]) -> Trace {
                             out.insert(m.id, kv[m.blocks[p / b] as usize * b + p % b]);
                         }
                     }
-                    let took = setup.cost.time(plan.shape);
+                    let took = step_time(now - start, plan.shape);
                     trace.steps.push(StepRecord {
                         started: now - start,
                         took,
@@ -268,6 +292,7 @@ pub fn replay(setup: Setup, arrivals: &[Arrival]) -> Trace {
                     engine = Some((step, now + took, out));
                 }
                 Effect::Token { id, .. } => {
+                    trips += 1;
                     let token = sampled[&id];
                     known.get_mut(&id).expect("a live sequence").push(token);
                     let fate = &mut trace.fates[id as usize];

@@ -37,6 +37,15 @@ pub struct Request {
     pub deadline: Instant,
 }
 
+impl Request {
+    /// Its inter-token target, where it has one: a request for one token has no gap between
+    /// tokens, and an upstream's learned inter-token time must not refuse it (nor narrow the
+    /// window for it).
+    pub fn itl_target(&self) -> Option<Duration> {
+        (self.max_tokens > 1).then_some(self.itl)
+    }
+}
+
 /// Why a sequence finished successfully, as OpenAI's `finish_reason` says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {

@@ -156,6 +156,10 @@ struct Flight {
     running_at_send: u32,
     first: Option<Instant>,
     last: Instant,
+    /// In flight when its last token came: with those in flight now, what its next gap is
+    /// learned at (the more of the two, since a request that ended at the gap's end took part in
+    /// the upstream's steps within it).
+    running_at_last: u32,
     tokens: u32,
 }
 
@@ -230,10 +234,10 @@ impl Window {
     }
 
     /// The most requests in flight that keep the estimated inter-token time within the tightest
-    /// target of those running and of the next to go; at least one.
+    /// target of those running and of the next to go (one-token requests have none); at least one.
     pub fn window(&self) -> u32 {
         let targets = self.running.iter().chain(self.waiting.iter().map(|(_, _, id)| id).take(1));
-        let Some(tightest) = targets.map(|id| self.entries[id].request.itl).min() else {
+        let Some(tightest) = targets.filter_map(|id| self.entries[id].request.itl_target()).min() else {
             return self.policy.max_in_flight;
         };
         (1..=self.policy.max_in_flight).rev().find(|n| self.model.itl(*n) <= tightest).unwrap_or(1)
@@ -301,6 +305,7 @@ impl Window {
         if flight.first.is_none() {
             flight.first = Some(now);
             flight.last = now;
+            flight.running_at_last = self.running.len() as u32;
             flight.tokens = 1;
             let (prompt, running, took) = (entry.request.prompt, flight.running_at_send, now - flight.sent);
             if self.margin.evidence(flight.sent, now) {
@@ -313,10 +318,12 @@ impl Window {
         let running = self.running.len() as u32;
         let Some(flight) = self.entries.get_mut(&id).and_then(|e| e.flight.as_mut()) else { return };
         let (gap, since) = (now - flight.last, flight.last);
+        let during = running.max(flight.running_at_last);
         flight.last = now;
+        flight.running_at_last = running;
         flight.tokens += 1;
         if self.margin.evidence(since, now) {
-            self.model.observe_itl(running, gap, now);
+            self.model.observe_itl(during, gap, now);
         }
     }
 
@@ -401,7 +408,14 @@ impl Window {
             self.queued_bytes -= entry.request.bytes;
             self.queued_tokens -= u64::from(entry.request.prompt);
             entry.attempts += 1;
-            entry.flight = Some(Flight { sent: now, running_at_send, first: None, last: now, tokens: 0 });
+            entry.flight = Some(Flight {
+                sent: now,
+                running_at_send,
+                first: None,
+                last: now,
+                running_at_last: running_at_send,
+                tokens: 0,
+            });
             self.running.insert(id);
             effects.push(Effect::Release { id });
             if entry.attempts == 1 {
@@ -477,7 +491,7 @@ impl Window {
                 self.queued_tokens, r.prompt, p.max_queue_tokens
             )));
         }
-        if self.model.itl(1) > r.itl {
+        if r.itl_target().is_some_and(|target| self.model.itl(1) > target) {
             return Err(Refusal::new(
                 Outcome::Infeasible,
                 format!(

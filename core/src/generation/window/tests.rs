@@ -100,6 +100,35 @@ fn a_tight_inter_token_target_narrows_the_window() {
 }
 
 #[test]
+fn a_one_token_request_has_no_inter_token_target() {
+    // 22 ms a token alone: a 10 ms target is refused for two tokens, and means nothing for one,
+    // which neither is refused for it nor narrows the window of those beside it.
+    let mut h = Harness::new(policy());
+    let two = Request { itl: 10 * MS, ..h.request(0, 0, 10, 2) };
+    let r = refusal(&h.at(0, vec![Event::Submit(two)]), 0);
+    assert!(r.message.contains("inter-token time is 22.0 ms even alone"), "{}", r.message);
+    let submits: Vec<Event> =
+        (1..5).map(|i| Event::Submit(Request { itl: 10 * MS, ..h.request(i, 0, 10, 1) })).collect();
+    assert_eq!(released(&h.at(0, submits)), vec![1, 2, 3, 4]);
+    assert_eq!(h.w.window(), 4);
+}
+
+#[test]
+fn a_gap_is_learned_at_the_concurrency_it_began_with() {
+    // Two in flight; the second ends as the first's next token comes, 24 ms after its first (20
+    // ms + 2 ms for each of the two). Learned at one in flight, as the window's count then says,
+    // the gap would teach that one alone takes 24 ms.
+    let mut h = Harness::new(policy());
+    let submits: Vec<Event> = (0..2).map(|i| Event::Submit(h.request(i, 0, 10, 3))).collect();
+    h.at(0, submits);
+    h.at(60, vec![Event::First(0), Event::First(1)]);
+    let before = h.w.model().itl(1);
+    h.at(84, vec![Event::Done { id: 1, reason: FinishReason::Stop }, Event::Token(0)]);
+    assert!(h.w.model().itl(2) <= 24 * MS + MS, "{:?}", h.w.model().itl(2));
+    assert!(h.w.model().itl(1) <= before, "{:?} then {:?}", before, h.w.model().itl(1));
+}
+
+#[test]
 fn a_request_that_cannot_get_its_first_token_in_time_is_refused_at_arrival_with_the_forecast() {
     let mut h = Harness::new(WindowPolicy { max_in_flight: 1, ..policy() });
     let first = h.request(0, 0, 100, 50);
