@@ -15,7 +15,8 @@
 //! - [`margin`]: how early a deadline-driven batch leaves: a floor plus the measured lateness of
 //!   the timer and overshoot of the engine.
 //! - [`evidence`]: what admission may learn from, so that no learned figure locks it shut: stalls
-//!   of the process are not evidence, tails are bounded by recent samples, probes when idle.
+//!   of the process are not evidence, tails are bounded by recent samples, probes when idle;
+//!   [`lockout`]: whether a model version refuses every request while idle all the same.
 //! - [`ledger`]: the batcher's whole state (waiters, attempts and fencing, held groups, deadlines
 //!   of running requests, the watchdog) as a state machine: events in with `now`, effects out.
 //! - [`recovery`]: the rule for failed batches: retries, and poison isolation by bisection.
@@ -31,6 +32,7 @@ pub mod estimate;
 pub mod evidence;
 pub mod generation;
 pub mod ledger;
+pub mod lockout;
 pub mod margin;
 pub mod metric;
 pub mod outcome;

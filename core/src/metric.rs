@@ -61,6 +61,10 @@ pub const STEP_DURATION: &str = "ferry_step_duration_seconds";
 /// Histogram: sequences per engine step (decodes and prefill chunks): the continuous batch's size.
 pub const STEP_SEQUENCES: &str = "ferry_step_sequences";
 
+/// Gauge: 1 while the model version has refused every request for 5 s though nothing was queued
+/// or running ([`crate::lockout`]); `/v2/health/ready` then says why.
+pub const ADMISSION_LOCKED: &str = "ferry_admission_locked";
+
 /// The generation metrics above, for tests that check an exposition against the contract.
 pub const GENERATION: [&str; 11] = [
     TIME_TO_FIRST_TOKEN,
@@ -77,7 +81,7 @@ pub const GENERATION: [&str; 11] = [
 ];
 
 /// Every request-level metric name above, for tests that check an exposition against the contract.
-pub const ALL: [&str; 10] = [
+pub const ALL: [&str; 11] = [
     REQUESTS,
     QUEUE_DEPTH,
     QUEUE_BYTES,
@@ -88,4 +92,5 @@ pub const ALL: [&str; 10] = [
     BATCH_DURATION,
     WORKERS,
     LATE_RESULTS,
+    ADMISSION_LOCKED,
 ];

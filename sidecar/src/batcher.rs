@@ -28,6 +28,7 @@ use crate::tensor::Tensor;
 use ferry_core::estimate::CostModel;
 pub use ferry_core::ledger::RetryPolicy;
 use ferry_core::ledger::{Dispatch, Effect, Event, Ledger};
+use ferry_core::lockout::Lockout;
 use ferry_core::outcome::{Outcome, Refusal};
 use ferry_core::scheduler::Scheduler;
 use ferry_core::tenant::TenantId;
@@ -132,6 +133,7 @@ impl Batcher {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         metrics.idle.set(scheduler.workers() as i64);
         let task = Task {
+            lockout: Lockout::default(),
             ledger: Ledger::new(scheduler, retry),
             engine,
             metrics: metrics.clone(),
@@ -274,6 +276,8 @@ struct Task {
     done_tx: mpsc::UnboundedSender<BatchDone>,
     drains: Vec<oneshot::Sender<()>>,
     oldest: OldestArrival,
+    /// Whether it refuses every request while idle ([`ferry_core::lockout`]).
+    lockout: Lockout,
 }
 
 /// The task wakes at least this often while it serves (on a fixed schedule that arrivals do not
@@ -310,6 +314,7 @@ impl Task {
             }
             self.outputs.clear();
             self.publish();
+            self.metrics.lockout.show(self.lockout.locked(now));
             if self.ledger.is_idle() {
                 self.drains.drain(..).for_each(|d| {
                     let _ = d.send(());
@@ -402,14 +407,22 @@ impl Task {
 
     fn carry_out(&mut self, effect: Effect, now: Instant) {
         match effect {
-            Effect::Dispatch(d) => self.dispatch(d),
+            Effect::Dispatch(d) => {
+                self.lockout.ran();
+                self.dispatch(d)
+            }
             Effect::Answer { id, seq, index, batch_rows, queued, engine } => {
                 let outputs = self.outputs.get_mut(&seq).and_then(|o| o.get_mut(index)).and_then(Option::take);
                 let Some(outputs) = outputs else { return };
                 let answer = Answer { outputs, batch_rows, queued, engine, answered_at: now };
                 self.reply(id, Ok(answer), true, now);
             }
-            Effect::Refuse { id, refusal, admitted, .. } => self.reply(id, Err(refusal), admitted, now),
+            Effect::Refuse { id, refusal, admitted, .. } => {
+                if !admitted && refusal.outcome == Outcome::Infeasible {
+                    self.lockout.refused(now, self.ledger.is_idle(), &refusal.message);
+                }
+                self.reply(id, Err(refusal), admitted, now)
+            }
             Effect::Late(n) => self.metrics.late_results.inc_by(n),
             Effect::BatchEnded { took, .. } => self.metrics.batch_duration.observe(took.as_secs_f64()),
             Effect::GaveUp { rows, error, .. } => {

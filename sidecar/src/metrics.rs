@@ -28,6 +28,7 @@ pub struct Metrics {
     batch_duration: HistogramVec,
     workers: IntGaugeVec,
     late_results: IntCounterVec,
+    admission_locked: IntGaugeVec,
     ttft: HistogramVec,
     itl: HistogramVec,
     sequences: IntGaugeVec,
@@ -99,6 +100,14 @@ impl Metrics {
                 MV,
             )
             .expect("valid counter"),
+            admission_locked: IntGaugeVec::new(
+                Opts::new(
+                    metric::ADMISSION_LOCKED,
+                    "1 while every request has been refused for 5 s though nothing was queued or running.",
+                ),
+                MV,
+            )
+            .expect("valid gauge"),
             ttft: hist(metric::TIME_TO_FIRST_TOKEN, "Time from arrival to the first token of a generation.", SECONDS.to_vec()),
             itl: hist(metric::INTER_TOKEN_LATENCY, "Time between consecutive tokens of a generation.", ITL_SECONDS.to_vec()),
             sequences: IntGaugeVec::new(
@@ -145,6 +154,7 @@ impl Metrics {
             Box::new(m.batch_duration.clone()),
             Box::new(m.workers.clone()),
             Box::new(m.late_results.clone()),
+            Box::new(m.admission_locked.clone()),
             Box::new(m.ttft.clone()),
             Box::new(m.itl.clone()),
             Box::new(m.sequences.clone()),
@@ -200,6 +210,7 @@ impl Metrics {
             busy: self.workers.with_label_values(&[model, version, "busy"]),
             idle: self.workers.with_label_values(&[model, version, "idle"]),
             late_results: self.late_results.with_label_values(&mv),
+            lockout: LockView::new(model, version, self.admission_locked.with_label_values(&mv)),
         }
     }
 
@@ -216,6 +227,7 @@ impl Metrics {
             queue_wait: self.queue_wait.with_label_values(&mv),
             request_duration: self.request_duration.with_label_values(&mv),
             late_results: self.late_results.with_label_values(&mv),
+            lockout: LockView::new(model, version, self.admission_locked.with_label_values(&mv)),
             ttft: self.ttft.with_label_values(&mv),
             itl: self.itl.with_label_values(&mv),
             running: state(&self.sequences, "running"),
@@ -277,6 +289,7 @@ pub struct ModelMetrics {
     pub busy: prometheus::IntGauge,
     pub idle: prometheus::IntGauge,
     pub late_results: prometheus::IntCounter,
+    pub lockout: LockView,
 }
 
 impl ModelMetrics {
@@ -300,6 +313,7 @@ pub struct GenerationMetrics {
     pub queue_wait: prometheus::Histogram,
     pub request_duration: prometheus::Histogram,
     pub late_results: prometheus::IntCounter,
+    pub lockout: LockView,
     pub ttft: prometheus::Histogram,
     pub itl: prometheus::Histogram,
     pub running: prometheus::IntGauge,
@@ -323,5 +337,43 @@ impl GenerationMetrics {
 
     pub fn outcome_total(&self, outcome: Outcome) -> u64 {
         self.requests.total(outcome)
+    }
+}
+
+/// What a model version's shell last found of its [`ferry_core::lockout::Lockout`], for the
+/// gauge, the log and `/v2/health/ready`.
+#[derive(Clone)]
+pub struct LockView {
+    model: String,
+    version: String,
+    gauge: prometheus::IntGauge,
+    reason: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl LockView {
+    fn new(model: &str, version: &str, gauge: prometheus::IntGauge) -> Self {
+        LockView { model: model.into(), version: version.into(), gauge, reason: Default::default() }
+    }
+
+    /// The shell's latest finding: `Some(why)` while locked. Logged once as it starts and ends.
+    pub fn show(&self, locked: Option<String>) {
+        let mut reason = self.reason.lock().expect("no panic holds it");
+        match (&*reason, &locked) {
+            (None, Some(why)) => {
+                tracing::warn!(model = %self.model, version = %self.version, "{why}");
+                self.gauge.set(1);
+            }
+            (Some(_), None) => {
+                tracing::info!(model = %self.model, version = %self.version, "admitting again");
+                self.gauge.set(0);
+            }
+            _ => {}
+        }
+        *reason = locked;
+    }
+
+    /// Why it refuses every request while idle, if it does.
+    pub fn reason(&self) -> Option<String> {
+        self.reason.lock().expect("no panic holds it").clone()
     }
 }

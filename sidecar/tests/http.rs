@@ -329,6 +329,45 @@ async fn the_oldest_age_gauge_grows_while_a_request_waits() {
     assert_eq!(age(&s.metrics().await), 0.0);
 }
 
+/// Deadlines no figure meets (20 ms against 100 ms batches, by the configured time too, so no
+/// probe goes): after 5 s of refusing every request while idle, the sidecar says so in its gauge
+/// and its readiness body (and stays ready); the first request that runs ends it.
+#[tokio::test]
+async fn a_sidecar_that_refuses_every_request_while_idle_says_so() {
+    let s = Sidecar::start(&["--model", "m", "--sim-batch-time", "100ms"]).await;
+    let locked = |m: &str| metric_value(m, "ferry_admission_locked", "model=\"m\"");
+    assert_eq!(locked(&s.metrics().await), 0.0);
+    let started = Instant::now();
+    // The offered load's pace (one request a tenth of a second), not a synchronisation.
+    let mut pace = tokio::time::interval(Duration::from_millis(100));
+    let mut refused = 0;
+    while locked(&s.metrics().await) == 0.0 {
+        assert!(started.elapsed() < Duration::from_secs(30), "never shown as locked after {refused} refusals");
+        pace.tick().await;
+        let r = s.infer("m", &body(&[vec![1.0]]), &[("x-ferry-timeout-ms", "20")]).await;
+        assert_eq!(r.status(), 503);
+        refused += 1;
+    }
+    assert!(started.elapsed() >= Duration::from_secs(5), "shown after {:?}", started.elapsed());
+    let ready = s.http.get(s.url("/v2/health/ready")).send().await.unwrap();
+    assert_eq!(ready.status(), 200, "still ready: taking the pod out would not mend it");
+    let ready: Value = ready.json().await.unwrap();
+    assert_eq!(ready["ready"], true);
+    let why = &ready["refusingEveryRequest"][0];
+    assert_eq!((why["model"].as_str(), why["version"].as_str()), (Some("m"), Some("1")), "{ready}");
+    let reason = why["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("refusing every request while idle") && reason.contains("deadline cannot be met"),
+        "{reason}"
+    );
+    // A request with time to spare (the 200 ms default budget) runs, and the lock is over.
+    let ok = s.infer("m", &body(&[vec![1.0]]), &[]).await;
+    assert_eq!(ok.status(), 200);
+    until_metrics(&s, |m| locked(m) == 0.0).await;
+    let ready: Value = s.http.get(s.url("/v2/health/ready")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(ready, json!({"ready": true}));
+}
+
 #[tokio::test]
 async fn metadata_and_health_follow_the_open_inference_protocol() {
     let s = Sidecar::start(&["--model", "m", "--model-version", "2"]).await;

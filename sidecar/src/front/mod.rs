@@ -364,7 +364,21 @@ async fn ready(State(front): State<Shared>) -> Response {
         && front.models.iter().all(|m| m.is_ready())
         && front.generators.iter().all(|g| g.is_ready());
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (status, Json(json!({ "ready": ready }))).into_response()
+    // A model version that refuses every request while idle stays ready (Kubernetes taking the
+    // pod out of its Service would not mend it, and the probes that do need traffic), but says
+    // so, as its `ferry_admission_locked` gauge and its log do.
+    let models = front.models.iter().map(|m| (&m.name, &m.version, m.batcher.metrics().lockout.reason()));
+    let generators = front.generators.iter().map(|g| (&g.name, &g.version, g.metrics().lockout.reason()));
+    let refusing: Vec<serde_json::Value> = models
+        .chain(generators)
+        .filter_map(|(name, version, reason)| Some(json!({ "model": name, "version": version, "reason": reason? })))
+        .collect();
+    let body = if refusing.is_empty() {
+        json!({ "ready": ready })
+    } else {
+        json!({ "ready": ready, "refusingEveryRequest": refusing })
+    };
+    (status, Json(body)).into_response()
 }
 
 async fn model_metadata(State(front): State<Shared>, Path(name): Path<String>) -> Response {

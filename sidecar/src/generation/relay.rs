@@ -21,6 +21,7 @@ use crate::tally::Tally;
 use crate::task::{sleep_until, OldestArrival, Stopped};
 use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
 use ferry_core::generation::window::{Effect, Event, Window};
+use ferry_core::lockout::Lockout;
 use ferry_core::outcome::{Outcome, Refusal};
 use ferry_core::tenant::TenantId;
 use ferry_core::ticket::Priority;
@@ -119,6 +120,7 @@ impl Relay {
         let oldest = OldestArrival::new();
         tokio::spawn(health(client.clone(), base.clone(), ready.clone(), ready_tx, metrics.kv_usage.clone()));
         let task = Task {
+            lockout: Lockout::default(),
             window,
             client,
             base: base.clone(),
@@ -294,6 +296,8 @@ struct Task {
     drains: Vec<oneshot::Sender<()>>,
     oldest: OldestArrival,
     bytes_per_token: Arc<AtomicU64>,
+    /// Whether it refuses every request while idle ([`ferry_core::lockout`]).
+    lockout: Lockout,
 }
 
 const TIMER_PROBE: Duration = Duration::from_millis(50);
@@ -323,6 +327,7 @@ impl Task {
                 self.carry_out(effect, now);
             }
             self.publish();
+            self.metrics.lockout.show(self.lockout.locked(now));
             if self.window.is_idle() {
                 self.drains.drain(..).for_each(|d| {
                     let _ = d.send(());
@@ -444,7 +449,10 @@ impl Task {
 
     fn carry_out(&mut self, effect: Effect, now: Instant) {
         match effect {
-            Effect::Release { id } => self.send(id),
+            Effect::Release { id } => {
+                self.lockout.ran();
+                self.send(id)
+            }
             Effect::Abort { id } => {
                 if let Some(task) = self.callers.get_mut(&id).and_then(|c| c.task.take()) {
                     task.abort();
@@ -458,6 +466,11 @@ impl Task {
                 }
             }
             Effect::End { id, end, admitted } => {
+                if let (false, End::Refused(refusal)) = (admitted, &end) {
+                    if refusal.outcome == Outcome::Infeasible {
+                        self.lockout.refused(now, self.window.is_idle(), &refusal.message);
+                    }
+                }
                 let Some(caller) = self.callers.remove(&id) else { return };
                 if let Some(task) = caller.task {
                     task.abort();

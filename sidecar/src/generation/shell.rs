@@ -29,6 +29,8 @@ use crate::task::{sleep_until, OldestArrival, Stopped};
 use ferry_core::generation::ledger::{Effect, Event, Ledger};
 use ferry_core::generation::scheduler::StepPlan;
 use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
+use ferry_core::lockout::Lockout;
+use ferry_core::outcome::Outcome;
 use ferry_core::tenant::TenantId;
 use ferry_core::ticket::Priority;
 
@@ -73,6 +75,7 @@ impl Generator {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let oldest = OldestArrival::new();
         let task = Task {
+            lockout: Lockout::default(),
             ledger,
             engine,
             metrics: metrics.clone(),
@@ -174,6 +177,8 @@ struct Task {
     done_tx: mpsc::UnboundedSender<StepDone>,
     drains: Vec<oneshot::Sender<()>>,
     oldest: OldestArrival,
+    /// Whether it refuses every request while idle ([`ferry_core::lockout`]).
+    lockout: Lockout,
 }
 
 /// The task wakes at least this often while it serves, so that its timer's lateness (part of the
@@ -205,6 +210,7 @@ impl Task {
             }
             self.sampled.clear();
             self.publish();
+            self.metrics.lockout.show(self.lockout.locked(now));
             if self.ledger.is_idle() {
                 self.drains.drain(..).for_each(|d| {
                     let _ = d.send(());
@@ -312,7 +318,10 @@ impl Task {
 
     fn carry_out(&mut self, effect: Effect, now: Instant) {
         match effect {
-            Effect::Step { step, plan } => self.start(step, plan),
+            Effect::Step { step, plan } => {
+                self.lockout.ran();
+                self.start(step, plan)
+            }
             Effect::Token { id, first } => {
                 let (Some(caller), Some((token, text))) = (self.callers.get_mut(&id), self.sampled.remove(&id)) else {
                     return;
@@ -332,6 +341,11 @@ impl Task {
                 let _ = caller.stream.send(Sent { piece: Piece::Text(text), at: now, queued });
             }
             Effect::End { id, end, admitted } => {
+                if let (false, End::Refused(refusal)) = (admitted, &end) {
+                    if refusal.outcome == Outcome::Infeasible {
+                        self.lockout.refused(now, self.ledger.is_idle(), &refusal.message);
+                    }
+                }
                 let Some(mut caller) = self.callers.remove(&id) else { return };
                 if admitted {
                     self.metrics.request_duration.observe((now - caller.arrival).as_secs_f64());
