@@ -110,6 +110,7 @@ fn load(rate: f64) -> Observed {
         starting: 0,
         settling: 0,
         stuck: 0,
+        locked: 0,
     }
 }
 

@@ -30,6 +30,8 @@ pub struct PodSample {
     pub batches: f64,
     pub batch_rows: f64,
     pub batch_seconds: f64,
+    /// `ferry_admission_locked`: model versions refusing every request while idle.
+    pub locked: f64,
 }
 
 fn value(v: &Value) -> f64 {
@@ -76,6 +78,7 @@ pub fn parse(text: &str) -> Result<PodSample, String> {
             (metric::BATCH_SIZE, "count") => s.batches += x,
             (metric::BATCH_SIZE, "sum") => s.batch_rows += x,
             (metric::BATCH_DURATION, "sum") => s.batch_seconds += x,
+            (metric::ADMISSION_LOCKED, "") => s.locked += x,
             _ => {}
         }
     }
@@ -184,13 +187,14 @@ impl Collector {
 
     /// What `pods` add up to over the window ending `now`.
     pub fn observed(&self, pods: &[String], now: Instant) -> Observed {
-        let (mut depth, mut oldest) = (0.0, 0.0f64);
+        let (mut depth, mut oldest, mut locked) = (0.0, 0.0f64, 0);
         for w in self.windows(pods, now.checked_sub(self.span)) {
             let (last_at, last) = *w.last().expect("not empty");
             // Gauges from a pod that has not answered for a whole window are stale.
             if last_at + self.span > now {
                 depth += last.queue_depth;
                 oldest = oldest.max(last.oldest_age);
+                locked += u32::from(last.locked > 0.0);
             }
         }
         let window = self.since(pods, now.checked_sub(self.span), now);
@@ -216,6 +220,7 @@ impl Collector {
             starting: 0,
             settling: 0,
             stuck: 0,
+            locked,
         }
     }
 
@@ -244,7 +249,11 @@ impl Collector {
                 let grew = |f: fn(&PodSample) -> f64| increase([f(&a), f(&b)].into_iter()) * share;
                 g.requests += grew(|s| s.requests);
                 g.ok += grew(|s| s.ok);
-                g.pressure += grew(|s| s.pressure);
+                // Refusals of a pod locked at the interval's end are its lock's, not deadline
+                // pressure: more replicas would not relieve them.
+                if b.locked == 0.0 {
+                    g.pressure += grew(|s| s.pressure);
+                }
                 g.batches += grew(|s| s.batches);
                 g.rows += grew(|s| s.batch_rows);
                 g.seconds += grew(|s| s.batch_seconds);
@@ -322,6 +331,29 @@ mod tests {
         let o = c.observed(&["a".into()], t0 + 20 * S);
         assert!((o.arrival_rate - 35.0).abs() < 1e-9, "(500 + 200) / 20 s: {o:?}");
         assert_eq!(o.pressure, 2.0 / 700.0, "the restarted pod's 2 count; the old 5 were before the window");
+    }
+
+    #[test]
+    fn a_locked_pod_is_capacity_whose_refusals_are_not_pressure() {
+        // Pod a serves 100 requests in 10 s, 1 refused; pod b refuses all 100 and says it is
+        // locked. Its refusals are no sign of too little capacity: the pressure is a's 1 in 200.
+        let t0 = Instant::now();
+        let mut c = Collector::new(60 * S);
+        for pod in ["a", "b"] {
+            c.observe(pod, t0, sample(0.0, 0.0, 0.0, 0.0, 0.0));
+        }
+        c.observe("a", t0 + 10 * S, sample(100.0, 99.0, 1.0, 10.0, 99.0));
+        c.observe("b", t0 + 10 * S, PodSample { locked: 1.0, ..sample(100.0, 0.0, 100.0, 0.0, 0.0) });
+        let o = c.observed(&["a".into(), "b".into()], t0 + 10 * S);
+        assert!((o.arrival_rate - 20.0).abs() < 1e-9, "its requests are offered load all the same: {o:?}");
+        assert_eq!((o.pressure, o.locked), (1.0 / 200.0, 1));
+        // Once it admits again, its refusals count as before.
+        c.observe("b", t0 + 20 * S, sample(150.0, 0.0, 150.0, 0.0, 0.0));
+        let later = c.observed(&["a".into(), "b".into()], t0 + 20 * S);
+        assert_eq!((later.pressure, later.locked), (51.0 / 250.0, 0));
+        let text = "ferry_requests_total{model=\"m\",version=\"1\",outcome=\"infeasible\"} 3\n\
+                    ferry_admission_locked{model=\"m\",version=\"1\"} 1\n";
+        assert_eq!(parse(text).unwrap().locked, 1.0);
     }
 
     #[test]

@@ -57,6 +57,10 @@ pub struct Observed {
     pub settling: u32,
     /// Pods unready for far longer than a start-up: neither capacity nor capacity to come.
     pub stuck: u32,
+    /// Ready pods that refuse every request while idle (`ferry_admission_locked`): capacity that
+    /// admission does not use, which more replicas would not mend. Their refusals are not
+    /// deadline pressure (the collector leaves them out); the decision's message names them.
+    pub locked: u32,
 }
 
 /// The spec's numbers the decision uses.
@@ -240,6 +244,18 @@ fn median_slope(points: &[(Instant, f64)]) -> f64 {
 
 /// `current` is the Deployment's replica count: ready pods and pods still starting.
 pub fn decide(observed: &Observed, target: &Target, current: u32, history: &History, now: Instant) -> ScaleDecision {
+    let mut d = rule(observed, target, current, history, now);
+    if observed.locked > 0 {
+        d.message.push_str(&format!(
+            "; {} pod(s) refuse every request while idle (ferry_admission_locked), not for want of capacity: see \
+             their /v2/health/ready",
+            observed.locked
+        ));
+    }
+    d
+}
+
+fn rule(observed: &Observed, target: &Target, current: u32, history: &History, now: Instant) -> ScaleDecision {
     let mut h = history.clone();
     let span = target.startup.clamp(TREND_SPAN_MIN, TREND_SPAN_MAX);
     h.rates.push_back((now, observed.arrival_rate));
@@ -450,6 +466,7 @@ mod tests {
             starting: 0,
             settling: 0,
             stuck: 0,
+            locked: 0,
         }
     }
 
@@ -541,6 +558,16 @@ mod tests {
         let held = decide(&Observed { pressure: 0.05, ..backlog.clone() }, &target(), 20, &h, now);
         assert_eq!(held.replicas, 20, "no scale-down (and max bounds the scale-up) under pressure");
         assert_eq!(held.history.lower_since, None);
+    }
+
+    #[test]
+    fn locked_pods_are_capacity_and_named() {
+        // 400 req/s on 4 replicas, one of them locked: it counts as a replica (no scale-up for
+        // it), and the message says where to look.
+        let d = once(&Observed { locked: 1, ..load(400.0) }, &target(), 4);
+        let plain = once(&load(400.0), &target(), 4);
+        assert_eq!((d.replicas, d.reason), (plain.replicas, plain.reason));
+        assert!(d.message.ends_with("1 pod(s) refuse every request while idle (ferry_admission_locked), not for want of capacity: see their /v2/health/ready"), "{}", d.message);
     }
 
     #[test]

@@ -374,6 +374,7 @@ pub fn run(world: &World, scenario: Scenario, policy: PolicyKind) -> Outcome {
                         settling: active.iter().filter(|p| p.ready_at <= now && p.ready_at + world.window > now).count()
                             as u32,
                         stuck: 0,
+                        locked: 0,
                     };
                     let d = decide(&observed, t, current, &history, now);
                     history = d.history;
