@@ -11,7 +11,10 @@ use tokio::time::Instant;
 
 /// A lone request whose deadline is the batch time + 30 ms, with `maxWait` far beyond it, so
 /// that the deadline rule (and its margin) alone decides when the batch leaves: 50 times in a
-/// row, after one request to warm the process, each is answered 200.
+/// row, after one request to warm the process, each is answered 200 — save at most one whose
+/// answer's way back took longer than the margin's high quantile of such trips (a quantile, not
+/// the most ever seen: CI saw one arrive 131 ms after arrival against 130), which is then a 504
+/// at its deadline and never a late 200.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_deadline_driven_request_is_answered_in_time_every_time() {
     let s = Sidecar::start(&[
@@ -36,6 +39,7 @@ async fn a_lone_deadline_driven_request_is_answered_in_time_every_time() {
     let rows: Vec<Vec<f32>> = (0..32).map(|i| vec![i as f32]).collect();
     let warm = s.infer("m", &body(&rows), &[("x-ferry-timeout-ms", "1000")]).await;
     assert_eq!(warm.status(), 200);
+    let mut on_its_way = Vec::new();
     for run in 0..50 {
         let sent = Instant::now();
         let r = s.infer("m", &body(&[vec![run as f32]]), &[]).await;
@@ -43,12 +47,18 @@ async fn a_lone_deadline_driven_request_is_answered_in_time_every_time() {
         let status = r.status();
         let queued = if status == 200 { timing(&r, "queue") } else { f64::NAN };
         let text = r.text().await.unwrap();
+        if status == 504 && text.contains("deadline passed while the answer was on its way") {
+            on_its_way.push(format!("run {run}: {text} after {elapsed:?}"));
+            assert!(on_its_way.len() <= 1, "more than one answer's trip outran the margin: {on_its_way:?}");
+            continue;
+        }
         assert_eq!(status, 200, "run {run}: {text} after {elapsed:?}");
         // It waited for its deadline rule (about 30 ms less the margin), not for maxWait or not at all.
         assert!(queued > 10.0 && queued < 30.0, "run {run}: queued {queued} ms");
         assert!(elapsed < Duration::from_millis(130) + Duration::from_millis(50), "run {run}: {elapsed:?}");
     }
     let metrics = s.metrics().await;
-    assert_eq!(metric_value(&metrics, "ferry_requests_total", "outcome=\"ok\""), 51.0);
-    assert_eq!(metric_value(&metrics, "ferry_requests_total", "outcome=\"expired\""), 0.0);
+    let late = on_its_way.len() as f64;
+    assert_eq!(metric_value(&metrics, "ferry_requests_total", "outcome=\"ok\""), 51.0 - late);
+    assert_eq!(metric_value(&metrics, "ferry_requests_total", "outcome=\"expired\""), late);
 }
