@@ -115,7 +115,10 @@ def test_one_service_from_apply_through_overload_to_a_spec_change(world):
     status, _ = call(api.url + isvcs, "POST", manifest)
     assert status == 201
 
-    deployment = wait_for("the worker Deployment", lambda: get(api, deployment_path))
+    # The operator creates the Deployment, then sets its replicas as their own field manager (a
+    # second apply): the emulator, unlike an API server, does not default them in between.
+    deployment = wait_for("the worker Deployment with its replicas", lambda: (
+        (d := get(api, deployment_path)) and d.get("spec", {}).get("replicas") is not None and d))
     assert deployment["spec"]["replicas"] == 1, "no load yet: the warm spare"
     container = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "sidecar")
     assert "--max-batch-size=32" in container["args"] and "--engine=sim" in container["args"]
