@@ -12,8 +12,9 @@ use std::time::Duration;
 /// [`parse`] so that the cluster and the sidecar refuse the same texts.
 pub const PATTERN: &str = "^([0-9]{1,5}(h|m|s|ms)){1,4}$";
 
-/// The grammar of [`parse_fine`]: a Gateway API duration, or whole microseconds (`50us`).
-pub const FINE_PATTERN: &str = "^(([0-9]{1,5}(h|m|s|ms)){1,4}|[0-9]{1,7}us)$";
+/// The grammar of [`parse_fine`]: a Gateway API duration, or whole microseconds (`50us`) or
+/// nanoseconds (`20ns`).
+pub const FINE_PATTERN: &str = "^(([0-9]{1,5}(h|m|s|ms)){1,4}|[0-9]{1,7}(us|ns))$";
 
 /// Why a duration string was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -68,15 +69,19 @@ pub fn parse(text: &str) -> Result<Duration, DurationError> {
     Ok(total)
 }
 
-/// A Gateway API duration, or a whole number of microseconds (`50us`): for the costs of the
-/// `sim-llm` engine, where a token's share of a step is a fraction of a millisecond, which the
-/// Gateway API format cannot write.
+/// A Gateway API duration, or a whole number of microseconds (`50us`) or nanoseconds (`20ns`):
+/// for the costs of the `sim-llm` engine, where a token's share of a step is a fraction of a
+/// millisecond and an attended slot's a few nanoseconds, which the Gateway API format cannot write.
 pub fn parse_fine(text: &str) -> Result<Duration, DurationError> {
-    if let Some(digits) = text.strip_suffix("us") {
-        if (1..=7).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit()) {
-            return Ok(Duration::from_micros(digits.parse().expect("digits")));
+    for (suffix, per, why) in
+        [("us", 1_000, "microseconds are 1 to 7 digits and 'us'"), ("ns", 1, "nanoseconds are 1 to 7 digits and 'ns'")]
+    {
+        if let Some(digits) = text.strip_suffix(suffix) {
+            if (1..=7).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit()) {
+                return Ok(Duration::from_nanos(digits.parse::<u64>().expect("digits") * per));
+            }
+            return Err(DurationError { text: text.to_owned(), why });
         }
-        return Err(DurationError { text: text.to_owned(), why: "microseconds are 1 to 7 digits and 'us'" });
     }
     parse(text)
 }
@@ -145,7 +150,7 @@ mod tests {
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1000))]
         #[test]
-        fn the_fine_parser_and_its_pattern_agree(text in "[0-9hmsu. -]{0,12}|[0-9]{0,9}us|([0-9]{1,6}(h|m|s|ms|us)){1,3}") {
+        fn the_fine_parser_and_its_pattern_agree(text in "[0-9hmsun. -]{0,12}|[0-9]{0,9}(us|ns)|([0-9]{1,6}(h|m|s|ms|us|ns)){1,3}") {
             let pattern = regex::Regex::new(FINE_PATTERN).unwrap();
             proptest::prop_assert_eq!(parse_fine(&text).is_ok(), pattern.is_match(&text), "{:?}", text);
         }
@@ -154,6 +159,8 @@ mod tests {
     #[test]
     fn microseconds_are_fine() {
         assert_eq!(parse_fine("50us"), Ok(Duration::from_micros(50)));
+        assert_eq!(parse_fine("20ns"), Ok(Duration::from_nanos(20)));
+        assert!(parse_fine("1us20ns").is_err(), "nanoseconds stand alone");
         assert_eq!(parse_fine("2ms"), Ok(Duration::from_millis(2)));
         assert!(parse_fine("1ms50us").is_err(), "microseconds stand alone");
     }

@@ -81,9 +81,10 @@ impl CostModel {
     }
 }
 
-/// A tail-aware linear model of a duration over four features (the first is the constant 1):
-/// the fit and its correction, shared by the batch-time [`Estimator`] and the generation step's
-/// estimator ([`crate::generation::step::StepEstimator`]).
+/// A tail-aware linear model of a duration over `N` features (the first is the constant 1):
+/// the fit and its correction, shared by the batch-time [`Estimator`] (four features), the
+/// generation step's estimator ([`crate::generation::step::StepEstimator`], five) and the
+/// concurrency window's fits of an upstream server.
 ///
 /// Two fits are kept: one over the whole window, corrected by its residuals' [`QUANTILE`], and
 /// one over the recent samples alone ([`evidence::recent`]), corrected by their largest residual.
@@ -91,45 +92,58 @@ impl CostModel {
 /// what the last second has shown, once the engine has been faster than that for a second (a slow
 /// spell over). `fitted` and `correction_ns` are the long window's, an upper bound of both.
 #[derive(Debug, Clone)]
-pub(crate) struct Linear {
-    prior: [f64; 4],
+pub(crate) struct Linear<const N: usize = 4> {
+    prior: [f64; N],
     /// The fitted costs, in nanoseconds per unit of each feature.
-    fit: [f64; 4],
-    window: VecDeque<([f64; 4], f64)>,
+    fit: [f64; N],
+    window: VecDeque<([f64; N], f64)>,
     /// When each sample of `window` was measured.
     measured: VecDeque<Instant>,
     correction_ns: f64,
+    /// The long window's largest residual (its correction is a quantile of them).
+    worst_ns: f64,
     /// The fit of the recent samples and their largest residual, when they are not the whole
     /// window.
-    recent: Option<([f64; 4], f64)>,
+    recent: Option<([f64; N], f64)>,
 }
 
-impl Linear {
-    pub(crate) fn new(prior: [f64; 4]) -> Self {
+impl<const N: usize> Linear<N> {
+    pub(crate) fn new(prior: [f64; N]) -> Self {
         Linear {
             prior,
             fit: prior,
             window: VecDeque::with_capacity(WINDOW),
             measured: VecDeque::with_capacity(WINDOW),
             correction_ns: 0.0,
+            worst_ns: 0.0,
             recent: None,
         }
     }
 
     /// The model it started from, before anything was measured.
-    pub(crate) fn prior(&self) -> Linear {
+    pub(crate) fn prior(&self) -> Linear<N> {
         Linear::new(self.prior)
     }
 
-    pub(crate) fn fitted(&self, x: [f64; 4]) -> f64 {
+    pub(crate) fn fitted(&self, x: [f64; N]) -> f64 {
         dot(self.fit, x)
     }
 
     /// The lesser of the long window's and the recent samples' fit plus correction, in whole
     /// nanoseconds.
-    pub(crate) fn estimate(&self, x: [f64; 4]) -> Duration {
+    pub(crate) fn estimate(&self, x: [f64; N]) -> Duration {
         let long = self.fitted(x) + self.correction_ns;
         let ns = self.recent.map_or(long, |(fit, correction)| long.min(dot(fit, x) + correction));
+        Duration::from_nanos(ns.max(0.0).round() as u64)
+    }
+
+    /// Like [`Linear::estimate`], with the long window's largest residual in place of its
+    /// quantile: what a duration of this shape is not expected to exceed, for a choice that must
+    /// not overrun (a step cut to an inter-token target), where the estimate is what a forecast
+    /// adds up.
+    pub(crate) fn ceiling(&self, x: [f64; N]) -> Duration {
+        let long = self.fitted(x) + self.worst_ns;
+        let ns = self.recent.map_or(long, |(fit, worst)| long.min(dot(fit, x) + worst));
         Duration::from_nanos(ns.max(0.0).round() as u64)
     }
 
@@ -138,7 +152,7 @@ impl Linear {
     }
 
     /// Feeds one measurement, taken at `at`.
-    pub(crate) fn observe(&mut self, x: [f64; 4], elapsed: Duration, at: Instant) {
+    pub(crate) fn observe(&mut self, x: [f64; N], elapsed: Duration, at: Instant) {
         if self.window.len() == WINDOW {
             self.window.pop_front();
             self.measured.pop_front();
@@ -146,68 +160,76 @@ impl Linear {
         self.window.push_back((x, elapsed.as_nanos() as f64));
         self.measured.push_back(at);
         let all = self.window.len();
-        (self.fit, self.correction_ns) = fit(self.prior, self.window.iter(), all, QUANTILE);
+        (self.fit, self.correction_ns, self.worst_ns) = fit(self.prior, self.window.iter(), all, QUANTILE);
         let recent = evidence::recent(&self.measured);
-        self.recent = (recent < all).then(|| fit(self.prior, self.window.iter().skip(all - recent), recent, 1.0));
+        self.recent = (recent < all).then(|| {
+            let (fit, _, worst) = fit(self.prior, self.window.iter().skip(all - recent), recent, 1.0);
+            (fit, worst)
+        });
     }
 }
 
-fn dot(c: [f64; 4], x: [f64; 4]) -> f64 {
+fn dot<const N: usize>(c: [f64; N], x: [f64; N]) -> f64 {
     c.iter().zip(x).map(|(c, x)| c * x).sum()
 }
 
-/// The fit of `n` samples and the `quantile` of its residuals.
-fn fit<'a>(
-    prior: [f64; 4],
-    samples: impl Iterator<Item = &'a ([f64; 4], f64)> + Clone,
+/// The fit of `n` samples, the `quantile` of its residuals and the largest.
+fn fit<'a, const N: usize>(
+    prior: [f64; N],
+    samples: impl Iterator<Item = &'a ([f64; N], f64)> + Clone,
     n: usize,
     quantile: f64,
-) -> ([f64; 4], f64) {
+) -> ([f64; N], f64, f64) {
     let coef = refit(prior, samples.clone(), n);
     let mut residuals: Vec<f64> = samples.map(|(x, y)| y - dot(coef, *x)).collect();
+    let worst = residuals.iter().copied().fold(f64::MIN, f64::max);
     let rank = ((residuals.len() as f64 * quantile).ceil() as usize).clamp(1, residuals.len());
     let correction = *residuals.select_nth_unstable_by(rank - 1, f64::total_cmp).1;
-    (coef, correction)
+    (coef, correction, worst)
 }
 
 /// Ridge least squares towards the prior, with costs kept non-negative: a cost that comes out
 /// negative is pinned at zero and the rest refitted (at most once per feature).
-fn refit<'a>(prior: [f64; 4], samples: impl Iterator<Item = &'a ([f64; 4], f64)> + Clone, n: usize) -> [f64; 4] {
+fn refit<'a, const N: usize>(
+    prior: [f64; N],
+    samples: impl Iterator<Item = &'a ([f64; N], f64)> + Clone,
+    n: usize,
+) -> [f64; N] {
     let n = n as f64;
-    let mut scale = [0.0; 4];
+    let mut scale = [0.0; N];
     for (x, _) in samples.clone() {
         for (acc, x) in scale.iter_mut().zip(x) {
             *acc += x * x / n;
         }
     }
-    let mut pinned = [false; 4];
+    let mut pinned = [false; N];
     loop {
-        let mut a = [[0.0; 4]; 4];
-        let mut b = [0.0; 4];
+        let mut a = [[0.0; N]; N];
+        let mut b = [0.0; N];
         for (x, y) in samples.clone() {
-            for i in 0..4 {
+            for i in 0..N {
                 b[i] += x[i] * y;
-                for j in 0..4 {
+                for j in 0..N {
                     a[i][j] += x[i] * x[j];
                 }
             }
         }
-        for i in 0..4 {
+        for i in 0..N {
             let lambda = PRIOR_WEIGHT * scale[i].max(1.0);
             a[i][i] += lambda;
             b[i] += lambda * prior[i];
         }
         // A pinned cost is zero: its row says so, and its column contributes nothing.
-        for i in (0..4).filter(|&i| pinned[i]) {
+        for i in (0..N).filter(|&i| pinned[i]) {
             for (r, row) in a.iter_mut().enumerate() {
                 row[i] = if r == i { 1.0 } else { 0.0 };
             }
-            a[i] = [0.0; 4];
+            a[i] = [0.0; N];
             a[i][i] = 1.0;
             b[i] = 0.0;
         }
         let fit = solve(a, b);
-        let negative: Vec<usize> = (0..4).filter(|&i| !pinned[i] && fit[i] < 0.0).collect();
+        let negative: Vec<usize> = (0..N).filter(|&i| !pinned[i] && fit[i] < 0.0).collect();
         if negative.is_empty() {
             return fit.map(|c| c.max(0.0));
         }
@@ -261,12 +283,12 @@ impl Estimator {
 
 /// Solves `a · x = b` by Gaussian elimination with partial pivoting (`a` is symmetric positive
 /// definite here: the ridge term sees to that).
-fn solve(mut a: [[f64; 4]; 4], mut b: [f64; 4]) -> [f64; 4] {
-    for col in 0..4 {
-        let pivot = (col..4).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs())).expect("rows");
+fn solve<const N: usize>(mut a: [[f64; N]; N], mut b: [f64; N]) -> [f64; N] {
+    for col in 0..N {
+        let pivot = (col..N).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs())).expect("rows");
         a.swap(col, pivot);
         b.swap(col, pivot);
-        for row in col + 1..4 {
+        for row in col + 1..N {
             let f = a[row][col] / a[col][col];
             let pivot_row = a[col];
             for (x, p) in a[row].iter_mut().zip(pivot_row).skip(col) {
@@ -275,9 +297,9 @@ fn solve(mut a: [[f64; 4]; 4], mut b: [f64; 4]) -> [f64; 4] {
             b[row] -= f * b[col];
         }
     }
-    let mut x = [0.0; 4];
-    for row in (0..4).rev() {
-        let rest: f64 = (row + 1..4).map(|k| a[row][k] * x[k]).sum();
+    let mut x = [0.0; N];
+    for row in (0..N).rev() {
+        let rest: f64 = (row + 1..N).map(|k| a[row][k] * x[k]).sum();
         x[row] = (b[row] - rest) / a[row][row];
     }
     x

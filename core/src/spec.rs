@@ -221,6 +221,10 @@ pub struct SimSpec {
     /// `sim-llm`: extra time per decoding sequence (`200us`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decode_per_seq: Option<FineDuration>,
+    /// `sim-llm`: extra time per attended slot (`20ns`): a prefill chunk of n tokens after c
+    /// computed ones attends n·c + n(n+1)/2 slots, a decode its context. Off unless set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_per_slot: Option<FineDuration>,
 }
 
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
@@ -405,8 +409,8 @@ impl JsonSchema for GatewayDuration {
     }
 }
 
-/// A Gateway API duration or whole microseconds (`50us`), kept as written: the `sim-llm`
-/// engine's per-token costs are fractions of a millisecond.
+/// A Gateway API duration, or whole microseconds (`50us`) or nanoseconds (`20ns`), kept as
+/// written: the `sim-llm` engine's per-token costs are fractions of a millisecond.
 #[derive(Serialize, Clone, Debug, PartialEq, Eq)]
 #[serde(transparent)]
 pub struct FineDuration(String);
@@ -444,7 +448,7 @@ impl JsonSchema for FineDuration {
         schemars::json_schema!({
             "type": "string",
             "pattern": crate::duration::FINE_PATTERN,
-            "description": "A duration in the Gateway API format (10ms, 1s) or whole microseconds (50us)",
+            "description": "A duration in the Gateway API format (10ms, 1s) or whole microseconds (50us) or nanoseconds (20ns)",
         })
     }
 }
@@ -457,6 +461,7 @@ impl Default for SimSpec {
             step_time: None,
             prefill_per_token: None,
             decode_per_seq: None,
+            attention_per_slot: None,
         }
     }
 }

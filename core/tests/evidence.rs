@@ -251,6 +251,7 @@ fn generation(c: &StepCase) -> Result<(), TestCaseError> {
         per_decode: us * c.per_decode_us as u32,
         per_prefill_token: us * c.per_prefill_us as u32,
         per_context_token: Duration::ZERO,
+        per_attended_slot: Duration::ZERO,
     };
     let policy = StepPolicy {
         max_batch_tokens: 2048,
@@ -281,14 +282,18 @@ fn generation(c: &StepCase) -> Result<(), TestCaseError> {
     let last_deadline = arrivals.iter().map(|a| ms(a.at + a.timeout)).max().unwrap_or(0);
     // The pairs: both prompts prefill in one step, then they decode side by side; each deadline
     // allows the true steps plus the margin's floor and the slack.
-    let prefill = cost.time(StepShape { decodes: 0, prefill: 2 * c.prompt, context: 0 });
-    let decode = cost.time(StepShape { decodes: 2, prefill: 0, context: 0 });
+    let prefill = cost.time(StepShape { prefill: 2 * c.prompt, ..StepShape::default() });
+    let decode = cost.time(StepShape { decodes: 2, ..StepShape::default() });
     let ttft = ms(prefill) + 1 + c.floor + c.slack;
     let itl = ms(decode) + 1 + c.floor + c.slack;
     let timeout = ttft + u64::from(c.max_tokens) * itl;
     let period = timeout + c.spacing + 1;
     // A history step that started just before its end may run 40 times the longest step.
-    let longest = cost.time(StepShape { decodes: policy.max_sequences, prefill: policy.max_batch_tokens, context: 0 });
+    let longest = cost.time(StepShape {
+        decodes: policy.max_sequences,
+        prefill: policy.max_batch_tokens,
+        ..StepShape::default()
+    });
     let horizon = h.length.max(last_deadline) + 40 * ms(longest) + recovery(0) + 18 * period;
     let first_pair = arrivals.len();
     let mut t = h.length;

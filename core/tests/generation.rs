@@ -24,14 +24,17 @@ fn setup() -> impl Strategy<Value = Setup> {
         4u32..120,
         prop::sample::select(vec![1u32, 4, 16]),
         0u32..3,
-        (2_000u64..20_000, 0u64..2_000, 0u64..200),
+        // Attention per slot: none (the default), or up to a microsecond, which makes a
+        // 200-token prompt's later chunks cost up to 20 ms more than its first.
+        (2_000u64..20_000, 0u64..2_000, 0u64..200, prop::sample::select(vec![0u64, 0, 50, 1_000])),
     )
-        .prop_map(|(tokens, seqs, blocks, block_size, watermark, (fixed, decode, prefill))| {
+        .prop_map(|(tokens, seqs, blocks, block_size, watermark, (fixed, decode, prefill, attention))| {
             let cost = StepCost {
                 fixed: US * fixed as u32,
                 per_decode: US * decode as u32,
                 per_prefill_token: US * prefill as u32,
                 per_context_token: Duration::ZERO,
+                per_attended_slot: Duration::from_nanos(attention),
             };
             Setup {
                 policy: Policy {
@@ -80,6 +83,13 @@ fn invariants(setup: &Setup, arrivals: &[Arrival], trace: &Trace) -> Result<(), 
         let shape = step.plan.shape;
         prop_assert!(shape.tokens() <= setup.policy.max_batch_tokens, "a step of {} tokens", shape.tokens());
         prop_assert!(step.plan.members.len() <= setup.policy.max_sequences as usize);
+        // The shape the step is timed by is its members', attention counted slot by slot: the
+        // token at position p attends p + 1 slots.
+        let members = &step.plan.members;
+        let attended: u64 = members.iter().flat_map(|m| m.start..m.start + m.len).map(|p| u64::from(p) + 1).sum();
+        let context: u64 = members.iter().map(|m| u64::from(m.start + m.len)).sum();
+        let decodes = members.iter().filter(|m| m.decode).count() as u32;
+        prop_assert_eq!((shape.decodes, shape.context, shape.attended), (decodes, context, attended));
         let mut blocks: Vec<u32> = step.plan.members.iter().flat_map(|m| m.blocks.iter().copied()).collect();
         let n = blocks.len();
         blocks.sort_unstable();

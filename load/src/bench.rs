@@ -490,6 +490,7 @@ async fn generation(md: &mut String, secs: u64) -> anyhow::Result<()> {
             per_decode: 200 * us,
             per_prefill_token: 50 * us,
             per_context_token: Duration::ZERO,
+            per_attended_slot: Duration::ZERO,
         },
         blocks: 4096,
         block_size: 16,

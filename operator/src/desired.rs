@@ -204,6 +204,7 @@ pub fn sidecar_args(spec: &InferenceServiceSpec, checked: &Checked) -> Vec<Strin
             args.extend(sim.step_time.map(|d| format!("--sim-step-time={}", d.as_str())));
             args.extend(sim.prefill_per_token.map(|d| format!("--sim-prefill-per-token={}", d.as_str())));
             args.extend(sim.decode_per_seq.map(|d| format!("--sim-decode-per-seq={}", d.as_str())));
+            args.extend(sim.attention_per_slot.map(|d| format!("--sim-attention-per-slot={}", d.as_str())));
         }
     }
     if let Some(g) = &spec.generation {

@@ -108,6 +108,8 @@ fn the_sidecar_reads_its_arguments_as_the_spec_says() {
                 assert_eq!(Some(times.step_time), fine(&sim.step_time), "{name}");
                 assert_eq!(Some(times.prefill_per_token), fine(&sim.prefill_per_token), "{name}");
                 assert_eq!(Some(times.decode_per_seq), fine(&sim.decode_per_seq), "{name}");
+                let off = std::time::Duration::ZERO;
+                assert_eq!(times.attention_per_slot, fine(&sim.attention_per_slot).unwrap_or(off), "{name}");
                 let g = spec.generation.clone().expect("the example sets spec.generation");
                 let s = &settings.generation;
                 assert_eq!(Some(s.max_batch_tokens), g.max_batch_tokens, "{name}");

@@ -171,6 +171,11 @@ pub struct Cli {
     /// Time per decoding sequence of the sim-llm engine (spec.engine.sim.decodePerSeq). [default: 200us]
     #[arg(long, env = "FERRY_SIM_DECODE_PER_SEQ", value_parser = duration::parse_fine)]
     pub sim_decode_per_seq: Option<Duration>,
+    /// Time per attended slot of the sim-llm engine, e.g. 20ns: a prefill chunk of n tokens after
+    /// c computed ones attends n·c + n(n+1)/2 slots, a decode its context
+    /// (spec.engine.sim.attentionPerSlot). [default: 0s, off]
+    #[arg(long, env = "FERRY_SIM_ATTENTION_PER_SLOT", value_parser = duration::parse_fine)]
+    pub sim_attention_per_slot: Option<Duration>,
 }
 
 /// How generation is scheduled (engines `sim-llm`, `llm`, `openai`).
@@ -391,6 +396,10 @@ impl Settings {
                             .sim_decode_per_seq
                             .or(sim.decode_per_seq.as_ref().map(|d| d.duration()))
                             .unwrap_or(Duration::from_micros(200)),
+                        attention_per_slot: cli
+                            .sim_attention_per_slot
+                            .or(sim.attention_per_slot.as_ref().map(|d| d.duration()))
+                            .unwrap_or(Duration::ZERO),
                     },
                 },
                 "openai" => EngineSettings::OpenAi {

@@ -191,6 +191,7 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, Str
                 load_time = ?started.elapsed(),
                 decode = ?(cost.fixed + cost.per_decode),
                 prefill_per_token = ?cost.per_prefill_token,
+                attention_per_slot = ?cost.per_attended_slot,
                 "model loaded; ready"
             );
             Some(Arc::new(engine))

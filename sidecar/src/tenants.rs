@@ -182,6 +182,17 @@ impl Drop for Held {
 }
 
 impl Tenant {
+    /// The tier of one of its requests: the tenant's own (`priority` in the file) unless the
+    /// request asks for a lower one (`x-ferry-priority: batch`). A batch-tier tenant cannot
+    /// promote itself by asking for `interactive`: its requests stay batch-tier.
+    pub fn tier(&self, asked: Option<&str>) -> Result<Priority, Refusal> {
+        let Some(text) = asked else { return Ok(self.priority) };
+        let asked = Priority::parse(text).ok_or_else(|| {
+            Refusal::invalid(format!("x-ferry-priority is '{text}'; it must be 'interactive' or 'batch'"))
+        })?;
+        Ok(asked.max(self.priority))
+    }
+
     fn new(id: TenantId, spec: &Spec, now: Instant, previous: Option<&Tenant>) -> Tenant {
         let requests = spec.rate.map(|rate| (rate, spec.burst.unwrap_or(rate.max(1.0))));
         let tokens = spec.tokens_per_minute.map(|tpm| (tpm / 60.0, tpm));
@@ -482,6 +493,19 @@ mod tests {
         let t = Tenants { path: Some("tenants.yaml".into()), ..Tenants::none() };
         t.apply(text).unwrap();
         t
+    }
+
+    #[test]
+    fn a_request_may_lower_its_tier_but_a_batch_tenant_cannot_promote_itself() {
+        let t = loaded(FILE);
+        let gold = t.authenticate(&headers(Some("gold-secret-1"))).unwrap();
+        let free = t.authenticate(&headers(Some("free-secret-1"))).unwrap();
+        let (i, b) = (Priority::Interactive, Priority::Batch);
+        assert_eq!([gold.tier(None), gold.tier(Some("interactive")), gold.tier(Some("batch"))], [Ok(i), Ok(i), Ok(b)]);
+        assert_eq!([free.tier(None), free.tier(Some("interactive")), free.tier(Some("batch"))], [Ok(b), Ok(b), Ok(b)]);
+        let bad = gold.tier(Some("urgent")).unwrap_err();
+        assert_eq!(bad.outcome, Outcome::Invalid);
+        assert!(bad.message.contains("x-ferry-priority is 'urgent'"), "{}", bad.message);
     }
 
     #[test]

@@ -11,7 +11,10 @@ use ferry_core::generation::sequence::FinishReason;
 use ferry_core::generation::step::{StepCost, StepEstimator};
 use ferry_core::outcome::Outcome;
 use ferry_core::ticket::Priority;
-use ferry_sidecar::generation::engine::{KvLayout, LanguageModel, Sampling, StepEngine};
+use ferry_sidecar::engine::{BoxFuture, EngineError};
+use ferry_sidecar::generation::engine::{
+    Detokenizer, KvLayout, LanguageModel, Message, Sampling, StepEngine, StepInput,
+};
 use ferry_sidecar::generation::shell::{Generator, Submission};
 use ferry_sidecar::generation::sim::{SimLlm, SimLlmTimes};
 use ferry_sidecar::generation::stream::{Piece, Stream};
@@ -23,7 +26,12 @@ const MS: Duration = Duration::from_millis(1);
 
 /// 10 ms a step + 1 ms per decoding sequence + 0.1 ms per prefill token.
 fn times() -> SimLlmTimes {
-    SimLlmTimes { step_time: 10 * MS, prefill_per_token: Duration::from_micros(100), decode_per_seq: MS }
+    SimLlmTimes {
+        step_time: 10 * MS,
+        prefill_per_token: Duration::from_micros(100),
+        decode_per_seq: MS,
+        attention_per_slot: Duration::ZERO,
+    }
 }
 
 #[derive(Clone)]
@@ -57,6 +65,11 @@ fn service(blocks: u32, prior: Option<StepCost>) -> Service {
 
 impl Service {
     fn submit(&self, prompt: &str, max_tokens: u32, timeout: Duration) -> Stream {
+        self.submit_with(prompt, max_tokens, timeout, Duration::from_secs(10), timeout)
+    }
+
+    /// With each of the three promises: first token, inter-token target, whole answer.
+    fn submit_with(&self, prompt: &str, max_tokens: u32, ttft: Duration, itl: Duration, timeout: Duration) -> Stream {
         let now = Instant::now();
         let submission = Submission {
             prompt: self.engine.encode(prompt).unwrap(),
@@ -68,8 +81,8 @@ impl Service {
             weight: 1,
             bytes: 64,
             arrival: now,
-            ttft_deadline: now + timeout,
-            itl: Duration::from_secs(10),
+            ttft_deadline: now + ttft,
+            itl,
             deadline: now + timeout,
         };
         self.generator.submit(submission, Tally::new(self.metrics.outcomes().clone()))
@@ -194,4 +207,194 @@ async fn a_drain_waits_for_running_sequences() {
     let (pieces, end) = collecting.await.unwrap();
     assert_eq!(pieces.len(), 5);
     assert!(matches!(end, Piece::End(Ok(_))));
+}
+
+/// Samples of a histogram above `bound` (its buckets are cumulative: `le` counts at most).
+fn above(h: &prometheus::Histogram, bound: f64) -> u64 {
+    let proto = prometheus::core::Metric::metric(h);
+    let histogram = proto.get_histogram();
+    let at_most = histogram.get_bucket().iter().find(|b| b.upper_bound() == bound).expect("a bucket at the bound");
+    histogram.get_sample_count() - at_most.cumulative_count()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_prompt_prefills_beside_decodes_without_stretching_their_steps() {
+    // Attention counted: 20 ns per attended slot makes a prompt token at position 16 k cost 370 us
+    // where one at its start costs 50 us. A step rule that timed chunks by their tokens alone
+    // would give the late chunks 7 times the time their estimate says, and the decodes beside
+    // them steps of a quarter of a second.
+    let times = SimLlmTimes {
+        step_time: 10 * MS,
+        prefill_per_token: Duration::from_micros(50),
+        decode_per_seq: Duration::from_micros(200),
+        attention_per_slot: Duration::from_nanos(20),
+    };
+    let (blocks, block_size) = (2400, 16);
+    let engine = Arc::new(SimLlm::new(times, KvLayout { blocks, block_size }));
+    let policy = Policy {
+        max_batch_tokens: 2048,
+        max_sequences: 64,
+        max_queue: 64,
+        max_queue_bytes: 1 << 20,
+        max_queue_tokens: 1 << 20,
+        max_context: 32_768,
+        watermark: 0,
+        discipline: Discipline::Deadlines,
+    };
+    let scheduler = Scheduler::new(policy, BlockPool::new(blocks, block_size), StepEstimator::new(engine.cost()));
+    let metrics = Metrics::new().generation("m", "1");
+    // The deadline margin's floor at its default, 2 ms: steps beside decodes keep it free.
+    let generator = Generator::spawn(Ledger::new(scheduler, 2 * MS, 3), engine.clone(), metrics.clone());
+    let s = Service { generator, engine, metrics, start: Instant::now() };
+    let target = 50 * MS;
+
+    // 32 streams decoding, each promised 50 ms between tokens. (They arrive together: streams
+    // that join one by one make the step times a sawtooth of the timer's millisecond grain, whose
+    // slope against context the estimator extrapolates over the streams' 400 tokens.)
+    let mut streams = Vec::new();
+    let submitted: Vec<Stream> =
+        (0..32).map(|i| s.submit_with(&format!("s{i} a b c d e f g"), 400, HOUR, target, HOUR)).collect();
+    for (i, mut stream) in submitted.into_iter().enumerate() {
+        let first = stream.next().await;
+        assert!(matches!(first, Some(Piece::Text(_))), "stream {i}: {first:?}");
+        let s = s.clone();
+        let first = s.ms();
+        streams.push(tokio::spawn(async move {
+            let (mut pieces, end) = collect(&s, stream).await;
+            pieces.insert(0, (first, String::new()));
+            (pieces, end)
+        }));
+    }
+
+    // A 16 384-token prompt. Asked first with a first-token deadline of 1 ms, admission refuses it
+    // and says when its forecast puts the first token; asked again at the same instant with room,
+    // it is admitted, and its first token must come by then.
+    let prompt: String = (0..16_384).map(|i| format!("w{} ", i % 5000)).collect();
+    let arrival = s.ms();
+    let (pieces, end) = collect(&s, s.submit_with(&prompt, 8, MS, target, HOUR)).await;
+    let Piece::End(Err(refusal)) = end else { panic!("{end:?}") };
+    assert!(pieces.is_empty() && refusal.outcome == Outcome::Infeasible, "{refusal:?}");
+    let forecast: f64 = refusal
+        .message
+        .split("the first token is forecast ")
+        .nth(1)
+        .and_then(|rest| rest.split(" ms").next())
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("no forecast in: {}", refusal.message));
+    assert_eq!(s.ms(), arrival, "refused at arrival");
+    let (long, end) = collect(&s, s.submit_with(&prompt, 8, Duration::from_secs(60), target, HOUR)).await;
+    assert!(matches!(end, Piece::End(Ok(_))), "{end:?}");
+    assert_eq!(long.len(), 8);
+    let first = long[0].0 - arrival;
+    assert!(first <= forecast, "the first token {first} ms after arrival; forecast at {forecast} ms");
+    // The prompt took many steps: chunks cut to what the decodes' target leaves (2048 tokens a
+    // step would have been 8 steps of 100 ms and more).
+    assert!(first > 1000.0, "the first token after {first} ms");
+
+    for (i, stream) in streams.into_iter().enumerate() {
+        let (pieces, end) = stream.await.unwrap();
+        assert!(matches!(end, Piece::End(Ok(_))), "stream {i}: {end:?}");
+        assert_eq!(pieces.len(), 400, "stream {i}");
+        assert!(pieces.last().unwrap().0 > long[0].0, "stream {i} ended before the prompt was in: not beside it");
+        let gap = pieces.windows(2).map(|w| w[1].0 - w[0].0).fold(0.0, f64::max);
+        assert!(gap <= 50.0 + 1e-6, "stream {i}: a gap of {gap} ms between tokens");
+    }
+    // The server's own account: no inter-token gap over the target.
+    assert_eq!(above(&s.metrics.itl, 0.05), 0, "inter-token gaps over 50 ms");
+    assert!(s.metrics.itl.get_sample_count() >= 32 * 399);
+}
+
+/// The sim-llm engine with an end-of-sequence word: its answers end where `</s>` comes.
+struct WithEnd {
+    sim: SimLlm,
+    end: u32,
+}
+
+impl LanguageModel for WithEnd {
+    fn context_length(&self) -> u32 {
+        self.sim.model().context_length()
+    }
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.sim.model().encode(text)
+    }
+    fn chat(&self, messages: &[Message]) -> Result<String, String> {
+        self.sim.model().chat(messages)
+    }
+    fn detokenizer(&self) -> Box<dyn Detokenizer> {
+        self.sim.model().detokenizer()
+    }
+    fn is_end(&self, token: u32) -> bool {
+        token == self.end
+    }
+}
+
+impl StepEngine for WithEnd {
+    fn model(&self) -> &dyn LanguageModel {
+        self
+    }
+    fn kv(&self) -> KvLayout {
+        self.sim.kv()
+    }
+    fn cost(&self) -> StepCost {
+        self.sim.cost()
+    }
+    fn platform(&self) -> &str {
+        self.sim.platform()
+    }
+    fn step(&self, step: StepInput) -> BoxFuture<Result<Vec<u32>, EngineError>> {
+        self.sim.step(step)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_that_ends_keeps_the_text_a_stop_string_held_back() {
+    // "a b </s>" is answered "a", " b", then the end. With the stop string " b c", " b" is held
+    // back after the second token (it could have grown into " b c"); the end settles it: it is
+    // the answer's, not a stop string's.
+    let sim = SimLlm::new(times(), KvLayout { blocks: 100, block_size: 4 });
+    let end = sim.model().encode("</s>").unwrap()[0];
+    let engine = Arc::new(WithEnd { sim, end });
+    let policy = Policy {
+        max_batch_tokens: 2048,
+        max_sequences: 8,
+        max_queue: 64,
+        max_queue_bytes: 1 << 20,
+        max_queue_tokens: 1 << 20,
+        max_context: 4096,
+        watermark: 0,
+        discipline: Discipline::Deadlines,
+    };
+    let scheduler = Scheduler::new(policy, BlockPool::new(100, 4), StepEstimator::new(engine.cost()));
+    let metrics = Metrics::new().generation("m", "1");
+    let generator = Generator::spawn(Ledger::new(scheduler, Duration::ZERO, 3), engine.clone(), metrics.clone());
+    let answer = |stop: &[&str]| {
+        let now = Instant::now();
+        let submission = Submission {
+            prompt: engine.encode("a b </s>").unwrap(),
+            max_tokens: 10,
+            sampling: Sampling::default(),
+            stop: stop.iter().map(|s| s.to_string()).collect(),
+            priority: Priority::Interactive,
+            tenant: 0,
+            weight: 1,
+            bytes: 64,
+            arrival: now,
+            ttft_deadline: now + HOUR,
+            itl: HOUR,
+            deadline: now + HOUR,
+        };
+        let mut stream = generator.submit(submission, Tally::new(metrics.outcomes().clone()));
+        async move {
+            let mut text = String::new();
+            loop {
+                match stream.next().await.expect("a stream ends with an end") {
+                    Piece::Text(piece) => text.push_str(&piece),
+                    Piece::End(end) => return (text, end.map(|f| (f.reason, f.completion_tokens))),
+                }
+            }
+        }
+    };
+    assert_eq!(answer(&[" b c"]).await, ("a b".to_owned(), Ok((FinishReason::Stop, 3))));
+    assert_eq!(answer(&[]).await, ("a b".to_owned(), Ok((FinishReason::Stop, 3))), "the same without stop strings");
+    assert_eq!(answer(&[" b"]).await, ("a".to_owned(), Ok((FinishReason::Stop, 2))), "a stop string is never sent");
 }

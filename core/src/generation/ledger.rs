@@ -71,10 +71,11 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// `margin` is the deadline margin's floor.
+    /// `margin` is the deadline margin's floor; steps cut to an inter-token target keep it free
+    /// too ([`Scheduler::with_step_reserve`]).
     pub fn new(scheduler: Scheduler, margin: Duration, max_attempts: u32) -> Self {
         Ledger {
-            scheduler,
+            scheduler: scheduler.with_step_reserve(margin),
             margin: Margin::new(margin),
             max_attempts: max_attempts.max(1),
             failures: Default::default(),

@@ -160,6 +160,8 @@ pub struct Scheduler {
     pub(crate) forecasting: bool,
     /// The tenants' fair shares of step tokens, one per priority tier.
     pub(crate) shares: [Shares; 2],
+    /// What a step cut to the decodes' inter-token target leaves of it unused.
+    step_reserve: Duration,
 }
 
 impl Scheduler {
@@ -175,7 +177,16 @@ impl Scheduler {
             queued_tokens: 0,
             forecasting: false,
             shares: Default::default(),
+            step_reserve: Duration::ZERO,
         }
+    }
+
+    /// Steps with decodes in them are cut to `reserve` less than the tightest inter-token target
+    /// (the ledger gives the deadline margin's floor): a token's way to its caller, and what a
+    /// timer with a millisecond's grain adds to a step, come out of the same gap.
+    pub fn with_step_reserve(mut self, reserve: Duration) -> Self {
+        self.step_reserve = reserve;
+        self
     }
 
     /// Sets a tenant's weight: its share of step tokens against the other backlogged tenants.
@@ -453,11 +464,11 @@ impl Scheduler {
     pub(crate) fn least_remaining(&self, s: &Seq) -> (Duration, Duration) {
         let e = &self.estimator;
         let left = s.request.max_tokens - s.generated;
-        let decode = e.estimate(StepShape { decodes: 1, prefill: 0, context: u64::from(s.known()) });
+        let decode = e.estimate(StepShape::part(s.known().saturating_sub(1), 1, true));
         if s.decoding() {
             return (Duration::ZERO, decode * left);
         }
-        let prefill = e.estimate(StepShape { decodes: 0, prefill: s.pending(), context: u64::from(s.known()) });
+        let prefill = e.estimate(StepShape::part(s.computed, s.pending(), false));
         (prefill, prefill + decode * (left - 1))
     }
 
@@ -595,8 +606,7 @@ impl Scheduler {
                 prompt: s.request.prompt,
                 blocks: s.table.clone(),
             });
-            shape.decodes += 1;
-            shape.context += u64::from(s.computed + 1);
+            shape = shape.join(StepShape::part(s.computed, 1, true));
             if deadlines {
                 cap = Some(cap.map_or(s.request.itl, |c| c.min(s.request.itl)));
             }
@@ -623,8 +633,7 @@ impl Scheduler {
             let (computed, held) = (s.computed, s.table.len() as u32);
             let mut n = s.pending().min(budget);
             if let Some(cap) = cap {
-                let base = StepShape { context: shape.context + u64::from(computed), ..shape };
-                n = self.estimator.prefill_within(base, cap, n);
+                n = self.estimator.prefill_within(shape, computed, cap.saturating_sub(self.step_reserve), n);
             }
             let reserve = if new { self.policy.watermark } else { 0 };
             let room = (held + self.pool.free().saturating_sub(reserve)) * block_size;
@@ -654,8 +663,7 @@ impl Scheduler {
                 prompt: seq.request.prompt,
                 blocks: seq.table.clone(),
             });
-            shape.prefill += n;
-            shape.context += u64::from(computed + n);
+            shape = shape.join(StepShape::part(computed, n, false));
             budget -= n;
         }
         if members.is_empty() {

@@ -14,7 +14,7 @@ const MS: Duration = Duration::from_millis(1);
 const US: Duration = Duration::from_micros(1);
 
 fn cost() -> StepCost {
-    StepCost { fixed: 10 * MS, per_decode: MS, per_prefill_token: 100 * US, per_context_token: Duration::ZERO }
+    StepCost { fixed: 10 * MS, per_decode: MS, per_prefill_token: 100 * US, ..StepCost::default() }
 }
 
 fn policy() -> Policy {

@@ -115,6 +115,7 @@ mod tests {
                 per_decode: MS / 5,
                 per_prefill_token: MS / 20,
                 per_context_token: Duration::ZERO,
+                per_attended_slot: Duration::ZERO,
             },
             blocks: 2048,
             block_size: 16,

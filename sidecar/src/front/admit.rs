@@ -19,7 +19,6 @@ use crate::tally::Tally;
 use crate::tenants::Tenant;
 use crate::tensor::Tensor;
 use ferry_core::outcome::{Outcome, Refusal};
-use ferry_core::ticket::Priority;
 
 /// Requests larger than this are checked by their engine on the blocking pool.
 const OFFLOAD_CHECK_BYTES: usize = 64 * 1024;
@@ -153,11 +152,7 @@ async fn admit_and_wait(
             .map(|v| v.to_str().map_err(|_| Refusal::invalid(format!("header {name} is not readable text"))))
             .transpose()
     };
-    let priority = match header_text(PRIORITY.as_str())? {
-        None => tenant.priority,
-        Some(text) => Priority::parse(text)
-            .ok_or_else(|| Refusal::invalid(format!("{PRIORITY} is '{text}'; it must be 'interactive' or 'batch'")))?,
-    };
+    let priority = tenant.tier(header_text(PRIORITY.as_str())?)?;
     let timeout = front.deadlines.timeout(priority, header_text(TIMEOUT_HEADER)?, request.parameters.as_ref())?;
     let wanted = request.wanted;
     let signature = served.engine.signature();

@@ -30,7 +30,6 @@ use crate::generation::stream::{Finished, Piece, Stream};
 use crate::tally::Tally;
 use crate::tenants::{Held, Tenant};
 use ferry_core::outcome::{Outcome, Refusal};
-use ferry_core::ticket::Priority;
 
 pub const COMPLETIONS: &str = "/v1/completions";
 pub const CHAT: &str = "/v1/chat/completions";
@@ -198,11 +197,7 @@ async fn admit(
             .map(|v| v.to_str().map_err(|_| Refusal::invalid(format!("header {name} is not readable text"))))
             .transpose()
     };
-    let priority = match text(PRIORITY.as_str())? {
-        None => tenant.priority,
-        Some(t) => Priority::parse(t)
-            .ok_or_else(|| Refusal::invalid(format!("{PRIORITY} is '{t}'; it must be 'interactive' or 'batch'")))?,
-    };
+    let priority = tenant.tier(text(PRIORITY.as_str())?)?;
     let timeout = front.deadlines.timeout(priority, text(TIMEOUT_HEADER)?, None)?;
     let ttft = millis_header(headers, &TTFT_HEADERS)?.unwrap_or(served.ttft_budget).min(timeout);
     let itl = millis_header(headers, &ITL_HEADERS)?.unwrap_or(served.itl);

@@ -23,6 +23,10 @@ pub const DEFAULT_MAX_TOKENS: u32 = 16;
 pub const DEFAULT_CHAT_MAX_TOKENS: u32 = 256;
 /// `stop` strings a request may give (OpenAI's limit).
 pub const MAX_STOPS: usize = 4;
+/// Bytes of one `stop` string: each token's text is matched against every stop string's
+/// beginnings on the step loop's task, so their length is what a token costs there; far longer
+/// than any real stop sequence (`"\n\nHuman:"`, `"</answer>"`).
+pub const MAX_STOP_BYTES: usize = 256;
 
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -214,6 +218,12 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
         }
         Some(Stop::Many(list)) => list,
     };
+    if let Some((i, long)) = stop.iter().enumerate().find(|(_, s)| s.len() > MAX_STOP_BYTES) {
+        return Err(Refusal::invalid(format!(
+            "'stop'[{i}] is {} bytes long; at most {MAX_STOP_BYTES} are allowed",
+            long.len()
+        )));
+    }
     let stream = body.stream.unwrap_or(false);
     Ok(Call {
         model: body.model,
@@ -241,7 +251,7 @@ mod tests {
     fn model() -> SimLlm {
         let t = Duration::from_millis(1);
         SimLlm::new(
-            SimLlmTimes { step_time: t, prefill_per_token: t, decode_per_seq: t },
+            SimLlmTimes { step_time: t, prefill_per_token: t, decode_per_seq: t, attention_per_slot: Duration::ZERO },
             KvLayout { blocks: 4, block_size: 4 },
         )
     }
@@ -287,6 +297,13 @@ mod tests {
         assert!(err(Kind::Completion, json!({"model": "m", "prompt": ["a", "b"]})).contains("list of 2 prompts"));
         assert!(err(Kind::Completion, json!({"model": "m", "prompt": "a", "stop": ["1", "2", "3", "4", "5"]}))
             .contains("'stop' has 5"));
+        let long = "x".repeat(MAX_STOP_BYTES + 1);
+        assert_eq!(
+            err(Kind::Completion, json!({"model": "m", "prompt": "a", "stop": ["ok", long]})),
+            "'stop'[1] is 257 bytes long; at most 256 are allowed"
+        );
+        let fits = "x".repeat(MAX_STOP_BYTES);
+        assert!(call(Kind::Completion, json!({"model": "m", "prompt": "a", "stop": fits})).is_ok());
         assert_eq!(
             err(Kind::Chat, json!({"model": "m", "messages": []})),
             "'messages' is empty; send at least one message"

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use ferry_core::generation::step::StepCost;
+use ferry_core::generation::step::{attended, StepCost};
 use ferry_llm::{KvSize, Model, Seq};
 
 use super::engine::{Detokenizer, KvLayout, LanguageModel, Message, Sampling, StepEngine, StepInput};
@@ -76,27 +76,40 @@ impl LlmEngine {
     }
 }
 
-/// Times a one-token decode after a prefill of 64 tokens (fewer if the cache or the context
-/// holds less) on the idle cache.
+/// Times, on the idle cache, a prefill of 64 tokens (fewer if the cache or the context holds
+/// less), a one-token decode after it, and the same 64 tokens as a chunk late in a long prompt
+/// (after up to 2048 tokens: what those slots hold does not change the time). The late chunk's
+/// extra time over the first is attention's, n·c slots more, which a cost linear in tokens would
+/// miss ([`ferry_core::generation::step`]).
 fn calibrate(model: &Model, block_size: u32) -> Result<StepCost, String> {
     let room =
         u64::from(model.kv_blocks()).saturating_mul(u64::from(block_size)).min(u64::from(model.context_length()));
     let prefill = 64u32.min(room.saturating_sub(1) as u32).max(1);
-    let blocks: Vec<u32> = (0..(prefill + 1).div_ceil(block_size)).collect();
+    let late = room.saturating_sub(u64::from(prefill) + 1).min(2048) as u32;
+    let table = |tokens: u32| -> Vec<u32> { (0..tokens.div_ceil(block_size)).collect() };
+    let (blocks, late_blocks) = (table(prefill + 1), table(late + prefill));
     let prompt = vec![0; prefill as usize];
     let greedy = Some(ferry_llm::Sampling::GREEDY);
-    let started = Instant::now();
-    model.step(&[Seq { tokens: &prompt, start: 0, blocks: &blocks, sample: greedy }])?;
-    let long = started.elapsed();
-    let started = Instant::now();
-    model.step(&[Seq { tokens: &[0], start: prefill, blocks: &blocks, sample: greedy }])?;
-    let one = started.elapsed();
+    let timed = |seq: Seq<'_>| -> Result<Duration, String> {
+        let started = Instant::now();
+        model.step(&[seq])?;
+        Ok(started.elapsed())
+    };
+    let long = timed(Seq { tokens: &prompt, start: 0, blocks: &blocks, sample: greedy })?;
+    let one = timed(Seq { tokens: &[0], start: prefill, blocks: &blocks, sample: greedy })?;
+    let deep = timed(Seq { tokens: &prompt, start: late, blocks: &late_blocks, sample: greedy })?;
     let fixed = one.mul_f64(0.8);
+    let slots = attended(late, prefill) - attended(0, prefill);
+    let per_attended_slot = match slots {
+        0 => Duration::ZERO,
+        slots => Duration::from_nanos((deep.saturating_sub(long).as_nanos() / u128::from(slots)) as u64),
+    };
     Ok(StepCost {
         fixed,
         per_decode: one - fixed,
         per_prefill_token: long.saturating_sub(fixed) / prefill.max(1),
         per_context_token: Duration::ZERO,
+        per_attended_slot,
     })
 }
 

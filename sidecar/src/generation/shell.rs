@@ -302,8 +302,18 @@ impl Task {
                 for (m, token) in sampling.zip(tokens) {
                     let Some(caller) = self.callers.get_mut(&m.id) else { continue };
                     let end = model.is_end(token);
-                    let text = if end { String::new() } else { caller.detokenizer.push(token) };
-                    let released = caller.stop.push(&text);
+                    let released = if end {
+                        // The end of the sequence: what the detokenizer holds (a character's
+                        // first bytes) and what the stop matcher held back (a tail that could
+                        // have grown into a stop string) are the answer's last text.
+                        let mut released = caller.stop.push(&caller.detokenizer.finish());
+                        if !released.stopped {
+                            released.text.push_str(&caller.stop.finish());
+                        }
+                        released
+                    } else {
+                        caller.stop.push(&caller.detokenizer.push(token))
+                    };
                     if end || released.stopped {
                         stopped.push(m.id);
                     }

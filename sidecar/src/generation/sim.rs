@@ -2,7 +2,9 @@
 //! benchmarks and the autoscaler's simulation. A token is a whitespace-separated word; the
 //! engine answers with the words of its own prompt, cycled (`"a b c"` → `"a b c a b c …"`), for
 //! exactly `max_tokens` tokens unless a `stop` string ends it first. A step takes
-//! `stepTime + prefillPerToken × prefill tokens + decodePerSeq × decoding sequences`.
+//! `stepTime + prefillPerToken × prefill tokens + decodePerSeq × decoding sequences +
+//! attentionPerSlot × attended slots` (the last off by default: with it on, a long prompt's late
+//! chunks cost what attention makes them cost on a real engine).
 //!
 //! Its KV cache is real in the one way that matters to the scheduler: a store of `blocks ×
 //! blockSize` token slots, written at the positions of each step's block tables and read back to
@@ -31,6 +33,8 @@ pub struct SimLlmTimes {
     pub step_time: Duration,
     pub prefill_per_token: Duration,
     pub decode_per_seq: Duration,
+    /// Per query-key pair of attention ([`ferry_core::generation::step::attended`]).
+    pub attention_per_slot: Duration,
 }
 
 impl SimLlmTimes {
@@ -40,6 +44,7 @@ impl SimLlmTimes {
             per_decode: self.decode_per_seq,
             per_prefill_token: self.prefill_per_token,
             per_context_token: Duration::ZERO,
+            per_attended_slot: self.attention_per_slot,
         }
     }
 }
