@@ -324,7 +324,7 @@ pub async fn serve(
         Box::pin(async move {
             served.stopped().await;
             format!(
-                "the generator of model '{}' version '{}' stopped (a bug); exiting so that the pod restarts",
+                "the generator of model '{}' version '{}' stopped (its engine broke, or a bug: see the log); exiting so that the pod restarts",
                 served.name, served.version
             )
         }) as std::pin::Pin<Box<dyn Future<Output = String> + Send>>
@@ -338,8 +338,14 @@ pub async fn serve(
             return Err(std::io::Error::other(failure));
         }
         (failure, _, _) = died => {
-            // Readiness is already false; what it held was answered `failed`.
+            // Readiness is already false; what it held was answered `failed`: those answers
+            // leave (the listeners close gracefully) before the process exits, for at most 2 s.
             let _ = stop_tx.send(true);
+            let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                let _ = api.await;
+                let _ = admin.await;
+            })
+            .await;
             return Err(std::io::Error::other(failure));
         }
     }

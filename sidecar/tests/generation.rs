@@ -398,3 +398,106 @@ async fn an_answer_that_ends_keeps_the_text_a_stop_string_held_back() {
     assert_eq!(answer(&[]).await, ("a b".to_owned(), Ok((FinishReason::Stop, 3))), "the same without stop strings");
     assert_eq!(answer(&[" b"]).await, ("a".to_owned(), Ok((FinishReason::Stop, 2))), "a stop string is never sent");
 }
+
+/// The sim-llm engine, broken from its `after`-th step on: each later step hangs for ever, or
+/// panics (as a forward pass that indexes out of bounds would), or returns no tokens.
+struct Breaks {
+    sim: Arc<SimLlm>,
+    after: u32,
+    how: Break,
+    steps: std::sync::atomic::AtomicU32,
+}
+
+#[derive(Clone, Copy)]
+enum Break {
+    Hang,
+    Panic,
+    Short,
+}
+
+impl StepEngine for Breaks {
+    fn model(&self) -> &dyn LanguageModel {
+        self.sim.model()
+    }
+    fn kv(&self) -> KvLayout {
+        self.sim.kv()
+    }
+    fn cost(&self) -> StepCost {
+        self.sim.cost()
+    }
+    fn platform(&self) -> &str {
+        self.sim.platform()
+    }
+    fn step(&self, step: StepInput) -> BoxFuture<Result<Vec<u32>, EngineError>> {
+        if self.steps.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < self.after {
+            return self.sim.step(step);
+        }
+        match self.how {
+            Break::Hang => Box::pin(std::future::pending()),
+            Break::Panic => Box::pin(async { panic!("index out of bounds in the forward pass") }),
+            Break::Short => Box::pin(async { Ok(Vec::new()) }),
+        }
+    }
+}
+
+fn breaking(after: u32, how: Break) -> (Service, Generator) {
+    let sim = Arc::new(SimLlm::new(times(), KvLayout { blocks: 1000, block_size: 4 }));
+    let engine = Arc::new(Breaks { sim: sim.clone(), after, how, steps: 0.into() });
+    let policy = Policy {
+        max_batch_tokens: 2048,
+        max_sequences: 8,
+        max_queue: 64,
+        max_queue_bytes: 1 << 20,
+        max_queue_tokens: 1 << 20,
+        max_context: 4096,
+        watermark: 0,
+        discipline: Discipline::Deadlines,
+    };
+    let scheduler = Scheduler::new(policy, BlockPool::new(1000, 4), StepEstimator::new(engine.cost()));
+    let metrics = Metrics::new().generation("m", "1");
+    let generator = Generator::spawn(Ledger::new(scheduler, Duration::ZERO, 3), engine, metrics.clone());
+    (Service { generator: generator.clone(), engine: sim, metrics, start: Instant::now() }, generator)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_step_fails_its_sequences_and_stops_the_generator_within_two_seconds() {
+    // Five steps run (the prefill and four tokens), then the sixth never returns.
+    let (s, generator) = breaking(5, Break::Hang);
+    let (pieces, end) = collect(&s, s.submit("a b c d e f g h i j", 20, HOUR)).await;
+    let text: String = pieces.iter().map(|(_, t)| t.as_str()).collect();
+    assert_eq!(text, "a b c d e", "the tokens of the steps that ran");
+    let Piece::End(Err(refusal)) = end else { panic!("{end:?}") };
+    assert_eq!(refusal.outcome, Outcome::Failed);
+    assert!(refusal.message.contains("step 5 has run 1500 ms"), "{}", refusal.message);
+    // The sixth step started at 5 x 11 ms; the stall is declared 1.5 s later.
+    assert!((s.ms() - (55.0 + 1500.0)).abs() < 1e-6, "at {} ms", s.ms());
+    tokio::time::timeout(Duration::from_millis(1), generator.stopped()).await.expect("stopped at once");
+    assert!(!generator.is_alive(), "readiness goes with it");
+    assert_eq!(s.metrics.outcome_total(Outcome::Failed), 1);
+    // A request after the stop fails at once rather than waiting on a hung engine.
+    let mut after = s.submit("x y", 2, HOUR);
+    assert!(after.next().await.is_none(), "ended before it began");
+    assert_eq!(s.metrics.outcome_total(Outcome::Failed), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_engine_that_fails_every_step_stops_the_generator() {
+    for how in [Break::Panic, Break::Short] {
+        let (s, generator) = breaking(0, how);
+        // Each request's steps fail: it is retried by recompute for three attempts in all, then
+        // fails; the second request's second failed step is the fifth in a row, which stops the
+        // generator and fails the request at once, saying why.
+        let mut ends = Vec::new();
+        for i in 0..2 {
+            let (pieces, end) = collect(&s, s.submit(&format!("r{i} a b"), 4, HOUR)).await;
+            assert!(pieces.is_empty());
+            let Piece::End(Err(refusal)) = end else { panic!("{end:?}") };
+            assert_eq!(refusal.outcome, Outcome::Failed);
+            ends.push(refusal.message);
+        }
+        assert!(ends[1].contains("5 steps in a row failed"), "{ends:?}");
+        tokio::time::timeout(MS, generator.stopped()).await.expect("stopped");
+        assert!(!generator.is_alive());
+        assert_eq!(s.metrics.outcome_total(Outcome::Failed), 2);
+    }
+}

@@ -368,6 +368,37 @@ async fn a_sidecar_that_refuses_every_request_while_idle_says_so() {
     assert_eq!(ready, json!({"ready": true}));
 }
 
+/// An engine that hangs (here the sim-llm engine a thousand times slower than its estimate: a
+/// 10 ms step takes 10 s) takes the pod out: the sidecar fails what it holds, goes unready and
+/// exits non-zero, so that Kubernetes restarts it, instead of keeping its traffic for ever.
+#[tokio::test]
+async fn a_hung_engine_makes_the_sidecar_exit_non_zero() {
+    let args = ["--engine", "sim-llm", "--model", "m", "--sim-slow-spell", "1000x@0s+1h", "--max-timeout", "30s"];
+    let mut s = Sidecar::start(&args).await;
+    let ready = s.http.get(s.url("/v2/health/ready")).send().await.unwrap();
+    assert_eq!(ready.status(), 200, "ready: no step has run");
+    let sent = Instant::now();
+    let answer = s
+        .http
+        .post(s.url("/v1/completions"))
+        .header("x-ferry-ttft-ms", "5000")
+        .header("x-ferry-timeout-ms", "20000")
+        .json(&json!({"model": "m", "prompt": "a b c", "max_tokens": 4}))
+        .send()
+        .await
+        .unwrap();
+    // The step started at once; 1.5 s later it is abandoned and the request fails, saying why.
+    assert_eq!(answer.status(), 500);
+    let error: Value = answer.json().await.unwrap();
+    let message = error["error"]["message"].as_str().unwrap_or_default().to_owned();
+    assert!(message.contains("the engine failed: step 0 has run"), "{error}");
+    let failed_after = sent.elapsed();
+    assert!(failed_after >= Duration::from_millis(1500) && failed_after < Duration::from_secs(5), "{failed_after:?}");
+    let status =
+        tokio::time::timeout(Duration::from_secs(30), s.child.wait()).await.expect("the sidecar exits").unwrap();
+    assert!(!status.success(), "exit status {status}");
+}
+
 #[tokio::test]
 async fn metadata_and_health_follow_the_open_inference_protocol() {
     let s = Sidecar::start(&["--model", "m", "--model-version", "2"]).await;

@@ -85,6 +85,8 @@ impl Generator {
             done_tx,
             drains: Vec::new(),
             oldest: oldest.clone(),
+            watchdog: None,
+            failed_steps: 0,
         };
         let (stopped_tx, stopped) = watch::channel(false);
         tokio::spawn(async move {
@@ -179,11 +181,46 @@ struct Task {
     oldest: OldestArrival,
     /// Whether it refuses every request while idle ([`ferry_core::lockout`]).
     lockout: Lockout,
+    /// The running step's stall deadline.
+    watchdog: Option<Watchdog>,
+    /// Steps failed in a row.
+    failed_steps: u32,
 }
 
 /// The task wakes at least this often while it serves, so that its timer's lateness (part of the
 /// deadline margin) is measured whatever the load.
 const TIMER_PROBE: Duration = Duration::from_millis(50);
+
+/// A step still running this long after it started, and this many times its estimate, has
+/// stalled: the engine is hung, and the pod must be restarted rather than keep its sequences
+/// (and its readiness) waiting on it for ever.
+const STALL_FLOOR: Duration = Duration::from_millis(1500);
+const STALL_FACTOR: u32 = 20;
+/// A watchdog that wakes this late did not see the engine stall: the whole process was stopped
+/// (SIGSTOP, a CPU quota, a page-cache stall), the engine with it; the step gets its time again.
+const PROCESS_PAUSED: Duration = Duration::from_millis(100);
+/// Steps failed in a row, none run between them, that make the engine broken (a poisoned
+/// cache fails every step): the pod restarts.
+const MAX_FAILED_STEPS: u32 = 5;
+
+/// When the running step counts as stalled.
+#[derive(Debug, Clone, Copy)]
+struct Watchdog {
+    step: u64,
+    started: Instant,
+    expected: Duration,
+    due: Instant,
+}
+
+impl Watchdog {
+    fn new(step: u64, started: Instant, expected: Duration) -> Watchdog {
+        Watchdog { step, started, expected, due: started + Self::limit(expected) }
+    }
+
+    fn limit(expected: Duration) -> Duration {
+        STALL_FLOOR.max(expected * STALL_FACTOR)
+    }
+}
 
 impl Task {
     async fn run(
@@ -204,6 +241,10 @@ impl Task {
             if now >= probe {
                 probe = now + TIMER_PROBE;
             }
+            if let Some(why) = self.broken(now) {
+                self.abandon(&why, now);
+                return;
+            }
             self.ledger.step(now, std::mem::take(&mut events), &mut effects);
             for effect in effects.drain(..) {
                 self.carry_out(effect, now);
@@ -219,7 +260,8 @@ impl Task {
                     return;
                 }
             }
-            let wake = [self.ledger.next_wake(), open.then_some(probe)].into_iter().flatten().min();
+            let stall = self.watchdog.map(|w| w.due);
+            let wake = [self.ledger.next_wake(), open.then_some(probe), stall].into_iter().flatten().min();
             waiting_for = wake;
             tokio::select! {
                 biased;
@@ -291,10 +333,56 @@ impl Task {
         }
     }
 
+    /// Why the engine can no longer be trusted with steps, if it cannot: its step stalled while
+    /// this task kept time, or too many steps failed in a row.
+    fn broken(&mut self, now: Instant) -> Option<String> {
+        if self.failed_steps >= MAX_FAILED_STEPS {
+            return Some(format!("{} steps in a row failed", self.failed_steps));
+        }
+        let w = self.watchdog.as_mut().filter(|w| now >= w.due)?;
+        if now - w.due > PROCESS_PAUSED {
+            w.due = now + Watchdog::limit(w.expected);
+            return None;
+        }
+        Some(format!(
+            "step {} has run {} ms, estimated at {:.1} ms, and has not returned",
+            w.step,
+            (now - w.started).as_millis(),
+            w.expected.as_secs_f64() * 1e3
+        ))
+    }
+
+    /// The engine is broken: every sequence fails now, saying why (a retry goes to another pod),
+    /// and the task ends, which takes readiness away and makes the sidecar exit non-zero so that
+    /// Kubernetes restarts it. A stalled step's KV blocks are never handed to another step.
+    fn abandon(&mut self, why: &str, now: Instant) {
+        tracing::error!(sequences = self.callers.len(), "the engine is broken: {why}; this pod must restart");
+        let refusal = ferry_core::outcome::Refusal::new(
+            Outcome::Failed,
+            format!("the engine failed: {why}; the pod restarts (retry: another pod can answer)"),
+        );
+        for (_, caller) in self.callers.drain() {
+            caller.send(Piece::End(Err(refusal.clone())), now);
+        }
+        for drain in self.drains.drain(..) {
+            let _ = drain.send(());
+        }
+    }
+
     fn step_done(&mut self, done: StepDone, events: &mut Vec<Event>) {
         let Some((step, plan)) = self.running.take() else { return };
         debug_assert_eq!(step, done.step);
+        self.watchdog = None;
+        let sampled = plan.members.iter().filter(|m| m.sample).count();
         let result = match done.result {
+            Ok(tokens) if tokens.len() != sampled => Err(EngineError(format!(
+                "the engine returned {} tokens for a step that samples {sampled} sequences",
+                tokens.len()
+            ))),
+            other => other,
+        };
+        self.failed_steps = if result.is_ok() { 0 } else { self.failed_steps + 1 };
+        let result = match result {
             Ok(tokens) => {
                 let model = self.engine.model();
                 let mut stopped = Vec::new();
@@ -426,6 +514,7 @@ impl Task {
             })
             .collect();
         let run = self.engine.step(StepInput { shape: plan.shape, sequences });
+        self.watchdog = Some(Watchdog::new(step, Instant::now(), plan.expected));
         self.running = Some((step, plan));
         let done = self.done_tx.clone();
         tokio::spawn(async move {
