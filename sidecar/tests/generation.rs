@@ -46,21 +46,35 @@ struct Service {
 /// engine's true cost unless a test says otherwise).
 fn service(blocks: u32, prior: Option<StepCost>) -> Service {
     let engine = Arc::new(SimLlm::new(times(), KvLayout { blocks, block_size: 4 }));
-    let policy = Policy {
-        max_batch_tokens: 2048,
-        max_sequences: 8,
-        max_queue: 64,
-        max_queue_bytes: 1 << 20,
-        max_queue_tokens: 1 << 20,
-        max_context: 4096,
-        watermark: 0,
-        discipline: Discipline::Deadlines,
-    };
     let cost = prior.unwrap_or_else(|| engine.cost());
-    let scheduler = Scheduler::new(policy, BlockPool::new(blocks, 4), StepEstimator::new(cost));
-    let metrics = Metrics::new().generation("m", "1");
-    let generator = Generator::spawn(Ledger::new(scheduler, Duration::ZERO, 3), engine.clone(), metrics.clone());
+    let (generator, metrics) = spawn(engine.clone(), POLICY, cost, Duration::ZERO);
     Service { generator, engine, metrics, start: Instant::now() }
+}
+
+/// These tests' knobs: 8 sequences, a 4096-token context, room in the queue.
+const POLICY: Policy = Policy {
+    max_batch_tokens: 2048,
+    max_sequences: 8,
+    max_queue: 64,
+    max_queue_bytes: 1 << 20,
+    max_queue_tokens: 1 << 20,
+    max_context: 4096,
+    watermark: 0,
+    discipline: Discipline::Deadlines,
+};
+
+/// The shell over `engine` and all its KV blocks, the estimator starting from `prior`, with the
+/// deadline margin's floor at `margin`.
+fn spawn(
+    engine: Arc<dyn StepEngine>,
+    policy: Policy,
+    prior: StepCost,
+    margin: Duration,
+) -> (Generator, GenerationMetrics) {
+    let kv = engine.kv();
+    let scheduler = Scheduler::new(policy, BlockPool::new(kv.blocks, kv.block_size), StepEstimator::new(prior));
+    let metrics = Metrics::new().generation("m", "1");
+    (Generator::spawn(Ledger::new(scheduler, margin, 3), engine, metrics.clone()), metrics)
 }
 
 impl Service {
@@ -231,20 +245,9 @@ async fn a_long_prompt_prefills_beside_decodes_without_stretching_their_steps() 
     };
     let (blocks, block_size) = (2400, 16);
     let engine = Arc::new(SimLlm::new(times, KvLayout { blocks, block_size }));
-    let policy = Policy {
-        max_batch_tokens: 2048,
-        max_sequences: 64,
-        max_queue: 64,
-        max_queue_bytes: 1 << 20,
-        max_queue_tokens: 1 << 20,
-        max_context: 32_768,
-        watermark: 0,
-        discipline: Discipline::Deadlines,
-    };
-    let scheduler = Scheduler::new(policy, BlockPool::new(blocks, block_size), StepEstimator::new(engine.cost()));
-    let metrics = Metrics::new().generation("m", "1");
+    let policy = Policy { max_sequences: 64, max_context: 32_768, ..POLICY };
     // The deadline margin's floor at its default, 2 ms: steps beside decodes keep it free.
-    let generator = Generator::spawn(Ledger::new(scheduler, 2 * MS, 3), engine.clone(), metrics.clone());
+    let (generator, metrics) = spawn(engine.clone(), policy, engine.cost(), 2 * MS);
     let s = Service { generator, engine, metrics, start: Instant::now() };
     let target = 50 * MS;
 
@@ -354,19 +357,7 @@ async fn an_answer_that_ends_keeps_the_text_a_stop_string_held_back() {
     let sim = SimLlm::new(times(), KvLayout { blocks: 100, block_size: 4 });
     let end = sim.model().encode("</s>").unwrap()[0];
     let engine = Arc::new(WithEnd { sim, end });
-    let policy = Policy {
-        max_batch_tokens: 2048,
-        max_sequences: 8,
-        max_queue: 64,
-        max_queue_bytes: 1 << 20,
-        max_queue_tokens: 1 << 20,
-        max_context: 4096,
-        watermark: 0,
-        discipline: Discipline::Deadlines,
-    };
-    let scheduler = Scheduler::new(policy, BlockPool::new(100, 4), StepEstimator::new(engine.cost()));
-    let metrics = Metrics::new().generation("m", "1");
-    let generator = Generator::spawn(Ledger::new(scheduler, Duration::ZERO, 3), engine.clone(), metrics.clone());
+    let (generator, metrics) = spawn(engine.clone(), POLICY, engine.cost(), Duration::ZERO);
     let answer = |stop: &[&str]| {
         let now = Instant::now();
         let submission = Submission {
@@ -440,29 +431,18 @@ impl StepEngine for Breaks {
     }
 }
 
-fn breaking(after: u32, how: Break) -> (Service, Generator) {
+fn breaking(after: u32, how: Break) -> Service {
     let sim = Arc::new(SimLlm::new(times(), KvLayout { blocks: 1000, block_size: 4 }));
     let engine = Arc::new(Breaks { sim: sim.clone(), after, how, steps: 0.into() });
-    let policy = Policy {
-        max_batch_tokens: 2048,
-        max_sequences: 8,
-        max_queue: 64,
-        max_queue_bytes: 1 << 20,
-        max_queue_tokens: 1 << 20,
-        max_context: 4096,
-        watermark: 0,
-        discipline: Discipline::Deadlines,
-    };
-    let scheduler = Scheduler::new(policy, BlockPool::new(1000, 4), StepEstimator::new(engine.cost()));
-    let metrics = Metrics::new().generation("m", "1");
-    let generator = Generator::spawn(Ledger::new(scheduler, Duration::ZERO, 3), engine, metrics.clone());
-    (Service { generator: generator.clone(), engine: sim, metrics, start: Instant::now() }, generator)
+    let (generator, metrics) = spawn(engine, POLICY, sim.cost(), Duration::ZERO);
+    Service { generator, engine: sim, metrics, start: Instant::now() }
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_stalled_step_fails_its_sequences_and_stops_the_generator_within_two_seconds() {
     // Five steps run (the prefill and four tokens), then the sixth never returns.
-    let (s, generator) = breaking(5, Break::Hang);
+    let s = breaking(5, Break::Hang);
+    let generator = &s.generator;
     let (pieces, end) = collect(&s, s.submit("a b c d e f g h i j", 20, HOUR)).await;
     let text: String = pieces.iter().map(|(_, t)| t.as_str()).collect();
     assert_eq!(text, "a b c d e", "the tokens of the steps that ran");
@@ -483,7 +463,8 @@ async fn a_stalled_step_fails_its_sequences_and_stops_the_generator_within_two_s
 #[tokio::test(start_paused = true)]
 async fn an_engine_that_fails_every_step_stops_the_generator() {
     for how in [Break::Panic, Break::Short] {
-        let (s, generator) = breaking(0, how);
+        let s = breaking(0, how);
+        let generator = &s.generator;
         // Each request's steps fail: it is retried by recompute for three attempts in all, then
         // fails; the second request's second failed step is the fifth in a row, which stops the
         // generator and fails the request at once, saying why.
