@@ -254,14 +254,10 @@ pub fn replay_in(
                 true
             }
         });
-        for e in &events {
-            if let Event::Cancel(id) = e {
-                let fate = &mut trace.fates[*id as usize];
-                if fate.end.is_none() && known.remove(id).is_some() {
-                    fate.end = Some((now - start, Ending::Cancelled));
-                }
-            }
-        }
+        // A cancel is read after the step result that came with it: that step's token for the
+        // sequence is still sent, so the sequence ends once the effects are in.
+        let cancelled: Vec<SeqId> =
+            events.iter().filter_map(|e| if let Event::Cancel(id) = e { Some(*id) } else { None }).collect();
         ledger.step(now, events, &mut effects);
         for effect in effects.drain(..) {
             match effect {
@@ -316,6 +312,12 @@ pub fn replay_in(
                 }
                 Effect::Preempted(id) => trace.fates[id as usize].preempted += 1,
                 Effect::Started { .. } | Effect::StepEnded { .. } | Effect::Late(_) => {}
+            }
+        }
+        for id in cancelled {
+            let fate = &mut trace.fates[id as usize];
+            if fate.end.is_none() && known.remove(&id).is_some() {
+                fate.end = Some((now - start, Ending::Cancelled));
             }
         }
         let s = ledger.scheduler();
