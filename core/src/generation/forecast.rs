@@ -50,10 +50,23 @@ pub fn simulate(
     now: Instant,
     margin: Duration,
 ) -> BTreeMap<SeqId, Fate> {
-    let mut sim = s.clone();
+    run(s.clone(), in_flight, now, margin, None)
+}
+
+/// [`simulate`] on a copy the caller made; with `newcomer`, it stops as soon as that request's
+/// fate breaks its first-token or inter-token promise (the rest of the future cannot mend it),
+/// its fate then holding what broke it.
+fn run(
+    mut sim: Scheduler,
+    in_flight: Option<InFlight<'_>>,
+    now: Instant,
+    margin: Duration,
+    newcomer: Option<&Request>,
+) -> BTreeMap<SeqId, Fate> {
     sim.forecasting = true;
     let mut fates: BTreeMap<SeqId, Fate> =
-        s.seqs.iter().map(|(id, q)| (*id, Fate { first: q.first_token, ..Fate::default() })).collect();
+        sim.seqs.iter().map(|(id, q)| (*id, Fate { first: q.first_token, ..Fate::default() })).collect();
+    let deadlines: BTreeMap<SeqId, Instant> = sim.seqs.iter().map(|(id, q)| (*id, q.request.deadline)).collect();
     let mut t = now;
     let apply = |sim: &mut Scheduler, plan: &StepPlan, t: Instant, fates: &mut BTreeMap<SeqId, Fate>| {
         for m in plan.members.iter().filter(|m| m.decode) {
@@ -61,8 +74,6 @@ pub fn simulate(
                 f.longest_step = f.longest_step.max(plan.expected);
             }
         }
-        let deadlines: Vec<(SeqId, Instant)> =
-            plan.members.iter().filter_map(|m| sim.seqs.get(&m.id).map(|q| (m.id, q.request.deadline))).collect();
         let (progress, _) = sim.complete(plan, t, &|_| false);
         for p in progress {
             match p {
@@ -71,7 +82,7 @@ pub fn simulate(
                     if first {
                         f.first = Some(t);
                     }
-                    if deadlines.iter().any(|(d, deadline)| *d == id && t + margin <= *deadline) {
+                    if t + margin <= deadlines[&id] {
                         f.in_time += 1;
                     }
                 }
@@ -80,12 +91,20 @@ pub fn simulate(
             }
         }
     };
+    // Broken past mending: its first token came late (once it has come: the refusal says when),
+    // or it decoded in a step longer than its inter-token target.
+    let lost = |fates: &BTreeMap<SeqId, Fate>| {
+        newcomer.is_some_and(|r| {
+            let f = &fates[&r.id];
+            f.first.is_some_and(|first| first + margin > r.ttft_deadline) || f.longest_step > r.itl
+        })
+    };
     if let Some(f) = in_flight {
         t = t.max(f.end);
         apply(&mut sim, f.plan, t, &mut fates);
     }
     for _ in 0..MAX_STEPS {
-        if sim.is_empty() {
+        if sim.is_empty() || lost(&fates) {
             break;
         }
         let (plan, _) = sim.plan(t);
@@ -131,7 +150,7 @@ pub fn admit(
 ) -> Result<(), Refusal> {
     let mut with = s.clone();
     with.insert(*r);
-    let fates = simulate(&with, in_flight, now, margin);
+    let fates = run(with, in_flight, now, margin, Some(r));
     let fate = fates[&r.id];
     let ms = |d: Duration| d.as_millis();
     let after = |t: Option<Instant>| {

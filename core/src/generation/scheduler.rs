@@ -576,6 +576,7 @@ impl Scheduler {
                 }
             }
         }
+        let forecasting = self.forecasting;
         let mut members: Vec<Member> = Vec::new();
         let mut shape = StepShape::default();
         let mut cap: Option<Duration> = None;
@@ -604,7 +605,7 @@ impl Scheduler {
                 sample: true,
                 decode: true,
                 prompt: s.request.prompt,
-                blocks: s.table.clone(),
+                blocks: table_for_engine(forecasting, &s.table),
             });
             shape = shape.join(StepShape::part(s.computed, 1, true));
             if deadlines {
@@ -614,19 +615,23 @@ impl Scheduler {
 
         // 2 and 3. Prefill: sequences mid-prefill first, then waiting ones in order.
         let mut budget = self.policy.max_batch_tokens.saturating_sub(shape.decodes);
-        let mut mid: Vec<SeqId> =
-            self.running.iter().copied().filter(|id| !decodes.contains(id) && self.seqs[id].pending() > 0).collect();
+        let mut mid: Vec<SeqId> = self
+            .running
+            .iter()
+            .copied()
+            .filter(|id| self.seqs[id].pending() > 0 && !self.seqs[id].decoding())
+            .collect();
         mid.sort_by_key(|id| self.seqs[id].order(self.policy.discipline));
-        let waiting = self.start_order();
+        // A step that had to preempt starts nothing new: the blocks it freed are for the decodes,
+        // and the victim must not be restarted (recomputed) in the very step that evicted it.
+        let may_start = self.running.len() < self.policy.max_sequences as usize && preempted.is_empty() && batch_open;
+        // The order costs O(waiting): built only when one of them may start.
+        let waiting = if may_start { self.start_order() } else { Vec::new() };
         for (id, new) in mid.into_iter().map(|id| (id, false)).chain(waiting.into_iter().map(|id| (id, true))) {
             if budget == 0 {
                 break;
             }
-            // A step that had to preempt starts nothing new: the blocks it freed are for the
-            // decodes, and the victim must not be restarted (recomputed) in the very step that
-            // evicted it.
-            if new && (self.running.len() >= self.policy.max_sequences as usize || !preempted.is_empty() || !batch_open)
-            {
+            if new && self.running.len() >= self.policy.max_sequences as usize {
                 break;
             }
             let s = &self.seqs[&id];
@@ -661,7 +666,7 @@ impl Scheduler {
                 sample,
                 decode: false,
                 prompt: seq.request.prompt,
-                blocks: seq.table.clone(),
+                blocks: table_for_engine(forecasting, &seq.table),
             });
             shape = shape.join(StepShape::part(computed, n, false));
             budget -= n;
@@ -761,4 +766,14 @@ fn ttft_passed(s: &Seq, now: Instant) -> Refusal {
             (r.ttft_deadline - r.arrival).as_millis()
         ),
     )
+}
+
+/// The block table a member carries to the engine: none in a forecast, which no engine runs
+/// (copying every member's table each simulated step made a forecast step O(blocks)).
+fn table_for_engine(forecasting: bool, table: &[Block]) -> Vec<Block> {
+    if forecasting {
+        Vec::new()
+    } else {
+        table.to_vec()
+    }
 }

@@ -231,4 +231,34 @@ mod tests {
         let (want, got) = (truth(s).as_secs_f64(), e.estimate(s).as_secs_f64());
         assert!((got - want).abs() / want < 0.05, "estimated {got}, truly {want}");
     }
+
+    /// 32 streams decoding, their steps measured on a millisecond timer: attention adds 128 us
+    /// to a step at most, which the timer rounds away. The configured 20 ns a slot stands (the
+    /// samples carry no news of it), so a chunk late in a 16 k prompt is still cut to what it
+    /// costs: the step it joins stays within its cap by the engine's own costs.
+    #[test]
+    fn decode_steps_below_the_timer_grain_keep_the_cost_of_attention() {
+        let cost = StepCost {
+            fixed: 10 * MS,
+            per_decode: 200 * US,
+            per_prefill_token: 50 * US,
+            per_context_token: Duration::ZERO,
+            per_attended_slot: Duration::from_nanos(20),
+        };
+        let mut e = StepEstimator::new(cost);
+        let t0 = Instant::now();
+        for k in 0..200u64 {
+            let context = 32 * (9 + k);
+            let shape = StepShape { decodes: 32, prefill: 0, context, attended: context };
+            let took = Duration::from_millis((cost.time(shape).as_nanos() as u64).div_ceil(1_000_000));
+            e.observe(shape, took, t0 + 17 * MS * k as u32);
+        }
+        let base = StepShape { decodes: 32, prefill: 0, context: 32 * 209, attended: 32 * 209 };
+        let cap = 48 * MS;
+        for start in [0, 4096, 8192, 14_000] {
+            let n = e.prefill_within(base, start, cap, 2048);
+            let took = cost.time(base.join(StepShape::part(start, n, false)));
+            assert!(n > 0 && took <= cap, "{n} tokens after {start} take {took:?}");
+        }
+    }
 }
