@@ -12,11 +12,14 @@
 //! - [`forecast`]: admission — the scheduler run forward in virtual time to see whether every
 //!   promise holds with the newcomer.
 //! - [`ledger`]: the state machine the sidecar's shell drives: events in with `now`, effects out.
+//! - [`capacity`]: how many requests a second one pod serves with its promises kept, from the
+//!   step cost, the requests' shape and the service's targets and limits.
 //! - [`window`]: the concurrency window in front of an LLM server that batches by itself: how
 //!   many requests are in flight upstream, its admission, its learned model of the upstream.
 //! - [`replay`]: the ledger in virtual time with the `sim-llm` model, for exact tests, property
 //!   tests and the benchmark.
 
+pub mod capacity;
 pub mod forecast;
 pub mod kv;
 pub mod ledger;

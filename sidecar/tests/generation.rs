@@ -467,6 +467,28 @@ async fn a_stalled_step_fails_its_sequences_and_stops_the_generator_within_two_s
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_stop_of_the_process_that_ends_as_a_step_falls_due_is_not_a_stall() {
+    // The sixth step (from 55 ms) hangs, and its watchdog falls due at 1555 ms; at 1400 ms the
+    // clock jumps 200 ms with no task run, as when a stopped process resumes, 45 ms after that.
+    // The stop is not the engine's: the deadline moves by what the task overslept (150 to 200 ms,
+    // by where its 50 ms timer probe stood), so the stall is declared then, not on resuming.
+    let s = breaking(5, Break::Hang);
+    let collecting = tokio::spawn({
+        let s = s.clone();
+        async move { collect(&s, s.submit("a b c d e f g h i j", 20, HOUR)).await }
+    });
+    tokio::time::sleep_until(s.start + Duration::from_millis(1400)).await;
+    tokio::time::advance(Duration::from_millis(200)).await;
+    let (pieces, end) = collecting.await.unwrap();
+    assert_eq!(pieces.len(), 5, "the tokens of the steps that ran");
+    let Piece::End(Err(refusal)) = end else { panic!("{end:?}") };
+    assert_eq!(refusal.outcome, Outcome::Failed);
+    let at = s.ms();
+    assert!((1705.0..=1755.0).contains(&at), "the stall declared at {at} ms: {}", refusal.message);
+    assert!(refusal.message.contains(&format!("step 5 has run {} ms", at as u64 - 55)), "{}", refusal.message);
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_engine_that_fails_every_step_stops_the_generator() {
     for how in [Break::Panic, Break::Short] {
         let s = breaking(0, how);

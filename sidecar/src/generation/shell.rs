@@ -237,6 +237,7 @@ impl Task {
             let now = Instant::now();
             if let Some(due) = waiting_for.filter(|due| *due <= now) {
                 events.push(Event::Woke(now - due));
+                self.paused(now - due);
             }
             if now >= probe {
                 probe = now + TIMER_PROBE;
@@ -330,6 +331,17 @@ impl Task {
             }
             Command::Control(Control::Trip(trip)) => events.push(Event::Trip(trip)),
             Command::Drain(tx) => self.drains.push(tx),
+        }
+    }
+
+    /// A wake `late` after it was due: past [`PROCESS_PAUSED`], the process did not run meanwhile
+    /// (SIGSTOP, a CPU quota, a page-cache stall), the engine with it, so the running step's stall
+    /// deadline moves by as much. The watchdog's own wake alone does not tell a stop that ends
+    /// just as the deadline falls due: a step 120 ms in when a 2 s stop began was declared hung
+    /// 3 ms after the process resumed.
+    fn paused(&mut self, late: Duration) {
+        if let Some(w) = self.watchdog.as_mut().filter(|_| late > PROCESS_PAUSED) {
+            w.due += late;
         }
     }
 
