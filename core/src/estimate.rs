@@ -165,6 +165,11 @@ impl<const N: usize> Linear<N> {
         Duration::from_nanos(ns.max(0.0).round() as u64)
     }
 
+    /// The fitted costs, in nanoseconds per unit of each feature.
+    pub(crate) fn fit(&self) -> [f64; N] {
+        self.fit
+    }
+
     pub(crate) fn correction_ns(&self) -> f64 {
         self.correction_ns
     }

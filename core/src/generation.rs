@@ -13,7 +13,8 @@
 //!   promise holds with the newcomer.
 //! - [`ledger`]: the state machine the sidecar's shell drives: events in with `now`, effects out.
 //! - [`capacity`]: how many requests a second one pod serves with its promises kept, from the
-//!   step cost, the requests' shape and the service's targets and limits.
+//!   step cost, the requests' shape and the service's targets and limits; [`trial`]: that figure
+//!   checked, a load of one shape replayed through the ledger.
 //! - [`window`]: the concurrency window in front of an LLM server that batches by itself: how
 //!   many requests are in flight upstream, its admission, its learned model of the upstream.
 //! - [`replay`]: the ledger in virtual time with the `sim-llm` model, for exact tests, property
@@ -27,6 +28,7 @@ pub mod replay;
 pub mod scheduler;
 pub mod sequence;
 pub mod step;
+pub mod trial;
 pub mod window;
 
 #[cfg(test)]

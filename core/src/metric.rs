@@ -61,12 +61,27 @@ pub const STEP_DURATION: &str = "ferry_step_duration_seconds";
 /// Histogram: sequences per engine step (decodes and prefill chunks): the continuous batch's size.
 pub const STEP_SEQUENCES: &str = "ferry_step_sequences";
 
+/// Gauge: prompt tokens of waiting generation sequences (what `maxQueueTokens` bounds).
+pub const QUEUE_TOKENS: &str = "ferry_queue_tokens";
+/// Gauge: a generation step's cost as the sidecar has learned it, seconds per unit of each
+/// [`TERM`] (`fixed`, `decode`, `prefill_token`, `context_token`, `attended_slot`): the prior (the
+/// configured costs, or those the engine timed at load) until steps are measured.
+pub const STEP_COST: &str = "ferry_step_cost_seconds";
+/// Gauge: generation requests a second this pod serves with its three promises kept in 99 % of
+/// them, at the shape of the requests it finished lately ([`crate::generation::capacity`]); NaN
+/// until one has finished.
+pub const CAPACITY_REQUESTS: &str = "ferry_capacity_requests_per_second";
+/// Gauge: the generated tokens a second of [`CAPACITY_REQUESTS`].
+pub const CAPACITY_TOKENS: &str = "ferry_capacity_tokens_per_second";
+/// The label of [`STEP_COST`].
+pub const TERM: &str = "term";
+
 /// Gauge: 1 while the model version has refused every request for 5 s though nothing was queued
 /// or running ([`crate::lockout`]); `/v2/health/ready` then says why.
 pub const ADMISSION_LOCKED: &str = "ferry_admission_locked";
 
 /// The generation metrics above, for tests that check an exposition against the contract.
-pub const GENERATION: [&str; 11] = [
+pub const GENERATION: [&str; 15] = [
     TIME_TO_FIRST_TOKEN,
     INTER_TOKEN_LATENCY,
     SEQUENCES,
@@ -78,6 +93,10 @@ pub const GENERATION: [&str; 11] = [
     STEP_TOKENS,
     STEP_DURATION,
     STEP_SEQUENCES,
+    QUEUE_TOKENS,
+    STEP_COST,
+    CAPACITY_REQUESTS,
+    CAPACITY_TOKENS,
 ];
 
 /// Every request-level metric name above, for tests that check an exposition against the contract.

@@ -6,6 +6,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use ferry_core::generation::capacity::{Limits, Targets};
+use ferry_core::generation::step::StepCost;
+use ferry_operator::autoscale::generation_plan::{self, GenerationPlanInput};
 use ferry_operator::autoscale::plan::{self, PlanInput};
 use ferry_operator::autoscale::simulate::{self, Scenario, World};
 use ferry_operator::desired::Images;
@@ -30,6 +33,8 @@ enum Command {
     Rbac,
     /// Replicas a load needs: the arithmetic lower bound and the simulated answer.
     Plan(PlanArgs),
+    /// Pods a generation (LLM) load needs: one pod's capacity, the arithmetic, the simulated answer.
+    PlanGeneration(PlanGenerationArgs),
     /// Compare scaling policies on an arrival trace, in a deterministic simulation.
     Simulate {
         /// One scenario; all of them when left out.
@@ -41,6 +46,52 @@ enum Command {
         #[arg(long)]
         markdown: bool,
     },
+}
+
+#[derive(Debug, Parser)]
+struct PlanGenerationArgs {
+    /// Requests per second across the service.
+    #[arg(long, required_unless_present = "users", conflicts_with = "users")]
+    rate: Option<f64>,
+    /// Users streaming at once, each reading --tokens-per-second: the rate that keeps them going.
+    #[arg(long)]
+    users: Option<f64>,
+    /// Prompt tokens per request.
+    #[arg(long, default_value_t = 100)]
+    prompt_tokens: u32,
+    /// Generated tokens per request.
+    #[arg(long, default_value_t = 256)]
+    output_tokens: u32,
+    /// The first token's deadline.
+    #[arg(long, default_value = "1s", value_parser = ferry_core::duration::parse)]
+    ttft: Duration,
+    /// Tokens a second each user reads: the inter-token target is its inverse.
+    #[arg(long, default_value_t = 10.0)]
+    tokens_per_second: f64,
+    /// The whole answer's deadline [default: --ttft + --output-tokens / --tokens-per-second].
+    #[arg(long, value_parser = ferry_core::duration::parse)]
+    timeout: Option<Duration>,
+    /// The step cost: fixed, per decoding sequence, per prompt token, per attended query-key pair
+    /// (the sim-llm engine's defaults, or what `ferry_step_cost_seconds` says of a real engine).
+    #[arg(long, default_value = "10ms", value_parser = ferry_core::duration::parse_fine)]
+    step_time: Duration,
+    #[arg(long, default_value = "200us", value_parser = ferry_core::duration::parse_fine)]
+    decode_per_seq: Duration,
+    #[arg(long, default_value = "50us", value_parser = ferry_core::duration::parse_fine)]
+    prefill_per_token: Duration,
+    #[arg(long, default_value = "0s", value_parser = ferry_core::duration::parse_fine)]
+    attention_per_slot: Duration,
+    /// A pod's limits (spec.generation: maxSequences, maxBatchTokens, kvBlocks, kvBlockSize).
+    #[arg(long, default_value_t = 64)]
+    max_sequences: u32,
+    #[arg(long, default_value_t = 2048)]
+    max_batch_tokens: u32,
+    #[arg(long, default_value_t = 4096)]
+    kv_blocks: u32,
+    #[arg(long, default_value_t = 16)]
+    kv_block_size: u32,
+    #[command(flatten)]
+    check: Check,
 }
 
 #[derive(Debug, Parser)]
@@ -60,7 +111,14 @@ struct PlanArgs {
     /// Workers (concurrent batches) per replica.
     #[arg(long, default_value_t = 1)]
     workers: u32,
-    /// Share of requests that must be answered within their deadline.
+    #[command(flatten)]
+    check: Check,
+}
+
+/// What both planners share: the simulated check's goal and length, and the output's form.
+#[derive(Debug, clap::Args)]
+struct Check {
+    /// Share of requests that must keep their deadlines (all three, for generation).
     #[arg(long, default_value_t = 0.99)]
     goal: f64,
     /// Virtual seconds simulated per replica count.
@@ -124,11 +182,13 @@ fn main() -> ExitCode {
                 (p.max_batch_size > 0, "--max-batch-size is 0; it must be at least 1".to_owned()),
                 (p.workers > 0, "--workers is 0; it must be at least 1".to_owned()),
                 (!p.batch_time.is_zero(), "--batch-time is 0s; it must be more than 0".to_owned()),
-                ((0.0..=1.0).contains(&p.goal), format!("--goal is {}; it must be between 0 and 1", p.goal)),
+                (
+                    (0.0..=1.0).contains(&p.check.goal),
+                    format!("--goal is {}; it must be between 0 and 1", p.check.goal),
+                ),
             ];
-            if let Some((_, message)) = checks.iter().find(|(ok, _)| !ok) {
-                eprintln!("ferry-operator: {message}");
-                return ExitCode::from(2);
+            if let Some(refused) = refuse(&checks) {
+                return refused;
             }
             let input = PlanInput {
                 rate: p.rate,
@@ -137,18 +197,14 @@ fn main() -> ExitCode {
                 max_wait: p.max_wait,
                 latency_budget: p.latency_budget,
                 workers: p.workers,
-                goal: p.goal,
-                seconds: p.seconds,
+                goal: p.check.goal,
+                seconds: p.check.seconds,
                 seed: 1,
             };
             let result = plan::plan(&input);
-            if p.json {
-                println!("{}", serde_json::to_string_pretty(&result).expect("serializable"));
-            } else {
-                print!("{}", plan::table(&input, &result));
-            }
-            return ExitCode::SUCCESS;
+            return print_plan(p.check.json, &result, || plan::table(&input, &result));
         }
+        Some(Command::PlanGeneration(p)) => return plan_generation(&p),
         Some(Command::Simulate { scenario, json, markdown }) => {
             let scenarios = scenario.map_or(Scenario::ALL.to_vec(), |s| vec![s]);
             let single = scenarios.len() == 1;
@@ -210,4 +266,88 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `ferry-operator plan-generation`: checks the arguments (each error names the flag, its value and
+/// the limit), then prints the plan.
+fn plan_generation(p: &PlanGenerationArgs) -> ExitCode {
+    let rate = p.rate.unwrap_or_else(|| {
+        generation_plan::rate_for_users(p.users.unwrap_or(0.0), p.output_tokens, p.tokens_per_second)
+    });
+    let checks = [
+        (p.rate.is_none_or(|r| r > 0.0), format!("--rate is {}; it must be more than 0", p.rate.unwrap_or(0.0))),
+        (p.users.is_none_or(|u| u > 0.0), format!("--users is {}; it must be more than 0", p.users.unwrap_or(0.0))),
+        (p.tokens_per_second > 0.0, format!("--tokens-per-second is {}; it must be more than 0", p.tokens_per_second)),
+        (p.output_tokens > 0, "--output-tokens is 0; it must be at least 1".to_owned()),
+        (p.prompt_tokens > 0, "--prompt-tokens is 0; it must be at least 1".to_owned()),
+        (!p.ttft.is_zero(), "--ttft is 0s; it must be more than 0".to_owned()),
+        (p.max_sequences > 0, "--max-sequences is 0; it must be at least 1".to_owned()),
+        (p.kv_block_size > 0, "--kv-block-size is 0; it must be at least 1".to_owned()),
+        (
+            p.kv_blocks >= 2,
+            format!("--kv-blocks is {}; it must be at least 2 (one is kept free for the decodes)", p.kv_blocks),
+        ),
+        (
+            p.max_batch_tokens > p.max_sequences,
+            format!(
+                "--max-batch-tokens is {}; it must be more than --max-sequences ({}), so that prompts have room beside the decodes",
+                p.max_batch_tokens, p.max_sequences
+            ),
+        ),
+        ((0.0..=1.0).contains(&p.check.goal), format!("--goal is {}; it must be between 0 and 1", p.check.goal)),
+        (p.check.seconds >= 10, format!("--seconds is {}; it must be at least 10", p.check.seconds)),
+    ];
+    if let Some(refused) = refuse(&checks) {
+        return refused;
+    }
+    let itl = Duration::from_secs_f64(1.0 / p.tokens_per_second);
+    let input = GenerationPlanInput {
+        rate,
+        prompt: p.prompt_tokens,
+        output: p.output_tokens,
+        targets: Targets {
+            ttft: p.ttft,
+            itl,
+            timeout: p.timeout.unwrap_or(p.ttft + itl * p.output_tokens),
+            // The sidecar's deadline margin floor (--deadline-margin).
+            margin: Duration::from_millis(2),
+        },
+        cost: StepCost {
+            fixed: p.step_time,
+            per_decode: p.decode_per_seq,
+            per_prefill_token: p.prefill_per_token,
+            per_context_token: Duration::ZERO,
+            per_attended_slot: p.attention_per_slot,
+        },
+        limits: Limits {
+            blocks: p.kv_blocks,
+            block_size: p.kv_block_size,
+            watermark: ferry_core::generation::kv::watermark(p.kv_blocks),
+            max_sequences: p.max_sequences,
+            max_batch_tokens: p.max_batch_tokens,
+        },
+        goal: p.check.goal,
+        seconds: p.check.seconds,
+        seed: 1,
+    };
+    let result = generation_plan::plan(&input);
+    print_plan(p.check.json, &result, || generation_plan::table(&input, &result))
+}
+
+/// The first failed check's message (it names the flag, its value and the limit), on stderr, and
+/// the exit code of a usage error.
+fn refuse(checks: &[(bool, String)]) -> Option<ExitCode> {
+    let (_, message) = checks.iter().find(|(ok, _)| !ok)?;
+    eprintln!("ferry-operator: {message}");
+    Some(ExitCode::from(2))
+}
+
+/// A plan as JSON, or as its table for people.
+fn print_plan(json: bool, plan: &impl serde::Serialize, table: impl FnOnce() -> String) -> ExitCode {
+    if json {
+        println!("{}", serde_json::to_string_pretty(plan).expect("serializable"));
+    } else {
+        print!("{}", table());
+    }
+    ExitCode::SUCCESS
 }

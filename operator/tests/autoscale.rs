@@ -111,6 +111,7 @@ fn load(rate: f64) -> Observed {
         settling: 0,
         stuck: 0,
         locked: 0,
+        capacity: None,
     }
 }
 

@@ -40,6 +40,10 @@ pub struct Metrics {
     step_tokens: HistogramVec,
     step_duration: HistogramVec,
     step_sequences: HistogramVec,
+    queue_tokens: IntGaugeVec,
+    step_cost: prometheus::GaugeVec,
+    capacity_requests: prometheus::GaugeVec,
+    capacity_tokens: prometheus::GaugeVec,
 }
 
 /// Inter-token latency buckets: 1 ms to 1 s.
@@ -139,6 +143,32 @@ impl Metrics {
                 "Sequences per engine step (decodes and prefill chunks).",
                 exponential_buckets(1.0, 2.0, 12).expect("valid buckets"),
             ),
+            queue_tokens: IntGaugeVec::new(
+                Opts::new(metric::QUEUE_TOKENS, "Prompt tokens of waiting generation sequences."),
+                MV,
+            )
+            .expect("valid gauge"),
+            step_cost: prometheus::GaugeVec::new(
+                Opts::new(
+                    metric::STEP_COST,
+                    "A generation step's learned cost, seconds per unit of each term (NaN where no step engine runs).",
+                ),
+                &with(metric::TERM),
+            )
+            .expect("valid gauge"),
+            capacity_requests: prometheus::GaugeVec::new(
+                Opts::new(
+                    metric::CAPACITY_REQUESTS,
+                    "Generation requests a second this pod serves with its promises kept, at the recent requests' shape (NaN until one finished).",
+                ),
+                MV,
+            )
+            .expect("valid gauge"),
+            capacity_tokens: prometheus::GaugeVec::new(
+                Opts::new(metric::CAPACITY_TOKENS, "Generated tokens a second at that capacity."),
+                MV,
+            )
+            .expect("valid gauge"),
             registry,
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
@@ -166,6 +196,10 @@ impl Metrics {
             Box::new(m.step_tokens.clone()),
             Box::new(m.step_duration.clone()),
             Box::new(m.step_sequences.clone()),
+            Box::new(m.queue_tokens.clone()),
+            Box::new(m.step_cost.clone()),
+            Box::new(m.capacity_requests.clone()),
+            Box::new(m.capacity_tokens.clone()),
         ];
         for c in collectors {
             m.registry.register(c).expect("metric names are unique");
@@ -241,6 +275,10 @@ impl Metrics {
             step_tokens: self.step_tokens.with_label_values(&mv),
             step_duration: self.step_duration.with_label_values(&mv),
             step_sequences: self.step_sequences.with_label_values(&mv),
+            queue_tokens: self.queue_tokens.with_label_values(&mv),
+            step_cost: STEP_COST_TERMS.map(|term| nan(self.step_cost.with_label_values(&[model, version, term]))),
+            capacity_requests: nan(self.capacity_requests.with_label_values(&mv)),
+            capacity_tokens: nan(self.capacity_tokens.with_label_values(&mv)),
         }
     }
 
@@ -327,6 +365,21 @@ pub struct GenerationMetrics {
     pub step_tokens: prometheus::Histogram,
     pub step_duration: prometheus::Histogram,
     pub step_sequences: prometheus::Histogram,
+    pub queue_tokens: prometheus::IntGauge,
+    /// `ferry_step_cost_seconds` by [`STEP_COST_TERMS`].
+    pub step_cost: [prometheus::Gauge; 5],
+    pub capacity_requests: prometheus::Gauge,
+    pub capacity_tokens: prometheus::Gauge,
+}
+
+/// The `term` labels of `ferry_step_cost_seconds`, in the order of
+/// [`ferry_core::generation::step::StepCost`]'s fields.
+pub const STEP_COST_TERMS: [&str; 5] = ["fixed", "decode", "prefill_token", "context_token", "attended_slot"];
+
+/// A gauge that reads NaN until it is set: no figure yet, which 0 would misstate.
+fn nan(g: prometheus::Gauge) -> prometheus::Gauge {
+    g.set(f64::NAN);
+    g
 }
 
 impl GenerationMetrics {

@@ -208,8 +208,7 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, Str
                 max_queue_bytes: settings.max_queue_bytes,
                 max_queue_tokens: g.max_queue_tokens,
                 max_context: engine.model().context_length(),
-                // A new sequence leaves 1 % of the cache (at least a block) for the running decodes.
-                watermark: (kv.blocks / 100).max(1).min(kv.blocks - 1),
+                watermark: generation::kv::watermark(kv.blocks),
                 discipline: generation::scheduler::Discipline::Deadlines,
             };
             let scheduler = generation::scheduler::Scheduler::new(
@@ -219,7 +218,14 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, Str
             );
             let ledger =
                 generation::ledger::Ledger::new(scheduler, settings.deadline_margin, settings.retry.max_attempts);
-            Backend::Steps { generator: Generator::spawn(ledger, engine.clone(), model_metrics), engine }
+            // The deadlines a request gets when it names none: what the exported capacity keeps.
+            let targets = generation::capacity::Targets {
+                ttft: g.ttft_budget,
+                itl: g.max_inter_token_latency,
+                timeout: settings.max_timeout,
+                margin: settings.deadline_margin,
+            };
+            Backend::Steps { generator: Generator::spawn(ledger, engine.clone(), model_metrics, targets), engine }
         }
         (None, EngineSettings::OpenAi { upstream, model }) => {
             let policy = WindowPolicy {

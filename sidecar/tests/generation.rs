@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_core::generation::capacity::{capacity, Limits, RequestShape, Targets};
 use ferry_core::generation::kv::BlockPool;
 use ferry_core::generation::ledger::Ledger;
 use ferry_core::generation::scheduler::{Discipline, Policy, Scheduler};
@@ -74,8 +75,17 @@ fn spawn(
     let kv = engine.kv();
     let scheduler = Scheduler::new(policy, BlockPool::new(kv.blocks, kv.block_size), StepEstimator::new(prior));
     let metrics = Metrics::new().generation("m", "1");
-    (Generator::spawn(Ledger::new(scheduler, margin, 3), engine, metrics.clone()), metrics)
+    let targets = Targets { margin, ..TARGETS };
+    (Generator::spawn(Ledger::new(scheduler, margin, 3), engine, metrics.clone(), targets), metrics)
 }
+
+/// The service's default deadlines, which its exported capacity keeps.
+const TARGETS: Targets = Targets {
+    ttft: Duration::from_secs(1),
+    itl: Duration::from_millis(100),
+    timeout: Duration::from_secs(30),
+    margin: Duration::ZERO,
+};
 
 impl Service {
     fn submit(&self, prompt: &str, max_tokens: u32, timeout: Duration) -> Stream {
@@ -464,6 +474,40 @@ async fn a_stalled_step_fails_its_sequences_and_stops_the_generator_within_two_s
     let mut after = s.submit("x y", 2, HOUR);
     assert!(after.next().await.is_none(), "ended before it began");
     assert_eq!(s.metrics.outcome_total(Outcome::Failed), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_pod_exports_its_step_cost_at_once_and_its_capacity_once_requests_finish() {
+    let s = service(1000, None);
+    let exported = |s: &Service| {
+        let [fixed, per_decode, per_prefill_token, per_context_token, per_attended_slot] =
+            s.metrics.step_cost.each_ref().map(|g| Duration::from_secs_f64(g.get()));
+        StepCost { fixed, per_decode, per_prefill_token, per_context_token, per_attended_slot }
+    };
+    // Before any request: the prior (here the engine's own costs), and no capacity yet.
+    tokio::time::sleep(MS).await;
+    assert_eq!(exported(&s), s.engine.cost());
+    assert!(s.metrics.capacity_requests.get().is_nan(), "no shape: no figure");
+    // Requests of 9 + 3 and 3 + 5 tokens finish: the shape is their mean, 6 prompt and 4 output
+    // tokens, and the capacity at it is the function's for the service's targets and limits.
+    let mut shape = RequestShape::default();
+    for (words, max_tokens) in [(9, 3), (3, 5)] {
+        let prompt: Vec<String> = (0..words).map(|i| format!("w{i}")).collect();
+        let (_, end) = collect(&s, s.submit(&prompt.join(" "), max_tokens, HOUR)).await;
+        let Piece::End(Ok(finished)) = end else { panic!("{end:?}") };
+        shape.prompt += f64::from(finished.prompt_tokens) / 2.0;
+        shape.output += f64::from(finished.completion_tokens) / 2.0;
+    }
+    assert_eq!(shape, RequestShape { prompt: 6.0, output: 4.0 });
+    // It is computed once a second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let limits = Limits { blocks: 1000, block_size: 4, watermark: 0, max_sequences: 8, max_batch_tokens: 2048 };
+    let expected = capacity(&exported(&s), &shape, &TARGETS, &limits);
+    assert!(expected.requests_per_second > 0.0, "{expected:?}");
+    let close = |got: f64, want: f64| (got - want).abs() <= 1e-6 * want;
+    assert!(close(s.metrics.capacity_requests.get(), expected.requests_per_second), "{expected:?}");
+    assert!(close(s.metrics.capacity_tokens.get(), expected.tokens_per_second), "{expected:?}");
+    assert_eq!(s.metrics.queue_tokens.get(), 0, "nothing waits");
 }
 
 #[tokio::test(start_paused = true)]

@@ -36,15 +36,17 @@
 
 use std::time::Duration;
 
+use super::kv::BlockPool;
+use super::scheduler::Policy;
 use super::step::StepCost;
 
 /// Standard deviations above the mean at which the load is read: a normal's 99th percentile.
 const Z: f64 = 2.33;
 /// The share of requests a promise may be broken for: what "in the tail" means here.
-const TAIL: f64 = 0.01;
+pub const TAIL: f64 = 0.01;
 
 /// The requests, as the counters measure them.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct RequestShape {
     /// Mean prompt tokens.
     pub prompt: f64,
@@ -71,6 +73,45 @@ pub struct Limits {
     pub watermark: u32,
     pub max_sequences: u32,
     pub max_batch_tokens: u32,
+}
+
+impl Limits {
+    /// A pod's limits as its scheduler holds them.
+    pub fn of(policy: &Policy, pool: &BlockPool) -> Limits {
+        Limits {
+            blocks: pool.total(),
+            block_size: pool.block_size(),
+            watermark: policy.watermark,
+            max_sequences: policy.max_sequences,
+            max_batch_tokens: policy.max_batch_tokens,
+        }
+    }
+}
+
+/// How many finished requests the measured shape follows: the plain mean of the first ones, then
+/// an exponentially weighted mean over about this many, so that the capacity follows the traffic
+/// a pod serves without one odd request moving it.
+const RECENT_REQUESTS: u32 = 100;
+
+/// The mean prompt and output of the requests a pod finished lately ([`RECENT_REQUESTS`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RecentShape {
+    seen: u32,
+    mean: RequestShape,
+}
+
+impl RecentShape {
+    pub fn observe(&mut self, prompt: u32, output: u32) {
+        self.seen = self.seen.saturating_add(1);
+        let weight = 1.0 / f64::from(self.seen.min(RECENT_REQUESTS));
+        self.mean.prompt += weight * (f64::from(prompt) - self.mean.prompt);
+        self.mean.output += weight * (f64::from(output) - self.mean.output);
+    }
+
+    /// `None` until a request has finished.
+    pub fn shape(&self) -> Option<RequestShape> {
+        (self.seen > 0).then_some(self.mean)
+    }
 }
 
 /// What bounds a pod's rate.
@@ -328,8 +369,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
-    use crate::generation::replay::{replay, Arrival, Ending, Setup};
-    use crate::generation::scheduler::{Discipline, Policy};
+    use crate::generation::trial::trial;
 
     const MS: Duration = Duration::from_millis(1);
     const US: Duration = Duration::from_micros(1);
@@ -343,56 +383,18 @@ mod tests {
         (cost, targets, limits)
     }
 
-    /// The share of requests arriving after `settle` that got every token within all three
-    /// promises, over `secs` of Poisson arrivals at `rate`, replayed through the ledger with steps
-    /// that take exactly `cost`.
+    /// The share of requests arriving after the first 15 s that kept all three promises, over
+    /// 90 s of Poisson arrivals at `rate`, replayed through the ledger with steps that take exactly
+    /// `cost`.
     fn kept(cost: StepCost, shape: RequestShape, targets: Targets, limits: Limits, rate: f64) -> f64 {
-        let (secs, settle) = (90.0, 15.0);
-        let setup = Setup {
-            policy: Policy {
-                max_batch_tokens: limits.max_batch_tokens,
-                max_sequences: limits.max_sequences,
-                max_queue: 4096,
-                max_queue_bytes: u64::MAX,
-                max_queue_tokens: u64::MAX,
-                max_context: 1 << 20,
-                watermark: limits.watermark,
-                discipline: Discipline::Deadlines,
-            },
-            blocks: limits.blocks,
-            block_size: limits.block_size,
-            cost,
-            prior: cost,
-            margin: targets.margin,
-        };
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let mut at = 0.0;
-        let mut arrivals = Vec::new();
-        while at < secs {
+        let (mut at, mut times) = (0.0, Vec::new());
+        while at < 90.0 {
             at += -(1.0 - rng.random::<f64>()).ln() / rate;
-            arrivals.push(Arrival {
-                at: Duration::from_secs_f64(at),
-                ttft: targets.ttft,
-                itl: targets.itl,
-                timeout: targets.timeout,
-                ..Arrival::new(0, shape.prompt as u32, shape.output as u32)
-            });
+            times.push(Duration::from_secs_f64(at));
         }
-        let trace = replay(setup, &arrivals);
-        let counted: Vec<usize> = (0..arrivals.len()).filter(|&i| arrivals[i].at.as_secs_f64() >= settle).collect();
-        let met = counted
-            .iter()
-            .filter(|&&i| {
-                let (a, f) = (&arrivals[i], &trace.fates[i]);
-                let finished = matches!(f.end, Some((_, Ending::Finished(_))));
-                finished
-                    && f.tokens.len() == a.max_tokens as usize
-                    && f.tokens[0] - a.at <= a.ttft
-                    && f.tokens.windows(2).all(|w| w[1] - w[0] <= a.itl)
-                    && *f.tokens.last().expect("tokens") - a.at <= a.timeout
-            })
-            .count();
-        met as f64 / counted.len() as f64
+        let shape = (shape.prompt as u32, shape.output as u32);
+        trial(cost, shape, &targets, &limits, &times, Duration::from_secs(15)).kept
     }
 
     /// At the rate the function returns, 99 % of requests keep all three promises; at 1.25 times
@@ -450,6 +452,22 @@ mod tests {
         let (short, long) = (rate(100.0), rate(1500.0));
         assert!(long.requests_per_second < short.requests_per_second, "{short:?} {long:?}");
         assert_eq!(long.tokens_per_second, 256.0 * long.requests_per_second);
+    }
+
+    #[test]
+    fn the_shape_is_the_mean_of_the_first_requests_then_follows_the_recent_ones() {
+        let mut recent = RecentShape::default();
+        assert_eq!(recent.shape(), None, "nothing finished: no shape");
+        for (prompt, output) in [(100, 10), (300, 30)] {
+            recent.observe(prompt, output);
+        }
+        assert_eq!(recent.shape(), Some(RequestShape { prompt: 200.0, output: 20.0 }));
+        // Traffic changes: 1000 requests of 50 prompt tokens and 500 output tokens.
+        for _ in 0..1000 {
+            recent.observe(50, 500);
+        }
+        let now = recent.shape().expect("a shape");
+        assert!((now.prompt - 50.0).abs() < 0.01 && (now.output - 500.0).abs() < 0.01, "{now:?}");
     }
 
     #[test]

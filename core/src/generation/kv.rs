@@ -12,6 +12,12 @@ pub fn blocks_for(tokens: u32, block_size: u32) -> u32 {
     tokens.div_ceil(block_size)
 }
 
+/// The blocks a new sequence must leave free for the running decodes (the scheduler's
+/// `watermark`): 1 % of a cache of `blocks`, at least one, never all.
+pub fn watermark(blocks: u32) -> u32 {
+    (blocks / 100).max(1).min(blocks.saturating_sub(1))
+}
+
 /// The free blocks of one engine's cache. Blocks are handed out lowest first, so that a short
 /// trace uses the first pages and a test can read the tables.
 #[derive(Debug, Clone)]

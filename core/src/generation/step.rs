@@ -117,6 +117,16 @@ impl StepEstimator {
         self.model.observe(shape.features(), took, at);
     }
 
+    /// The costs as fitted now (the prior until steps are measured), the fixed cost carrying the
+    /// tail correction every estimate adds: what the sidecar exports, and what a pod's capacity is
+    /// computed from. Whole nanoseconds, as [`StepCost`] holds them.
+    pub fn costs(&self) -> StepCost {
+        let [fixed, per_decode, per_prefill_token, per_context_token, per_attended_slot] =
+            self.model.fit().map(|ns| Duration::from_nanos(ns.max(0.0).round() as u64));
+        let correction = Duration::from_nanos(self.model.correction_ns().max(0.0).round() as u64);
+        StepCost { fixed: fixed + correction, per_decode, per_prefill_token, per_context_token, per_attended_slot }
+    }
+
     /// The estimator as it started: the configured costs or those the engine timed at load, which
     /// admission's probes are judged by ([`crate::evidence`], rule 3).
     pub fn prior(&self) -> StepEstimator {

@@ -32,6 +32,11 @@ pub struct PodSample {
     pub batch_seconds: f64,
     /// `ferry_admission_locked`: model versions refusing every request while idle.
     pub locked: f64,
+    /// `ferry_capacity_requests_per_second`: the requests a second a generation pod serves with
+    /// its deadlines kept, by its own account (its learned step cost, the shape of its recent
+    /// requests, its targets); `None` where it has no figure (NaN: no request finished yet, or
+    /// no step engine) or says it can serve none at its targets, which more replicas would not mend.
+    pub capacity: Option<f64>,
 }
 
 fn value(v: &Value) -> f64 {
@@ -79,6 +84,9 @@ pub fn parse(text: &str) -> Result<PodSample, String> {
             (metric::BATCH_SIZE, "sum") => s.batch_rows += x,
             (metric::BATCH_DURATION, "sum") => s.batch_seconds += x,
             (metric::ADMISSION_LOCKED, "") => s.locked += x,
+            (metric::CAPACITY_REQUESTS, "") if x.is_finite() && x > 0.0 => {
+                s.capacity = Some(s.capacity.unwrap_or(0.0) + x);
+            }
             _ => {}
         }
     }
@@ -188,6 +196,7 @@ impl Collector {
     /// What `pods` add up to over the window ending `now`.
     pub fn observed(&self, pods: &[String], now: Instant) -> Observed {
         let (mut depth, mut oldest, mut locked) = (0.0, 0.0f64, 0);
+        let (mut capacity, mut measured) = (0.0, 0u32);
         for w in self.windows(pods, now.checked_sub(self.span)) {
             let (last_at, last) = *w.last().expect("not empty");
             // Gauges from a pod that has not answered for a whole window are stale.
@@ -195,6 +204,10 @@ impl Collector {
                 depth += last.queue_depth;
                 oldest = oldest.max(last.oldest_age);
                 locked += u32::from(last.locked > 0.0);
+                if let Some(c) = last.capacity {
+                    capacity += c;
+                    measured += 1;
+                }
             }
         }
         let window = self.since(pods, now.checked_sub(self.span), now);
@@ -221,6 +234,7 @@ impl Collector {
             settling: 0,
             stuck: 0,
             locked,
+            capacity: (measured > 0).then(|| capacity / f64::from(measured)),
         }
     }
 
@@ -454,5 +468,30 @@ mod tests {
         assert_eq!((s.queue_depth, s.oldest_age), (7.0, 0.25));
         assert_eq!((s.batches, s.batch_rows, s.batch_seconds), (5.0, 40.0, 0.5));
         assert!(parse("up 1\n").unwrap_err().contains("not a Ferry sidecar"));
+        assert_eq!(s.capacity, None, "a request-level pod has no capacity gauge");
+    }
+
+    #[test]
+    fn a_generation_pods_own_capacity_is_read_and_averaged_over_the_pods() {
+        let text = |capacity: &str| {
+            format!(
+                "# TYPE ferry_requests_total counter\n\
+                 ferry_requests_total{{model=\"m\",outcome=\"ok\",version=\"1\"}} 4\n\
+                 # TYPE ferry_capacity_requests_per_second gauge\n\
+                 ferry_capacity_requests_per_second{{model=\"m\",version=\"1\"}} {capacity}\n"
+            )
+        };
+        assert_eq!(parse(&text("9.5")).unwrap().capacity, Some(9.5));
+        // No request finished yet, or no rate keeps the targets: no figure to size by.
+        assert_eq!(parse(&text("NaN")).unwrap().capacity, None);
+        assert_eq!(parse(&text("0")).unwrap().capacity, None);
+        let t0 = Instant::now();
+        let mut c = Collector::new(10 * S);
+        for (pod, capacity) in [("a", Some(9.0)), ("b", Some(11.0)), ("c", None)] {
+            c.observe(pod, t0, PodSample { capacity, ..PodSample::default() });
+        }
+        let pods: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        assert_eq!(c.observed(&pods, t0 + S).capacity, Some(10.0), "the mean of the pods that have one");
+        assert_eq!(c.observed(&pods, t0 + 11 * S).capacity, None, "stale gauges are no figure");
     }
 }

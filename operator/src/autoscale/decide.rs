@@ -61,6 +61,10 @@ pub struct Observed {
     /// admission does not use, which more replicas would not mend. Their refusals are not
     /// deadline pressure (the collector leaves them out); the decision's message names them.
     pub locked: u32,
+    /// Requests a second one replica serves with its deadlines kept, by the pods' own account
+    /// (`ferry_capacity_requests_per_second`, a generation pod's): `None` for request-level pods,
+    /// whose capacity is the batch arithmetic.
+    pub capacity: Option<f64>,
 }
 
 /// The spec's numbers the decision uses.
@@ -271,7 +275,13 @@ fn rule(observed: &Observed, target: &Target, current: u32, history: &History, n
     let ahead = if rise >= MIN_RISE * rate { (rate + rise).min(rate * MAX_GROWTH) } else { rate };
 
     let batch_time = observed.batch_time.unwrap_or(target.batch_time);
-    let capacity = capacity_per_replica(target, batch_time, observed.rows_per_request);
+    // A generation pod serves requests of many steps, not batches: its own figure (its learned
+    // step cost, its requests' shape and its deadlines) is its capacity; `maxBatchSize` rows of
+    // `batchTime` would make it 32 times what it is.
+    let (capacity, whose) = match observed.capacity {
+        Some(c) => (c, ", the pods' own figure,"),
+        None => (capacity_per_replica(target, batch_time, observed.rows_per_request), ""),
+    };
     let usable = capacity * target.target_utilization;
     let for_rate = (ahead / usable).ceil() as u32;
     let ready = current.saturating_sub(observed.starting + observed.stuck);
@@ -292,7 +302,8 @@ fn rule(observed: &Observed, target: &Target, current: u32, history: &History, n
         why += &format!(" (rising {slope:.1} req/s per s: {ahead:.0} in {} s)", target.startup.as_secs());
     }
     why += &format!(
-        " at {capacity:.0} req/s per replica (×{:.2} utilization) needs {for_rate}",
+        " at {} req/s per replica{whose} (×{:.2} utilization) needs {for_rate}",
+        if capacity < 10.0 { format!("{capacity:.1}") } else { format!("{capacity:.0}") },
         target.target_utilization
     );
     if for_backlog > 0 {
@@ -467,11 +478,27 @@ mod tests {
             settling: 0,
             stuck: 0,
             locked: 0,
+            capacity: None,
         }
     }
 
     fn once(o: &Observed, t: &Target, current: u32) -> ScaleDecision {
         decide(o, t, current, &History::default(), Instant::now())
+    }
+
+    #[test]
+    fn a_generation_load_is_sized_by_the_pods_own_capacity() {
+        // 20 req/s of generations: the batch arithmetic (320 req/s per replica) says one replica
+        // plus the warm one; pods that serve 9.5 req/s each with their deadlines kept need
+        // ceil(20 / (9.5 x 0.8)) = 3, plus 1 warm.
+        assert_eq!(once(&load(20.0), &target(), 1).replicas, 2);
+        let d = once(&Observed { capacity: Some(9.5), ..load(20.0) }, &target(), 1);
+        assert_eq!((d.replicas, d.reason), (4, Reason::Load), "{}", d.message);
+        assert!(
+            d.message.contains("at 9.5 req/s per replica, the pods' own figure, (×0.80 utilization) needs 3"),
+            "{}",
+            d.message
+        );
     }
 
     #[test]

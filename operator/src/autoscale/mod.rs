@@ -6,11 +6,14 @@
 //! - [`scale`]: the loop that scrapes, decides and patches replicas and status, from watches.
 //! - [`startup`]: time-to-ready, measured on each service's pods.
 //! - [`plan`]: the capacity planner (arithmetic, then the dispatch rule in simulation).
+//! - [`generation_plan`]: the same for a generation service (a pod's capacity in requests and
+//!   tokens, then the generation ledger in simulation).
 //! - [`simulate`]: the decision against an HPA-style policy, fixed replicas and an oracle, on
 //!   arrival traces, in virtual time.
 
 pub mod collect;
 pub mod decide;
+pub mod generation_plan;
 pub mod plan;
 pub mod scale;
 pub mod simulate;

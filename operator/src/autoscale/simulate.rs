@@ -375,6 +375,8 @@ pub fn run(world: &World, scenario: Scenario, policy: PolicyKind) -> Outcome {
                             as u32,
                         stuck: 0,
                         locked: 0,
+                        // Request-level pods: their capacity is the batch arithmetic.
+                        capacity: None,
                     };
                     let d = decide(&observed, t, current, &history, now);
                     history = d.history;

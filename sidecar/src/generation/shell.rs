@@ -26,6 +26,7 @@ use crate::engine::EngineError;
 use crate::metrics::GenerationMetrics;
 use crate::tally::Tally;
 use crate::task::{sleep_until, OldestArrival, Stopped};
+use ferry_core::generation::capacity::{self, Limits, RecentShape, Targets};
 use ferry_core::generation::ledger::{Effect, Event, Ledger};
 use ferry_core::generation::scheduler::StepPlan;
 use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
@@ -69,8 +70,14 @@ pub struct Generator {
 }
 
 impl Generator {
-    /// Starts the task on the current tokio runtime.
-    pub fn spawn(ledger: Ledger, engine: Arc<dyn StepEngine>, metrics: GenerationMetrics) -> Generator {
+    /// Starts the task on the current tokio runtime; `targets` are the service's (its default
+    /// deadlines), which the capacity it exports keeps.
+    pub fn spawn(
+        ledger: Ledger,
+        engine: Arc<dyn StepEngine>,
+        metrics: GenerationMetrics,
+        targets: Targets,
+    ) -> Generator {
         let (commands, rx) = mpsc::unbounded_channel();
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let oldest = OldestArrival::new();
@@ -87,6 +94,9 @@ impl Generator {
             oldest: oldest.clone(),
             watchdog: None,
             failed_steps: 0,
+            targets,
+            shape: RecentShape::default(),
+            capacity_due: None,
         };
         let (stopped_tx, stopped) = watch::channel(false);
         tokio::spawn(async move {
@@ -185,11 +195,21 @@ struct Task {
     watchdog: Option<Watchdog>,
     /// Steps failed in a row.
     failed_steps: u32,
+    /// The service's default deadlines, and the shape of the requests finished lately: what the
+    /// exported capacity is computed for.
+    targets: Targets,
+    shape: RecentShape,
+    /// When the capacity is next computed.
+    capacity_due: Option<Instant>,
 }
 
 /// The task wakes at least this often while it serves, so that its timer's lateness (part of the
 /// deadline margin) is measured whatever the load.
 const TIMER_PROBE: Duration = Duration::from_millis(50);
+
+/// How often the exported capacity is computed (a bisection over queueing formulas: tens of
+/// microseconds, not for every step).
+const CAPACITY_PERIOD: Duration = Duration::from_secs(1);
 
 /// A step still running this long after it started, and this many times its estimate, has
 /// stalled: the engine is hung, and the pod must be restarted rather than keep its sequences
@@ -251,7 +271,7 @@ impl Task {
                 self.carry_out(effect, now);
             }
             self.sampled.clear();
-            self.publish();
+            self.publish(now);
             self.metrics.lockout.show(self.lockout.locked(now));
             if self.ledger.is_idle() {
                 self.drains.drain(..).for_each(|d| {
@@ -471,10 +491,12 @@ impl Task {
                                 caller.send(Piece::Text(rest), now);
                             }
                         }
+                        let completion_tokens = caller.tokens.len() as u32 - caller.prompt;
+                        self.shape.observe(caller.prompt, completion_tokens);
                         let finished = Finished {
                             reason,
                             prompt_tokens: caller.prompt,
-                            completion_tokens: caller.tokens.len() as u32 - caller.prompt,
+                            completion_tokens,
                             queued: caller.started.map_or(Duration::ZERO, |s| s - caller.arrival),
                             ttft: caller.first_token.map_or(Duration::ZERO, |f| f - caller.arrival),
                         };
@@ -538,8 +560,24 @@ impl Task {
         });
     }
 
-    fn publish(&self) {
+    fn publish(&mut self, now: Instant) {
         let s = self.ledger.scheduler();
+        self.metrics.queue_tokens.set(s.queued_tokens() as i64);
+        let cost = s.estimator().costs();
+        let terms =
+            [cost.fixed, cost.per_decode, cost.per_prefill_token, cost.per_context_token, cost.per_attended_slot];
+        for (gauge, term) in self.metrics.step_cost.iter().zip(terms) {
+            gauge.set(term.as_secs_f64());
+        }
+        if self.capacity_due.is_none_or(|due| now >= due) {
+            self.capacity_due = Some(now + CAPACITY_PERIOD);
+            if let Some(shape) = self.shape.shape() {
+                let limits = Limits::of(s.policy(), s.pool());
+                let c = capacity::capacity(&cost, &shape, &self.targets, &limits);
+                self.metrics.capacity_requests.set(c.requests_per_second);
+                self.metrics.capacity_tokens.set(c.tokens_per_second);
+            }
+        }
         self.metrics.running.set(s.running() as i64);
         self.metrics.waiting.set(s.waiting() as i64);
         self.metrics.queue_depth.set(s.waiting() as i64);
