@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ferry_core::spec::InferenceService;
 use ferry_operator::autoscale::decide::{Observed, Reason};
-use ferry_operator::autoscale::scale::{Autoscaler, Stores, WorkerPod, DELETION_COST};
+use ferry_operator::autoscale::scale::{self, Autoscaler, Stores, WorkerPod, DELETION_COST};
 use ferry_operator::metrics::OperatorMetrics;
 use ferry_operator::rbac;
 use http::{Request, Response};
@@ -50,14 +50,14 @@ where
     reader
 }
 
-fn ready_pod(name: &str, queue_depth: f64) -> WorkerPod {
+fn ready_pod(name: &str, work: f64) -> WorkerPod {
     WorkerPod {
         uid: format!("uid-{name}"),
         name: name.into(),
         ip: Some("10.0.0.1".into()),
         ready_for: Some(Duration::from_secs(600)),
         deletion_cost: None,
-        queue_depth,
+        work,
         age: Some(Duration::from_secs(900)),
     }
 }
@@ -112,6 +112,8 @@ fn load(rate: f64) -> Observed {
         stuck: 0,
         locked: 0,
         capacity: None,
+        queue_tokens: 0.0,
+        prefill_rate: None,
     }
 }
 
@@ -343,4 +345,20 @@ async fn decisions_are_counted_by_reason() {
         "{}",
         metrics.render()
     );
+}
+
+#[test]
+fn a_generation_services_target_carries_its_first_token_budget() {
+    let generation = |generation: Value| -> InferenceService {
+        serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": "chat", "namespace": "ml", "uid": "u-2", "generation": 1},
+            "spec": {"model": {"name": "chat", "version": "1"}, "engine": {"kind": "sim-llm"}, "generation": generation},
+        }))
+        .unwrap()
+    };
+    let budget = |isvc: &InferenceService| scale::target(isvc, None).expect("a valid spec").ttft_budget;
+    assert_eq!(budget(&generation(json!({"ttftBudget": "250ms"}))), Some(Duration::from_millis(250)));
+    assert_eq!(budget(&generation(json!({}))), Some(Duration::from_secs(1)), "the sidecar's default");
+    assert_eq!(budget(&isvc()), None, "a request-level service prefills nothing");
 }

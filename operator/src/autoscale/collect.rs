@@ -24,6 +24,8 @@ pub struct PodSample {
     /// `ferry_requests_total{outcome=~"infeasible|expired"}`: deadline pressure.
     pub pressure: f64,
     pub queue_depth: f64,
+    /// `ferry_sequences{state="running"}`: generation streams being sent.
+    pub running: f64,
     /// Seconds.
     pub oldest_age: f64,
     /// `ferry_batch_size` count and sum (rows), `ferry_batch_duration_seconds` sum.
@@ -37,6 +39,11 @@ pub struct PodSample {
     /// requests, its targets); `None` where it has no figure (NaN: no request finished yet, or
     /// no step engine) or says it can serve none at its targets, which more replicas would not mend.
     pub capacity: Option<f64>,
+    /// `ferry_queue_tokens`: prompt tokens waiting to be prefilled.
+    pub queue_tokens: f64,
+    /// `ferry_step_cost_seconds{term="prefill_token"}`: its learned cost of a prompt token (the
+    /// largest over its model versions); `None` without a step engine (NaN).
+    pub prefill_cost: Option<f64>,
 }
 
 fn value(v: &Value) -> f64 {
@@ -79,11 +86,18 @@ pub fn parse(text: &str) -> Result<PodSample, String> {
                 }
             }
             (metric::QUEUE_DEPTH, "") => s.queue_depth += x,
+            (metric::SEQUENCES, "") if sample.labels.get(metric::STATE) == Some("running") => s.running += x,
             (metric::QUEUE_OLDEST_AGE, "") => s.oldest_age = s.oldest_age.max(x),
             (metric::BATCH_SIZE, "count") => s.batches += x,
             (metric::BATCH_SIZE, "sum") => s.batch_rows += x,
             (metric::BATCH_DURATION, "sum") => s.batch_seconds += x,
             (metric::ADMISSION_LOCKED, "") => s.locked += x,
+            (metric::QUEUE_TOKENS, "") => s.queue_tokens += x,
+            (metric::STEP_COST, "")
+                if sample.labels.get(metric::TERM) == Some("prefill_token") && x.is_finite() && x > 0.0 =>
+            {
+                s.prefill_cost = Some(s.prefill_cost.unwrap_or(0.0).max(x));
+            }
             (metric::CAPACITY_REQUESTS, "") if x.is_finite() && x > 0.0 => {
                 s.capacity = Some(s.capacity.unwrap_or(0.0) + x);
             }
@@ -197,6 +211,7 @@ impl Collector {
     pub fn observed(&self, pods: &[String], now: Instant) -> Observed {
         let (mut depth, mut oldest, mut locked) = (0.0, 0.0f64, 0);
         let (mut capacity, mut measured) = (0.0, 0u32);
+        let (mut queue_tokens, mut prefill_rate, mut prefilling) = (0.0, 0.0, 0u32);
         for w in self.windows(pods, now.checked_sub(self.span)) {
             let (last_at, last) = *w.last().expect("not empty");
             // Gauges from a pod that has not answered for a whole window are stale.
@@ -207,6 +222,11 @@ impl Collector {
                 if let Some(c) = last.capacity {
                     capacity += c;
                     measured += 1;
+                }
+                queue_tokens += last.queue_tokens;
+                if let Some(cost) = last.prefill_cost {
+                    prefill_rate += 1.0 / cost;
+                    prefilling += 1;
                 }
             }
         }
@@ -235,6 +255,8 @@ impl Collector {
             stuck: 0,
             locked,
             capacity: (measured > 0).then(|| capacity / f64::from(measured)),
+            queue_tokens,
+            prefill_rate: (prefilling > 0).then(|| prefill_rate / f64::from(prefilling)),
         }
     }
 
@@ -482,6 +504,27 @@ mod tests {
             )
         };
         assert_eq!(parse(&text("9.5")).unwrap().capacity, Some(9.5));
+        let streaming = "# TYPE ferry_requests_total counter\n\
+            ferry_requests_total{model=\"m\",outcome=\"ok\",version=\"1\"} 4\n\
+            # TYPE ferry_sequences gauge\n\
+            ferry_sequences{model=\"m\",state=\"running\",version=\"1\"} 12\n\
+            ferry_sequences{model=\"m\",state=\"waiting\",version=\"1\"} 3\n";
+        assert_eq!(parse(streaming).unwrap().running, 12.0, "the streams it sends, not those waiting");
+        let costs = "# TYPE ferry_requests_total counter\n\
+            ferry_requests_total{model=\"m\",outcome=\"ok\",version=\"1\"} 4\n\
+            # TYPE ferry_queue_tokens gauge\n\
+            ferry_queue_tokens{model=\"m\",version=\"1\"} 3000\n\
+            # TYPE ferry_step_cost_seconds gauge\n\
+            ferry_step_cost_seconds{model=\"m\",term=\"fixed\",version=\"1\"} 0.01\n\
+            ferry_step_cost_seconds{model=\"m\",term=\"prefill_token\",version=\"1\"} 0.00005\n";
+        let s = parse(costs).unwrap();
+        assert_eq!((s.queue_tokens, s.prefill_cost), (3000.0, Some(0.00005)));
+        let t0 = Instant::now();
+        let mut c = Collector::new(10 * S);
+        c.observe("a", t0, s);
+        let o = c.observed(&["a".to_owned()], t0 + S);
+        assert_eq!(o.queue_tokens, 3000.0);
+        assert!((o.prefill_rate.expect("a rate") - 20_000.0).abs() < 1e-6, "{o:?}");
         // No request finished yet, or no rate keeps the targets: no figure to size by.
         assert_eq!(parse(&text("NaN")).unwrap().capacity, None);
         assert_eq!(parse(&text("0")).unwrap().capacity, None);

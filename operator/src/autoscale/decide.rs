@@ -65,6 +65,11 @@ pub struct Observed {
     /// (`ferry_capacity_requests_per_second`, a generation pod's): `None` for request-level pods,
     /// whose capacity is the batch arithmetic.
     pub capacity: Option<f64>,
+    /// Prompt tokens waiting to be prefilled, over all pods (`ferry_queue_tokens`).
+    pub queue_tokens: f64,
+    /// Prompt tokens a second one pod prefills (the inverse of its learned cost per prompt
+    /// token, `ferry_step_cost_seconds{term="prefill_token"}`); `None` without a step engine.
+    pub prefill_rate: Option<f64>,
 }
 
 /// The spec's numbers the decision uses.
@@ -86,6 +91,9 @@ pub struct Target {
     pub pressure_tolerance: f64,
     /// Time from asking for a pod to its serving: measured, or `startupTime` until measured.
     pub startup: Duration,
+    /// A generation service's default first-token deadline (`spec.generation.ttftBudget`): the
+    /// prompts waiting must be prefilled within it. `None` for request-level services.
+    pub ttft_budget: Option<Duration>,
 }
 
 /// Why a decision came out as it did: decisions are counted by reason in the operator's metrics.
@@ -204,6 +212,18 @@ const FLOOR_RATE_BAND: f64 = 0.25;
 const TREND_SPAN_MIN: Duration = Duration::from_secs(30);
 const TREND_SPAN_MAX: Duration = Duration::from_secs(600);
 
+/// Pods more that a generation backlog needs: the prompt tokens waiting beyond what the `ready`
+/// pods prefill within the first-token budget, at what one pod prefills in it (while no pod is
+/// starting: those are capacity to come).
+fn prompt_backlog(observed: &Observed, target: &Target, ready: u32) -> u32 {
+    let (Some(ttft), Some(rate)) = (target.ttft_budget, observed.prefill_rate) else { return 0 };
+    let per_pod = rate * ttft.as_secs_f64();
+    if observed.starting > 0 || per_pod <= 0.0 {
+        return 0;
+    }
+    ((observed.queue_tokens - f64::from(ready) * per_pod).max(0.0) / per_pod).ceil() as u32
+}
+
 /// Requests per second one replica serves at full batches.
 pub fn capacity_per_replica(target: &Target, batch_time: Duration, rows_per_request: f64) -> f64 {
     let secs = batch_time.as_secs_f64().max(1e-6);
@@ -289,11 +309,13 @@ fn rule(observed: &Observed, target: &Target, current: u32, history: &History, n
     // What the ready replicas cannot drain within one latency budget needs more of them.
     let budget = target.latency_budget.as_secs_f64();
     let drained = f64::from(ready) * capacity * budget;
-    let for_backlog = if backlog && observed.starting == 0 {
+    let for_requests = if backlog && observed.starting == 0 {
         ((observed.queue_depth - drained).max(0.0) / (capacity * budget)).ceil() as u32
     } else {
         0
     };
+    let for_prompts = prompt_backlog(observed, target, ready);
+    let for_backlog = for_requests.max(for_prompts);
     let need = for_rate + for_backlog;
     let bounded = |n: u32| n.clamp(target.min_replicas, target.max_replicas);
     let mut desired = bounded(need + target.warm_replicas);
@@ -306,7 +328,13 @@ fn rule(observed: &Observed, target: &Target, current: u32, history: &History, n
         if capacity < 10.0 { format!("{capacity:.1}") } else { format!("{capacity:.0}") },
         target.target_utilization
     );
-    if for_backlog > 0 {
+    if for_prompts > for_requests {
+        why += &format!(
+            ", {:.0} prompt tokens waiting, more than the ready pods prefill within the {} ms first-token budget, need {for_prompts} more",
+            observed.queue_tokens,
+            target.ttft_budget.unwrap_or_default().as_millis()
+        );
+    } else if for_backlog > 0 {
         why += &format!(
             ", a backlog of {:.0} (oldest waited {} ms) needs {for_backlog} more",
             observed.queue_depth,
@@ -462,6 +490,7 @@ mod tests {
             scale_down_delay: 300 * S,
             pressure_tolerance: 0.01,
             startup: 60 * S,
+            ttft_budget: None,
         }
     }
 
@@ -479,6 +508,8 @@ mod tests {
             stuck: 0,
             locked: 0,
             capacity: None,
+            queue_tokens: 0.0,
+            prefill_rate: None,
         }
     }
 
@@ -499,6 +530,24 @@ mod tests {
             "{}",
             d.message
         );
+    }
+
+    #[test]
+    fn prompts_waiting_beyond_what_the_ready_pods_prefill_in_time_add_pods() {
+        // 5 req/s on 2 pods of 9.5 req/s: 1 for the rate. But 200 000 prompt tokens wait, and a
+        // pod prefills 20 000 a second: the 2 ready pods take 40 000 within the 1 s budget, and
+        // the other 160 000 need 8 more pods: 1 + 8 + 1 warm.
+        let t = Target { ttft_budget: Some(S), ..target() };
+        let o = Observed { capacity: Some(9.5), queue_tokens: 200_000.0, prefill_rate: Some(20_000.0), ..load(5.0) };
+        let d = once(&o, &t, 2);
+        assert_eq!((d.replicas, d.reason), (10, Reason::Backlog), "{}", d.message);
+        assert!(d.message.contains("200000 prompt tokens waiting, more than the ready pods prefill within the 1000 ms first-token budget, need 8 more"), "{}", d.message);
+        // What the ready pods prefill in time is no backlog; nor is a request-level service's.
+        let within = Observed { queue_tokens: 40_000.0, ..o.clone() };
+        assert_eq!(once(&within, &t, 2).replicas, 2);
+        assert_eq!(once(&o, &target(), 2).replicas, 2, "no first-token budget: not a generation service");
+        // While a pod starts, it is the capacity to come.
+        assert_eq!(once(&Observed { starting: 1, ..o }, &t, 3).reason, Reason::Warming);
     }
 
     #[test]

@@ -96,8 +96,9 @@ pub struct WorkerPod {
     /// How long it has been ready.
     pub ready_for: Option<Duration>,
     pub deletion_cost: Option<String>,
-    /// Its queue at the last scrape.
-    pub queue_depth: f64,
+    /// Its work at the last scrape: queued requests, and the generation streams it is still
+    /// sending (what a scale-down that removed it would cut).
+    pub work: f64,
     /// Since its creation.
     pub age: Option<Duration>,
 }
@@ -123,7 +124,7 @@ pub fn workers(pods: &[Arc<Pod>], wall: Timestamp) -> Vec<WorkerPod> {
                 ip,
                 ready_for,
                 deletion_cost: p.annotations().get(DELETION_COST).cloned(),
-                queue_depth: 0.0,
+                work: 0.0,
                 age: p.metadata.creation_timestamp.as_ref().map(|t| {
                     Duration::from_millis(u64::try_from(wall.as_millisecond() - t.0.as_millisecond()).unwrap_or(0))
                 }),
@@ -174,6 +175,11 @@ pub fn target(isvc: &InferenceService, measured: Option<Duration>) -> Option<Tar
         scale_down_delay: checked.scale_down_delay,
         pressure_tolerance: PRESSURE_TOLERANCE,
         startup: measured.unwrap_or(checked.startup_time),
+        ttft_budget: s.engine.kind.generates().then(|| {
+            let budget = s.generation.as_ref().and_then(|g| g.ttft_budget.as_ref()).and_then(|d| d.parse().ok());
+            // The sidecar's default when the spec names none.
+            budget.unwrap_or(Duration::from_secs(1))
+        }),
     })
 }
 
@@ -273,7 +279,7 @@ impl Autoscaler {
             }
         }
         for w in workers.values_mut().flatten() {
-            w.queue_depth = self.collector.last(&w.uid).map_or(0.0, |s| s.queue_depth);
+            w.work = self.collector.last(&w.uid).map_or(0.0, |s| s.queue_depth + s.running);
         }
         let uids: Vec<String> = workers.values().flatten().map(|w| w.uid.clone()).collect();
         self.collector.retain(&uids);
@@ -392,13 +398,13 @@ impl Autoscaler {
         Ok(Some(decision))
     }
 
-    /// Before a scale-down: each ready pod's deletion cost is its queue at the last scrape, so the
-    /// ReplicaSet removes the pods with the least work. (Scale-down never happens while a pod is
+    /// Before a scale-down: each ready pod's deletion cost is its work at the last scrape (its
+    /// queue, and the streams it is sending), so the ReplicaSet removes the pods with the least. (Scale-down never happens while a pod is
     /// starting, so its habit of removing unready pods first never undoes a scale-up.)
     async fn write_deletion_costs(&self, namespace: &str, ready: &[&WorkerPod]) -> Result<(), kube::Error> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         for pod in ready {
-            let cost = (pod.queue_depth.round() as i64).clamp(0, i64::from(i32::MAX)).to_string();
+            let cost = (pod.work.round() as i64).clamp(0, i64::from(i32::MAX)).to_string();
             if pod.deletion_cost.as_deref() == Some(cost.as_str()) {
                 continue;
             }

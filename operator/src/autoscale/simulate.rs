@@ -51,6 +51,7 @@ impl World {
                 scale_down_delay: Duration::from_secs(120),
                 pressure_tolerance: super::decide::PRESSURE_TOLERANCE,
                 startup: Duration::from_secs(60),
+                ttft_budget: None,
             },
             startup: Duration::from_secs(60),
             tick: Duration::from_secs(2),
@@ -377,6 +378,8 @@ pub fn run(world: &World, scenario: Scenario, policy: PolicyKind) -> Outcome {
                         locked: 0,
                         // Request-level pods: their capacity is the batch arithmetic.
                         capacity: None,
+                        queue_tokens: 0.0,
+                        prefill_rate: None,
                     };
                     let d = decide(&observed, t, current, &history, now);
                     history = d.history;
