@@ -50,6 +50,18 @@ pub use crate::duration::PATTERN as DURATION_PATTERN;
             json_path = ".status.arrivalRate",
             description = "requests per second"
         ),
+        printcolumn(
+            name = "Tokens/s",
+            type_ = "number",
+            json_path = ".status.tokensPerSecond",
+            description = "generated tokens per second (generation services)"
+        ),
+        printcolumn(
+            name = "KV",
+            type_ = "number",
+            json_path = ".status.kvUsage",
+            description = "the fullest pod's KV-cache usage (generation services)"
+        ),
         printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
     )
 )]
@@ -532,6 +544,16 @@ mod status {
         /// Mean rows per batch over `maxBatchSize`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub batch_fill: Option<f64>,
+        /// Requests per second one replica serves with its deadlines kept, as decisions use it:
+        /// the pods' own figure for a generation service, the batch arithmetic otherwise.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub capacity_per_replica: Option<f64>,
+        /// Generated tokens per second over the metrics window (generation services).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub tokens_per_second: Option<f64>,
+        /// The fullest worker pod's KV-cache usage, 0 to 1 (generation services).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub kv_usage: Option<f64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub last_scale_time: Option<Time>,
         #[serde(default, skip_serializing_if = "Option::is_none")]

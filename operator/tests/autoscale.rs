@@ -114,6 +114,8 @@ fn load(rate: f64) -> Observed {
         capacity: None,
         queue_tokens: 0.0,
         prefill_rate: None,
+        tokens_rate: 0.0,
+        kv_usage: None,
     }
 }
 
@@ -133,6 +135,9 @@ async fn more_load_patches_replicas_as_the_autoscaler_and_says_why() {
     assert_eq!((s["desiredReplicas"].clone(), s["arrivalRate"].clone()), (json!(5), json!(1000.0)));
     assert_eq!((s["queueDepth"].clone(), s["batchFill"].clone()), (json!(3.0), json!(0.9)));
     assert_eq!(s["oldestQueueAge"], json!(0.004));
+    // The default sim engine: 32 rows per 100 ms batch; a request-level service has no tokens or KV.
+    assert_eq!(s["capacityPerReplica"], json!(320.0));
+    assert!(s.get("tokensPerSecond").is_none() && s.get("kvUsage").is_none());
     assert_eq!(s["startupTime"], json!(60.0), "spec.scaling.startupTime until one is measured");
     assert!(s.get("measuredStartupTime").is_none());
     assert!(s.get("replicas").is_none() && s.get("conditions").is_none(), "the reconciler's fields are left alone");

@@ -41,6 +41,11 @@ pub struct PodSample {
     pub capacity: Option<f64>,
     /// `ferry_queue_tokens`: prompt tokens waiting to be prefilled.
     pub queue_tokens: f64,
+    /// `ferry_preemptions_total`, and `ferry_kv_usage_ratio` (the fullest model version's).
+    pub preemptions: f64,
+    pub kv_usage: f64,
+    /// `ferry_generation_tokens_total`.
+    pub generated: f64,
     /// `ferry_step_cost_seconds{term="prefill_token"}`: its learned cost of a prompt token (the
     /// largest over its model versions); `None` without a step engine (NaN).
     pub prefill_cost: Option<f64>,
@@ -93,6 +98,9 @@ pub fn parse(text: &str) -> Result<PodSample, String> {
             (metric::BATCH_DURATION, "sum") => s.batch_seconds += x,
             (metric::ADMISSION_LOCKED, "") => s.locked += x,
             (metric::QUEUE_TOKENS, "") => s.queue_tokens += x,
+            (metric::PREEMPTIONS, "") => s.preemptions += x,
+            (metric::GENERATION_TOKENS, "") => s.generated += x,
+            (metric::KV_USAGE, "") => s.kv_usage = s.kv_usage.max(x),
             (metric::STEP_COST, "")
                 if sample.labels.get(metric::TERM) == Some("prefill_token") && x.is_finite() && x > 0.0 =>
             {
@@ -212,6 +220,7 @@ impl Collector {
         let (mut depth, mut oldest, mut locked) = (0.0, 0.0f64, 0);
         let (mut capacity, mut measured) = (0.0, 0u32);
         let (mut queue_tokens, mut prefill_rate, mut prefilling) = (0.0, 0.0, 0u32);
+        let mut kv_usage: Option<f64> = None;
         for w in self.windows(pods, now.checked_sub(self.span)) {
             let (last_at, last) = *w.last().expect("not empty");
             // Gauges from a pod that has not answered for a whole window are stale.
@@ -224,9 +233,11 @@ impl Collector {
                     measured += 1;
                 }
                 queue_tokens += last.queue_tokens;
+                // A pod with a step engine (it exports its prefill cost) has a KV cache.
                 if let Some(cost) = last.prefill_cost {
                     prefill_rate += 1.0 / cost;
                     prefilling += 1;
+                    kv_usage = Some(kv_usage.unwrap_or(0.0).max(last.kv_usage));
                 }
             }
         }
@@ -249,7 +260,7 @@ impl Collector {
             batch_time: (batches > 0.0).then(|| Duration::from_secs_f64(window.seconds / batches)),
             queue_depth: depth,
             oldest_queue_age: Duration::from_secs_f64(oldest),
-            pressure: if requests > 0.0 { window.pressure / requests } else { 0.0 },
+            pressure: if requests > 0.0 { (window.pressure / requests).min(1.0) } else { 0.0 },
             starting: 0,
             settling: 0,
             stuck: 0,
@@ -257,6 +268,8 @@ impl Collector {
             capacity: (measured > 0).then(|| capacity / f64::from(measured)),
             queue_tokens,
             prefill_rate: (prefilling > 0).then(|| prefill_rate / f64::from(prefilling)),
+            tokens_rate: if window.duration > 0.0 { window.generated / window.duration } else { 0.0 },
+            kv_usage,
         }
     }
 
@@ -290,6 +303,13 @@ impl Collector {
                 if b.locked == 0.0 {
                     g.pressure += grew(|s| s.pressure);
                 }
+                // A sequence preempted while the KV cache is all but full is recomputed: pressure
+                // for want of capacity, as a refusal is (the decision's probe tells whether more
+                // replicas relieve it). Preemptions with room in the cache are not.
+                if b.kv_usage >= KV_FULL {
+                    g.pressure += grew(|s| s.preemptions);
+                }
+                g.generated += grew(|s| s.generated);
                 g.batches += grew(|s| s.batches);
                 g.rows += grew(|s| s.batch_rows);
                 g.seconds += grew(|s| s.batch_seconds);
@@ -300,10 +320,14 @@ impl Collector {
     }
 }
 
+/// KV-cache usage from which a pod's preemptions count as deadline pressure.
+const KV_FULL: f64 = 0.9;
+
 /// Counter growth over one interval of several pods.
 #[derive(Debug, Clone, Copy, Default)]
 struct Growth {
     requests: f64,
+    generated: f64,
     ok: f64,
     pressure: f64,
     batches: f64,
@@ -524,6 +548,23 @@ mod tests {
         c.observe("a", t0, s);
         let o = c.observed(&["a".to_owned()], t0 + S);
         assert_eq!(o.queue_tokens, 3000.0);
+        // 100 requests; 10 sequences preempted with the cache 95 % full: pressure of a tenth.
+        // The same with the cache half full is not pressure.
+        let mut c = Collector::new(10 * S);
+        let preempting = |kv_usage, preemptions| PodSample {
+            requests: 100.0,
+            ok: 100.0,
+            preemptions,
+            kv_usage,
+            ..PodSample::default()
+        };
+        c.observe("a", t0, PodSample::default());
+        c.observe("a", t0 + S, preempting(0.95, 10.0));
+        assert!((c.observed(&["a".to_owned()], t0 + 2 * S).pressure - 0.1).abs() < 1e-9);
+        let mut c = Collector::new(10 * S);
+        c.observe("a", t0, PodSample::default());
+        c.observe("a", t0 + S, preempting(0.5, 10.0));
+        assert_eq!(c.observed(&["a".to_owned()], t0 + 2 * S).pressure, 0.0);
         assert!((o.prefill_rate.expect("a rate") - 20_000.0).abs() < 1e-6, "{o:?}");
         // No request finished yet, or no rate keeps the targets: no figure to size by.
         assert_eq!(parse(&text("NaN")).unwrap().capacity, None);

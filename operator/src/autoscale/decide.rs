@@ -48,7 +48,8 @@ pub struct Observed {
     pub queue_depth: f64,
     /// The longest any queued request has waited, over all pods.
     pub oldest_queue_age: Duration,
-    /// Share of the window's offered requests refused as infeasible or expired (0 to 1).
+    /// Share of the window's offered requests refused as infeasible or expired, or preempted
+    /// while the KV cache was all but full (0 to 1).
     pub pressure: f64,
     /// Pods asked for but not ready yet: capacity to come.
     pub starting: u32,
@@ -70,6 +71,10 @@ pub struct Observed {
     /// Prompt tokens a second one pod prefills (the inverse of its learned cost per prompt
     /// token, `ferry_step_cost_seconds{term="prefill_token"}`); `None` without a step engine.
     pub prefill_rate: Option<f64>,
+    /// Generated tokens a second over the window, and the fullest pod's KV-cache usage (`None`
+    /// without a step engine): for the status.
+    pub tokens_rate: f64,
+    pub kv_usage: Option<f64>,
 }
 
 /// The spec's numbers the decision uses.
@@ -510,6 +515,8 @@ mod tests {
             capacity: None,
             queue_tokens: 0.0,
             prefill_rate: None,
+            tokens_rate: 0.0,
+            kv_usage: None,
         }
     }
 

@@ -372,6 +372,12 @@ impl Autoscaler {
             queue_depth: Some(observed.queue_depth),
             oldest_queue_age: Some(round(observed.oldest_queue_age.as_secs_f64())),
             batch_fill: fill.map(round),
+            capacity_per_replica: Some(round(observed.capacity.unwrap_or_else(|| {
+                let batch_time = observed.batch_time.unwrap_or(target.batch_time);
+                super::decide::capacity_per_replica(&target, batch_time, observed.rows_per_request)
+            }))),
+            tokens_per_second: target.ttft_budget.map(|_| round(observed.tokens_rate)),
+            kv_usage: observed.kv_usage.map(round),
             last_scale_time: changed.then(|| Time(Timestamp::now())),
             last_scale_reason: changed.then(|| decision.message.clone()),
             startup_time: Some(round(target.startup.as_secs_f64())),

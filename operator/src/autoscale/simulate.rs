@@ -380,6 +380,8 @@ pub fn run(world: &World, scenario: Scenario, policy: PolicyKind) -> Outcome {
                         capacity: None,
                         queue_tokens: 0.0,
                         prefill_rate: None,
+                        tokens_rate: 0.0,
+                        kv_usage: None,
                     };
                     let d = decide(&observed, t, current, &history, now);
                     history = d.history;
