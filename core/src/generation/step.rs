@@ -83,6 +83,12 @@ pub struct StepCost {
 }
 
 impl StepCost {
+    /// Its terms in the order of [`StepShape`]'s features: fixed, per decode, per prompt token,
+    /// per context token, per attended slot.
+    pub fn terms(&self) -> [Duration; 5] {
+        [self.fixed, self.per_decode, self.per_prefill_token, self.per_context_token, self.per_attended_slot]
+    }
+
     /// The time of a step of this shape under exactly these costs.
     pub fn time(&self, shape: StepShape) -> Duration {
         let per = |cost: Duration, units: u64| Duration::from_nanos((cost.as_nanos() as u64).saturating_mul(units));
@@ -101,9 +107,7 @@ pub struct StepEstimator {
 
 impl StepEstimator {
     pub fn new(cost: StepCost) -> Self {
-        let prior =
-            [cost.fixed, cost.per_decode, cost.per_prefill_token, cost.per_context_token, cost.per_attended_slot]
-                .map(|d| d.as_nanos() as f64);
+        let prior = cost.terms().map(|d| d.as_nanos() as f64);
         StepEstimator { model: Linear::new(prior) }
     }
 

@@ -257,7 +257,7 @@ impl Task {
             let now = Instant::now();
             if let Some(due) = waiting_for.filter(|due| *due <= now) {
                 events.push(Event::Woke(now - due));
-                self.paused(now - due);
+                self.paused(now, now - due);
             }
             if now >= probe {
                 probe = now + TIMER_PROBE;
@@ -358,24 +358,27 @@ impl Task {
     /// (SIGSTOP, a CPU quota, a page-cache stall), the engine with it, so the running step's stall
     /// deadline moves by as much. The watchdog's own wake alone does not tell a stop that ends
     /// just as the deadline falls due: a step 120 ms in when a 2 s stop began was declared hung
-    /// 3 ms after the process resumed.
-    fn paused(&mut self, late: Duration) {
+    /// 3 ms after the process resumed. A stop that covered the deadline itself (the watchdog was
+    /// the task's next wake: no timer probe while draining) leaves the step's own time unknown:
+    /// it gets its whole limit again.
+    fn paused(&mut self, now: Instant, late: Duration) {
         if let Some(w) = self.watchdog.as_mut().filter(|_| late > PROCESS_PAUSED) {
             w.due += late;
+            if w.due <= now {
+                w.due = now + Watchdog::limit(w.expected);
+            }
         }
     }
 
     /// Why the engine can no longer be trusted with steps, if it cannot: its step stalled while
     /// this task kept time, or too many steps failed in a row.
-    fn broken(&mut self, now: Instant) -> Option<String> {
+    fn broken(&self, now: Instant) -> Option<String> {
         if self.failed_steps >= MAX_FAILED_STEPS {
             return Some(format!("{} steps in a row failed", self.failed_steps));
         }
-        let w = self.watchdog.as_mut().filter(|w| now >= w.due)?;
-        if now - w.due > PROCESS_PAUSED {
-            w.due = now + Watchdog::limit(w.expected);
-            return None;
-        }
+        // A wake late enough to be a stop of the process has moved the deadline past `now`
+        // ([`Task::paused`]): a deadline reached is the engine's.
+        let w = self.watchdog.filter(|w| now >= w.due)?;
         Some(format!(
             "step {} has run {} ms, estimated at {:.1} ms, and has not returned",
             w.step,
@@ -564,9 +567,7 @@ impl Task {
         let s = self.ledger.scheduler();
         self.metrics.queue_tokens.set(s.queued_tokens() as i64);
         let cost = s.estimator().costs();
-        let terms =
-            [cost.fixed, cost.per_decode, cost.per_prefill_token, cost.per_context_token, cost.per_attended_slot];
-        for (gauge, term) in self.metrics.step_cost.iter().zip(terms) {
+        for (gauge, term) in self.metrics.step_cost.iter().zip(cost.terms()) {
             gauge.set(term.as_secs_f64());
         }
         if self.capacity_due.is_none_or(|due| now >= due) {
