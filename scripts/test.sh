@@ -4,7 +4,8 @@
 # lease tests of the operator), the CUDA build and its kernels' compilation, then the Helm chart
 # and embedding tests (a float64 reference, the OpenAI and Triton clients), generation through
 # OpenAI's client, the openai engine in front of llama.cpp's server, and the operator binary end to
-# end against a Kubernetes API emulator (PyPI kmock) with real sidecars as its pods. Installs what the
+# end against a Kubernetes API emulator (PyPI kmock) with real sidecars as its pods, and the dashboards
+# and alerts against promtool and a real Prometheus server. Installs what the
 # tests need first: Debian's prometheus package (as root, with apt-get), a Python virtual
 # environment in .venv, and the model files and NVRTC in .cache.
 set -euo pipefail
@@ -66,4 +67,5 @@ LD_LIBRARY_PATH="$PWD/$NVRTC" "$TARGET/debug/ferry-embed" kernels
 LD_LIBRARY_PATH="$PWD/$NVRTC" cargo test -p ferry-llm --features cuda --test kernels --locked
 FERRY_SIDECAR_BIN="$TARGET/debug/ferry-sidecar" FERRY_LOAD_BIN="$TARGET/debug/ferry-load" \
   FERRY_OPERATOR_BIN="$TARGET/debug/ferry-operator" \
-  .venv/bin/pytest -q tests/chart tests/embedding tests/generation tests/tenants tests/upstream tests/operator
+  .venv/bin/pytest -q tests/chart tests/embedding tests/generation tests/tenants tests/upstream tests/operator \
+  tests/monitoring

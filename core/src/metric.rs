@@ -75,6 +75,16 @@ pub const CAPACITY_REQUESTS: &str = "ferry_capacity_requests_per_second";
 pub const CAPACITY_TOKENS: &str = "ferry_capacity_tokens_per_second";
 /// The label of [`STEP_COST`].
 pub const TERM: &str = "term";
+/// Gauge: the deadline a request gets when it names none, by [`PROMISE`]: `request`
+/// (`spec.batching.latencyBudget`) for request-level services; `time_to_first_token` and
+/// `inter_token` for generation. What the dashboards draw the measured latencies against.
+pub const TARGET: &str = "ferry_target_seconds";
+/// Gauge: 1 while the model version takes requests (its engine is ready, its batcher or step
+/// loop runs, the pod is not draining), 0 otherwise; as `/v2/models/{name}/ready` says, at
+/// each scrape. An engine or a batcher that stopped shows here before any request fails.
+pub const READY: &str = "ferry_model_ready";
+/// The label of [`TARGET`].
+pub const PROMISE: &str = "promise";
 
 /// Gauge: 1 while the model version has refused every request for 5 s though nothing was queued
 /// or running ([`crate::lockout`]); `/v2/health/ready` then says why.
@@ -100,7 +110,7 @@ pub const GENERATION: [&str; 15] = [
 ];
 
 /// Every request-level metric name above, for tests that check an exposition against the contract.
-pub const ALL: [&str; 11] = [
+pub const ALL: [&str; 13] = [
     REQUESTS,
     QUEUE_DEPTH,
     QUEUE_BYTES,
@@ -112,4 +122,6 @@ pub const ALL: [&str; 11] = [
     WORKERS,
     LATE_RESULTS,
     ADMISSION_LOCKED,
+    TARGET,
+    READY,
 ];

@@ -8,6 +8,7 @@
 //! - [`record`]: samples and their summary (HDR histograms, goodput, batch fill, per second).
 //! - [`tenants`]: `--tenants`, callers with their own bearer tokens and shares of the load.
 //! - [`report`], [`plot`]: the summary as a table, and as an SVG over time.
+//! - [`dashboard`]: a Grafana dashboard drawn as an SVG from a Prometheus server's live answers.
 //! - [`echo`]: a bare hyper echo server, the floor for the overhead comparison.
 //! - [`generation`]: generation load — traces of LLM requests, the OpenAI streaming client,
 //!   their summary, and the scheduling disciplines compared in virtual time.
@@ -15,6 +16,7 @@
 //! - [`decoder`]: its section on the built-in decoder against llama.cpp's server.
 
 pub mod bench;
+pub mod dashboard;
 pub mod decoder;
 pub mod echo;
 pub mod generation;

@@ -11,7 +11,7 @@ use ferry_load::bench::{self, BenchOptions};
 use ferry_load::record::Summary;
 use ferry_load::run::{self, LoadSpec};
 use ferry_load::schedule::Arrivals;
-use ferry_load::{echo, plot, report};
+use ferry_load::{dashboard, echo, plot, report};
 
 #[derive(Debug, Parser)]
 #[command(name = "ferry-load", version, about = "Open-loop load generator and benchmarks for Ferry")]
@@ -30,6 +30,26 @@ enum Command {
     Echo {
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: SocketAddr,
+    },
+    /// Draw a Grafana dashboard as an SVG from a Prometheus server's answers to its queries.
+    Dashboard {
+        /// The Prometheus server, e.g. http://127.0.0.1:9090
+        #[arg(long)]
+        prometheus: String,
+        /// The dashboard's JSON (charts/ferry/monitoring/*.json).
+        #[arg(long)]
+        dashboard: PathBuf,
+        /// The time range drawn, up to now.
+        #[arg(long, default_value = "10m", value_parser = duration::parse)]
+        range: Duration,
+        /// What `$__rate_interval` stands for.
+        #[arg(long, default_value = "1m")]
+        rate_interval: String,
+        /// A variable's value, `name=regex` (repeatable); the others are "All".
+        #[arg(long = "var")]
+        vars: Vec<String>,
+        #[arg(long)]
+        out: PathBuf,
     },
     /// Run the benchmark suite against real sidecar processes and write BENCHMARKS.md.
     Bench {
@@ -142,6 +162,22 @@ fn main() -> ExitCode {
                 let listener = tokio::net::TcpListener::bind(listen).await?;
                 println!("ferry-load echo listening on http://{}", listener.local_addr()?);
                 echo::serve(listener).await?;
+                Ok(())
+            }
+            Command::Dashboard { prometheus, dashboard, range, rate_interval, vars, out } => {
+                let board: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&dashboard)?)?;
+                let vars = vars
+                    .iter()
+                    .map(|v| {
+                        v.split_once('=')
+                            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                            .ok_or_else(|| anyhow::anyhow!("--var {v}: expected name=regex"))
+                    })
+                    .collect::<anyhow::Result<_>>()?;
+                let panels = dashboard::panels(&board)?;
+                let panels = dashboard::fetch(&prometheus, panels, range, &rate_interval, &vars).await?;
+                dashboard::draw(board["title"].as_str().unwrap_or("dashboard"), &panels, range, &out)?;
+                eprintln!("wrote {}", out.display());
                 Ok(())
             }
             Command::Bench { out, seconds, generation_only, decoder_only } => {

@@ -14,6 +14,7 @@
 //! - [`lease`]: leader election on a `coordination.k8s.io` Lease, so two replicas never both act.
 //! - [`rbac`]: every API call the operator makes, as RBAC rules (the chart must grant exactly these).
 //! - [`metrics`]: the operator's own metrics.
+//! - [`monitoring`]: the dashboards and alerts (`charts/ferry/monitoring/`), generated, checked for drift.
 //! - [`run`]: the controller, the leader election and the metrics/health server, together.
 
 pub mod autoscale;
@@ -21,6 +22,7 @@ pub mod crdgen;
 pub mod desired;
 pub mod lease;
 pub mod metrics;
+pub mod monitoring;
 pub mod rbac;
 pub mod reconcile;
 pub mod run;

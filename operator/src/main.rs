@@ -31,6 +31,12 @@ enum Command {
     Crdgen,
     /// Print the RBAC rules the operator needs, as JSON (the Helm chart grants exactly these).
     Rbac,
+    /// Write the Grafana dashboards and the alerting rules (the chart's monitoring/ files).
+    Monitoring {
+        /// The folder to write them to.
+        #[arg(long, default_value = ferry_operator::monitoring::DIR)]
+        out: std::path::PathBuf,
+    },
     /// Replicas a load needs: the arithmetic lower bound and the simulated answer.
     Plan(PlanArgs),
     /// Pods a generation (LLM) load needs: one pod's capacity, the arithmetic, the simulated answer.
@@ -174,6 +180,16 @@ fn main() -> ExitCode {
         }
         Some(Command::Rbac) => {
             println!("{:#}", ferry_operator::rbac::to_json());
+            return ExitCode::SUCCESS;
+        }
+        Some(Command::Monitoring { out }) => {
+            for (name, text) in ferry_operator::monitoring::files() {
+                let path = out.join(name);
+                if let Err(e) = std::fs::create_dir_all(&out).and_then(|()| std::fs::write(&path, text)) {
+                    eprintln!("ferry-operator monitoring: cannot write {}: {e}", path.display());
+                    return ExitCode::FAILURE;
+                }
+            }
             return ExitCode::SUCCESS;
         }
         Some(Command::Plan(p)) => {

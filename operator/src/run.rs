@@ -13,7 +13,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::{watcher, Controller};
+use kube::runtime::{predicates, reflector, watcher, Controller, Predicate, WatchStreamExt};
 use kube::{Api, Client};
 use tokio::sync::watch;
 
@@ -83,10 +83,21 @@ pub async fn run(
     // Owned objects are watched by Ferry's label only: a big cluster's other Deployments and
     // Services are none of the operator's business.
     let labelled = || watcher::Config::default().labels(LABEL_SERVICE);
-    let controller = Controller::new(Api::<InferenceService>::all(client.clone()), watcher::Config::default())
+    // The autoscaler writes each service's status every interval: a reconcile for each of those
+    // writes would re-apply the Deployment and Service about once a second for nothing. The store
+    // sees every change (the autoscaler reads it); reconciles follow spec changes (generation),
+    // changes to the owned objects, and the periodic requeue. Where no generation is kept (an
+    // emulator), every change passes.
+    let (services, writer) = reflector::store();
+    let changed = watcher(Api::<InferenceService>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(predicates::generation.fallback(predicates::resource_version), Default::default());
+    let controller = Controller::for_stream(changed, services.clone())
         .owns(Api::<Deployment>::all(client.clone()), labelled())
         .owns(Api::<Service>::all(client.clone()), labelled());
-    let stores = Stores::watch(&client, controller.store());
+    let stores = Stores::watch(&client, services);
     let autoscaler = Autoscaler::new(
         client.clone(),
         Recorder::new(client.clone(), reporter.clone()),

@@ -339,17 +339,36 @@ async fn decisions_are_counted_by_reason() {
     let mut scaler = Autoscaler::new(client, recorder, Duration::from_secs(10), metrics.clone());
     let stored = serde_json::to_value(isvc()).unwrap();
     let pods = vec![ready_pod("a", 0.0), ready_pod("b", 0.0), ready_pod("c", 0.0)];
-    let run =
-        tokio::spawn(
-            async move { scaler.act(&isvc(), &deployment(3), &pods, load(300.0), None, Instant::now()).await },
-        );
+    let run = tokio::spawn(async move {
+        let decided = scaler.act(&isvc(), &deployment(3), &pods, load(300.0), None, Instant::now()).await;
+        (scaler, decided)
+    });
     expect(&mut api, "PATCH", STATUS, "", 200, Some(stored)).await;
-    run.await.unwrap().unwrap();
-    assert!(
-        metrics.render().contains("ferry_operator_scale_decisions_total{reason=\"steady\"} 1"),
-        "{}",
-        metrics.render()
-    );
+    let (mut scaler, decided) = run.await.unwrap();
+    decided.unwrap();
+    let text = metrics.render();
+    // The text format orders labels by name.
+    let series = |name: &str, extra: &str| {
+        let (before, after) = if extra.starts_with(",b") { (&extra[1..], "") } else { ("", extra) };
+        let sep = if before.is_empty() { "" } else { "," };
+        format!("{name}{{{before}{sep}inferenceservice=\"quick\",namespace=\"ml\"{after}}}")
+    };
+    for line in [
+        format!("{} 1", series("ferry_operator_scale_decisions_total", ",reason=\"steady\"")),
+        format!("{} 3", series("ferry_operator_replicas", ",state=\"desired\"")),
+        format!("{} 3", series("ferry_operator_replicas", ",state=\"ready\"")),
+        format!("{} 0", series("ferry_operator_replicas", ",state=\"starting\"")),
+        format!("{} 8", series("ferry_operator_replica_limit", ",bound=\"max\"")),
+        format!("{} 300", series("ferry_operator_offered_requests_per_second", "")),
+        format!("{} 60", series("ferry_operator_startup_seconds", ",source=\"configured\"")),
+    ] {
+        assert!(text.lines().any(|l| l == line), "no line {line} in\n{text}");
+    }
+    // The service is deleted: its series go with it.
+    let gone = Stores { services: store(vec![]), deployments: store(vec![]), pods: store(vec![]) };
+    scaler.tick(&gone, Instant::now(), Timestamp::now()).await;
+    let text = metrics.render();
+    assert!(!text.contains("inferenceservice=\"quick\""), "{text}");
 }
 
 #[test]

@@ -43,6 +43,8 @@ pub struct Metrics {
     queue_tokens: IntGaugeVec,
     step_cost: prometheus::GaugeVec,
     capacity_requests: prometheus::GaugeVec,
+    targets: prometheus::GaugeVec,
+    ready: IntGaugeVec,
     capacity_tokens: prometheus::GaugeVec,
 }
 
@@ -169,6 +171,16 @@ impl Metrics {
                 MV,
             )
             .expect("valid gauge"),
+            targets: prometheus::GaugeVec::new(
+                Opts::new(metric::TARGET, "The deadline a request gets when it names none, by promise."),
+                &with(metric::PROMISE),
+            )
+            .expect("valid gauge"),
+            ready: IntGaugeVec::new(
+                Opts::new(metric::READY, "1 while the model version takes requests (engine ready, batcher or step loop running, not draining)."),
+                MV,
+            )
+            .expect("valid gauge"),
             registry,
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
@@ -200,6 +212,8 @@ impl Metrics {
             Box::new(m.step_cost.clone()),
             Box::new(m.capacity_requests.clone()),
             Box::new(m.capacity_tokens.clone()),
+            Box::new(m.targets.clone()),
+            Box::new(m.ready.clone()),
         ];
         for c in collectors {
             m.registry.register(c).expect("metric names are unique");
@@ -280,6 +294,17 @@ impl Metrics {
             capacity_requests: nan(self.capacity_requests.with_label_values(&mv)),
             capacity_tokens: nan(self.capacity_tokens.with_label_values(&mv)),
         }
+    }
+
+    /// The default deadline of `promise` (`request`, `time_to_first_token`, `inter_token`) for
+    /// one model version.
+    pub fn target(&self, model: &str, version: &str, promise: &str, deadline: std::time::Duration) {
+        self.targets.with_label_values(&[model, version, promise]).set(deadline.as_secs_f64());
+    }
+
+    /// Whether one model version takes requests now (set at each scrape).
+    pub fn ready(&self, model: &str, version: &str, ready: bool) {
+        self.ready.with_label_values(&[model, version]).set(i64::from(ready));
     }
 
     /// The text exposition format.

@@ -114,6 +114,7 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading),
     };
     let scheduler = Scheduler::new(policy, settings.workers, estimator);
     let model_metrics = metrics.model(&settings.model, &settings.version);
+    metrics.target(&settings.model, &settings.version, "request", settings.latency_budget);
     let served = Served {
         name: settings.model.clone(),
         version: settings.version.clone(),
@@ -172,6 +173,8 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading),
 fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, String> {
     let g = &settings.generation;
     let model_metrics = metrics.generation(&settings.model, &settings.version);
+    metrics.target(&settings.model, &settings.version, "time_to_first_token", g.ttft_budget);
+    metrics.target(&settings.model, &settings.version, "inter_token", g.max_inter_token_latency);
     let step_engine: Option<Arc<dyn StepEngine>> = match &settings.engine {
         EngineSettings::SimLlm { times, slow } => Some(Arc::new(
             SimLlm::new(*times, KvLayout { blocks: g.kv_blocks.unwrap_or(4096), block_size: g.kv_block_size })

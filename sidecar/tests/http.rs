@@ -280,10 +280,12 @@ async fn an_engine_failure_is_a_500_naming_the_engine_error() {
 
 #[tokio::test]
 async fn metrics_expose_every_name_of_the_contract_on_the_admin_port_only() {
-    let s = Sidecar::start(&["--model", "m", "--sim-batch-time", "5ms"]).await;
+    let s = Sidecar::start(&["--model", "m", "--sim-batch-time", "5ms", "--latency-budget", "750ms"]).await;
     assert_eq!(s.infer("m", &body(&[vec![1.0]]), &[]).await.status(), 200);
     let text = s.metrics().await;
     for name in [
+        "ferry_model_ready",
+        "ferry_target_seconds",
         "ferry_requests_total",
         "ferry_queue_depth",
         "ferry_queue_bytes",
@@ -302,6 +304,8 @@ async fn metrics_expose_every_name_of_the_contract_on_the_admin_port_only() {
     }
     assert_eq!(metric_value(&text, "ferry_workers", "state=\"idle\""), 1.0);
     assert_eq!(metric_value(&text, "ferry_batch_size_count", "model=\"m\""), 1.0);
+    assert_eq!(metric_value(&text, "ferry_model_ready", "model=\"m\""), 1.0);
+    assert_eq!(metric_value(&text, "ferry_target_seconds", "promise=\"request\""), 0.75);
     let on_api = s.http.get(s.url("/metrics")).send().await.unwrap();
     assert_eq!(on_api.status(), 404);
 }
@@ -460,6 +464,8 @@ async fn sigterm_drains_then_exits_zero() {
                 break;
             }
         }
+        // The metrics say so too: a draining pod's model takes no request.
+        assert_eq!(metric_value(&s.metrics().await, "ferry_model_ready", "model=\"m\""), 0.0);
         s.infer("m", &body(&[vec![9.0]]), &[]).await
     };
     let (responses, refused) = tokio::join!(futures_join(in_flight), terminate);

@@ -8,6 +8,7 @@ import subprocess
 
 import helm_python as helm
 import kubernetes_validate
+from cloudcoil.models.prometheus_operator import v1 as monitoring_v1
 import pytest
 import yaml
 
@@ -51,15 +52,29 @@ def test_every_rendered_object_is_valid_kubernetes_1_33(values):
     crds = [yaml.safe_load(c["data"]) for c in helm.Chart.load(str(CHART)).crds]
     for obj in objects + crds:
         if obj["apiVersion"].startswith("monitoring.coreos.com/"):
-            # prometheus-operator's kinds are not in Kubernetes' schemas; checked below.
+            # prometheus-operator's kinds are not in Kubernetes' schemas: validated by its own.
+            validate_monitoring(obj)
             continue
         kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+
+
+def validate_monitoring(obj):
+    """Validates a prometheus-operator object against the models generated from its CRDs
+    (PyPI cloudcoil.models.prometheus-operator, v0.80): types, patterns and enums; and no field
+    the CRD lacks (the models ignore unknown fields, so a round trip that loses one is refused)."""
+    model = getattr(monitoring_v1, obj["kind"])
+    parsed = model.model_validate(obj)
+    back = parsed.model_dump(by_alias=True, exclude_unset=True, mode="json")
+    assert back == obj, f"{obj['kind']} {obj['metadata']['name']} has fields its CRD lacks:\n{back}\n!=\n{obj}"
 
 
 def test_default_values_render_a_hardened_operator_with_leader_election():
     objects, notes = render()
     kinds = sorted(o["kind"] for o in objects)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    assert kinds == [
+        "ClusterRole", "ClusterRoleBinding", "ConfigMap", "ConfigMap", "ConfigMap", "Deployment", "Role",
+        "RoleBinding", "Service", "ServiceAccount",
+    ]
     deployment = find(objects, "Deployment")
     assert deployment["spec"]["replicas"] == 2
     pod = deployment["spec"]["template"]["spec"]
@@ -91,7 +106,7 @@ def test_custom_values_reach_the_objects():
     assert not [o for o in objects if o["kind"] in ("ServiceAccount", "Role", "RoleBinding")]
     monitor = find(objects, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
-    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "honorLabels": True, "interval": "15s"}]
 
 
 @pytest.mark.parametrize(
@@ -140,3 +155,66 @@ def test_rbac_grants_exactly_the_calls_the_operator_makes():
     assert rules_of(find(objects, "Role")) == expected(needed["namespaceRules"])
     binding = find(objects, "ClusterRoleBinding")
     assert binding["subjects"][0]["name"] == find(objects, "ServiceAccount")["metadata"]["name"]
+
+
+MONITORING = CHART / "monitoring"
+
+
+def dashboards_of(objects):
+    return {
+        name: json.loads(text)
+        for o in objects if o["kind"] == "ConfigMap"
+        for name, text in o["data"].items()
+    }
+
+
+def test_default_values_ship_the_dashboards_for_grafanas_sidecar_and_no_monitoring_crd_objects():
+    objects, _ = render()
+    maps = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert all(m["metadata"]["labels"]["grafana_dashboard"] == "1" for m in maps)
+    assert all(m["metadata"]["namespace"] == "ferry-system" for m in maps)
+    files = {p.name: json.loads(p.read_text()) for p in MONITORING.glob("*.json")}
+    assert sorted(files) == ["ferry-autoscaler.json", "ferry-service.json", "ferry-tenants.json"]
+    assert dashboards_of(objects) == files
+    assert not [o for o in objects if o["apiVersion"].startswith("monitoring.coreos.com/")]
+    objects, _ = render({"monitoring": {"dashboards": {"enabled": False}}})
+    assert not [o for o in objects if o["kind"] == "ConfigMap"]
+
+
+def test_custom_values_add_the_alerts_the_pod_monitor_and_honour_the_operators_labels():
+    objects, _ = render(custom_values())
+    maps = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert {m["metadata"]["namespace"] for m in maps} == {"monitoring"}
+    assert all(m["metadata"]["labels"]["grafana_dashboard"] == "ferry" for m in maps)
+    assert all(m["metadata"]["annotations"] == {"grafana_folder": "Ferry"} for m in maps)
+    rule = find(objects, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    # The same groups as the plain rules file.
+    assert rule["spec"] == yaml.safe_load((MONITORING / "ferry-alerts.yaml").read_text())
+    assert len(rule["spec"]["groups"][0]["rules"]) >= 9
+    monitor = find(objects, "PodMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "ferry-worker", "app.kubernetes.io/managed-by": "ferry-operator",
+    }
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["ml", "chat"]}
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    assert (endpoint["port"], endpoint["interval"]) == ("metrics", "30s")
+    assert endpoint["relabelings"] == [
+        {"sourceLabels": ["__meta_kubernetes_pod_label_ferry_dev_inference_service"], "targetLabel": "inferenceservice"}
+    ]
+    assert find(objects, "ServiceMonitor")["spec"]["endpoints"][0]["honorLabels"] is True
+    objects, _ = render({"monitoring": {"podMonitor": {"enabled": True}}})
+    assert find(objects, "PodMonitor")["spec"]["namespaceSelector"] == {"any": True}
+
+
+def test_a_monitoring_object_with_a_field_its_crd_lacks_is_refused():
+    objects, _ = render(custom_values())
+    monitor = find(objects, "PodMonitor")
+    validate_monitoring(monitor)
+    monitor["spec"]["podMetricsEndpoints"][0]["intervall"] = "30s"
+    with pytest.raises(AssertionError, match="fields its CRD lacks"):
+        validate_monitoring(monitor)
+    rule = find(objects, "PrometheusRule")
+    rule["spec"]["groups"][0]["rules"][0]["for"] = "ten minutes"
+    with pytest.raises(Exception, match="for"):
+        validate_monitoring(rule)

@@ -43,6 +43,18 @@ def ready(url):
         return False
 
 
+def wait_for(what, check, timeout=30.0, every=0.2):
+    """Polls `check` until it returns something truthy; fails naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
 def template_args(args):
     return [a for a in args if not a.startswith(("--listen=", "--metrics-listen="))]
 

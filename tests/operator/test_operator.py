@@ -14,6 +14,7 @@ import pathlib
 import subprocess
 import sys
 import re
+import socket
 import time
 import urllib.request
 
@@ -21,7 +22,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from cluster import Kubelet, Traffic, call  # noqa: E402
+from cluster import Kubelet, Traffic, call, wait_for  # noqa: E402
 from emulator import Api  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -54,18 +55,6 @@ def requests_by_outcome(ip):
     return totals
 
 
-def wait_for(what, check, timeout=30.0):
-    """Polls `check` until it returns something truthy; fails naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
-
-
 @pytest.fixture
 def world(tmp_path):
     sidecar = binary("FERRY_SIDECAR_BIN", "ferry-sidecar")
@@ -76,12 +65,15 @@ def world(tmp_path):
         env = dict(os.environ, KUBECONFIG=str(kubeconfig), POD_NAMESPACE="ferry-system", POD_NAME="operator-0",
                    RUST_LOG=os.environ.get("FERRY_E2E_LOG", "info,kube=warn"))
         log = open(tmp_path / "operator.log", "w")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            address = f"127.0.0.1:{s.getsockname()[1]}"
         process = subprocess.Popen(
-            [operator, "run", "--listen", "127.0.0.1:0", "--scale-interval", "1s", "--metrics-window", "6s"],
+            [operator, "run", "--listen", address, "--scale-interval", "1s", "--metrics-window", "6s"],
             env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             with Kubelet(api.url, NS, sidecar, tmp_path) as kubelet:
-                yield api, kubelet, load, tmp_path
+                yield api, kubelet, load, f"http://{address}"
                 assert not kubelet.errors, kubelet.errors
         finally:
             process.terminate()
@@ -99,7 +91,7 @@ def get(api, path):
 
 
 def test_one_service_from_apply_through_overload_to_a_spec_change(world):
-    api, kubelet, load, _ = world
+    api, kubelet, load, operator = world
     isvcs = f"/apis/ferry.dev/v1alpha1/namespaces/{NS}/inferenceservices"
     deployment_path = f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}"
 
@@ -130,12 +122,18 @@ def test_one_service_from_apply_through_overload_to_a_spec_change(world):
         None))
     assert ready["reason"]
     seen = []  # replicas over time, for the assertions below
+    versions = set()  # the InferenceService's resourceVersions seen: each one a write
 
     def watch(seconds):
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             seen.append(replicas())
+            versions.add(isvc()["metadata"]["resourceVersion"])
             time.sleep(0.5)
+
+    def reconciles():
+        text = urllib.request.urlopen(operator + "/metrics", timeout=10).read().decode()
+        return float(re.search(r"^ferry_operator_reconciles_total (\S+)$", text, re.M).group(1))
 
     # Malformed (rows=0: 400) and misrouted (unknown model: 404) traffic, 600 req/s: not load.
     with Traffic(kubelet, NAME, load, INFER, 300, 8, ["--rows", "0"]), \
@@ -152,9 +150,18 @@ def test_one_service_from_apply_through_overload_to_a_spec_change(world):
     # structural refusals (a request that arrives as a batch leaves waits for the worker, then its
     # own batch) are not capacity pressure.
     seen.clear()
+    versions.clear()
+    before = reconciles()
     with Traffic(kubelet, NAME, load, INFER, 20, 12):
         watch(12)
+    after = reconciles()
     assert max(seen) == 2 and seen[-1] == 2, f"a 20 req/s trickle: {seen}; {isvc()['status']}"
+    # The autoscaler wrote the status about once a second (13 writes seen); the controller
+    # reconciles what it owns changing (the scale-up's Deployment and its status as the pod
+    # starts: 3 seen), not those writes (17 reconciles seen when it did, each re-applying the
+    # Deployment and the Service).
+    assert len(versions) >= 6, f"the autoscaler's status writes: {sorted(versions)}"
+    assert after - before <= 6, f"{after - before:.0f} reconciles for {len(versions)} status writes"
 
     # Real overload: 600 req/s on 2 replicas of 320 req/s each. The arithmetic needs 2.3 → 3 at
     # 0.8 utilization, plus the warm spare: 4 — or 5 where the measured batch time and rate put it

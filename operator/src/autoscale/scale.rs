@@ -28,10 +28,10 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::collect::{scrape, Collector, PodSample};
-use super::decide::{decide, History, Observed, ScaleDecision, Target, PRESSURE_TOLERANCE};
+use super::decide::{decide, History, Observed, Reason, ScaleDecision, Target, PRESSURE_TOLERANCE};
 use super::startup::StartupTimes;
 use crate::desired::{self, LABEL_SERVICE, METRICS_PORT, REPLICAS_MANAGER};
-use crate::metrics::OperatorMetrics;
+use crate::metrics::{Decided, OperatorMetrics};
 use crate::status;
 use ferry_core::spec::{InferenceService, InferenceServiceStatus};
 
@@ -226,7 +226,15 @@ impl Autoscaler {
         let services = stores.services.state();
         tracing::debug!(services = services.len(), pods = stores.pods.state().len(), "autoscaler tick");
         let alive: HashSet<String> = services.iter().map(|s| key(s)).collect();
-        self.services.retain(|k, _| alive.contains(k));
+        let metrics = &self.metrics;
+        self.services.retain(|k, _| {
+            let keep = alive.contains(k);
+            if !keep {
+                let (namespace, name) = k.split_once('/').unwrap_or(("", k));
+                metrics.forget(namespace, name, &Reason::ALL.map(Reason::label));
+            }
+            keep
+        });
 
         let mut pods: HashMap<String, Vec<Arc<Pod>>> = HashMap::new();
         for pod in stores.pods.state() {
@@ -355,7 +363,27 @@ impl Autoscaler {
             starting = observed.starting, settling = observed.settling, replicas = decision.replicas,
             reason = decision.reason.label(), "decided");
         memory.history = decision.history.clone();
-        self.metrics.decisions.with_label_values(&[decision.reason.label()]).inc();
+        let capacity_per_replica = observed.capacity.unwrap_or_else(|| {
+            let batch_time = observed.batch_time.unwrap_or(target.batch_time);
+            super::decide::capacity_per_replica(&target, batch_time, observed.rows_per_request)
+        });
+        self.metrics.decided(
+            &namespace,
+            &name,
+            decision.reason.label(),
+            &Decided {
+                desired: decision.replicas,
+                ready: ready.len() as u32,
+                starting: observed.starting,
+                stuck: observed.stuck,
+                min: target.min_replicas,
+                max: target.max_replicas,
+                offered: observed.arrival_rate,
+                capacity_per_replica,
+                configured_startup: desired::check(&isvc.spec).map_or(0.0, |c| c.startup_time.as_secs_f64()),
+                measured_startup: measured.map(|d| d.as_secs_f64()),
+            },
+        );
 
         let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), &namespace);
         let changed = decision.replicas != current;
@@ -372,10 +400,7 @@ impl Autoscaler {
             queue_depth: Some(observed.queue_depth),
             oldest_queue_age: Some(round(observed.oldest_queue_age.as_secs_f64())),
             batch_fill: fill.map(round),
-            capacity_per_replica: Some(round(observed.capacity.unwrap_or_else(|| {
-                let batch_time = observed.batch_time.unwrap_or(target.batch_time);
-                super::decide::capacity_per_replica(&target, batch_time, observed.rows_per_request)
-            }))),
+            capacity_per_replica: Some(round(capacity_per_replica)),
             tokens_per_second: target.ttft_budget.map(|_| round(observed.tokens_rate)),
             kv_usage: observed.kv_usage.map(round),
             last_scale_time: changed.then(|| Time(Timestamp::now())),

@@ -431,11 +431,14 @@ fn readiness(front: &Front, name: &str, version: Option<&str>) -> Response {
 }
 
 async fn metrics(State(front): State<Shared>) -> Response {
+    let draining = front.is_draining();
     for served in &front.models {
         served.batcher.refresh_age();
+        front.metrics.ready(&served.name, &served.version, !draining && served.is_ready());
     }
     for served in &front.generators {
         served.refresh_age();
+        front.metrics.ready(&served.name, &served.version, !draining && served.is_ready());
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], front.metrics.render()).into_response()
 }
