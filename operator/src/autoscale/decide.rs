@@ -284,32 +284,166 @@ pub fn decide(observed: &Observed, target: &Target, current: u32, history: &Hist
     d
 }
 
+/// The rules in order, each its own function below; the decision is the first that decides.
 fn rule(observed: &Observed, target: &Target, current: u32, history: &History, now: Instant) -> ScaleDecision {
     let mut h = history.clone();
+    let rate = look_ahead(observed, target, &mut h.rates, now);
+    let batch_time = observed.batch_time.unwrap_or(target.batch_time);
+    let (capacity, whose) = capacity(observed, target, batch_time);
+    let ready = current.saturating_sub(observed.starting + observed.stuck);
+    let need = need(observed, target, &rate, capacity, ready, batch_time);
+    let t = Tick {
+        observed,
+        target,
+        current,
+        now,
+        ready,
+        rate: rate.now,
+        capacity,
+        why: explain(observed, target, &rate, capacity, whose, &need),
+        pressured: observed.pressure > target.pressure_tolerance,
+        relief_coming: observed.starting > 0 || observed.settling > 0,
+    };
+    let failed = judge_probe(&t, &mut h);
+    let mut desired = t.bounded(need.total() + target.warm_replicas);
+    if let Some(floor) = h.floor {
+        desired = desired.max(t.bounded(floor.replicas));
+    }
+    // A count above `maxReplicas` (the spec was lowered) comes down to it at once.
+    if current > target.max_replicas {
+        h.lower_since = None;
+        let message = format!("scale down: {current} is above maxReplicas ({}); {}", target.max_replicas, t.why);
+        return decision(target.max_replicas, Reason::ScaleDown, message, h);
+    }
+    if t.pressured && (need.backlog || t.busy()) && h.floor.is_none() {
+        return for_pressure(&t, desired, h);
+    }
+    if let (Some(probe), Some(_)) = (failed, h.floor) {
+        if desired < current {
+            return undo_probe(&t, probe, desired, h);
+        }
+    }
+    follow_need(&t, desired, &need, h)
+}
+
+fn decision(replicas: u32, reason: Reason, message: String, history: History) -> ScaleDecision {
+    ScaleDecision { replicas, reason, message, history }
+}
+
+/// What every rule of one decision reads: its inputs, and what the first rules made of them.
+struct Tick<'a> {
+    observed: &'a Observed,
+    target: &'a Target,
+    current: u32,
+    now: Instant,
+    /// Pods that serve now: neither starting nor stuck.
+    ready: u32,
+    /// The offered rate now (not looked ahead).
+    rate: f64,
+    /// Requests a second one replica serves.
+    capacity: f64,
+    /// The arithmetic, for the message.
+    why: String,
+    /// More than the tolerated share of requests missed.
+    pressured: bool,
+    /// Pods asked for have not had a window to show their effect.
+    relief_coming: bool,
+}
+
+impl Tick<'_> {
+    /// Rule 8.
+    fn bounded(&self, n: u32) -> u32 {
+        n.clamp(self.target.min_replicas, self.target.max_replicas)
+    }
+
+    /// The ready replicas are offered enough that pressure there can be for want of capacity.
+    fn busy(&self) -> bool {
+        self.rate >= BUSY * f64::from(self.ready) * self.capacity
+    }
+
+    fn pressure(&self) -> String {
+        format!("{:.1} % of requests infeasible or expired", self.observed.pressure * 100.0)
+    }
+
+    /// Why pressure that scales nothing is not for want of capacity; empty without pressure.
+    fn structural(&self, floor: Option<Floor>) -> String {
+        if !self.pressured {
+            return String::new();
+        }
+        let cause = match floor {
+            Some(f) => format!("replicas added at {:.0} req/s did not relieve it; keeping {}", f.rate, f.replicas),
+            None => format!(
+                "the ready replicas are not busy ({:.0} of {:.0} req/s)",
+                self.rate,
+                f64::from(self.ready) * self.capacity
+            ),
+        };
+        format!("; {}, not for want of capacity: {cause}", self.pressure())
+    }
+}
+
+/// The offered rate now, and one time-to-ready ahead (rule 2).
+struct Rate {
+    now: f64,
+    /// req/s per second, from [`trend`].
+    slope: f64,
+    ahead: f64,
+}
+
+/// Rule 2: records this decision's rate in `rates` (kept over one time-to-ready) and looks the
+/// rate ahead by its trend.
+fn look_ahead(observed: &Observed, target: &Target, rates: &mut VecDeque<(Instant, f64)>, now: Instant) -> Rate {
     let span = target.startup.clamp(TREND_SPAN_MIN, TREND_SPAN_MAX);
-    h.rates.push_back((now, observed.arrival_rate));
-    while h.rates.front().is_some_and(|(at, _)| *at + span < now) {
-        h.rates.pop_front();
+    rates.push_back((now, observed.arrival_rate));
+    while rates.front().is_some_and(|(at, _)| *at + span < now) {
+        rates.pop_front();
     }
     // A rate that jumped in the latest interval is the rate now.
     let rate =
         if observed.latest_rate > JUMP * observed.arrival_rate { observed.latest_rate } else { observed.arrival_rate };
-    let slope = trend(&h.rates);
+    let slope = trend(rates);
     let rise = slope.max(0.0) * target.startup.as_secs_f64();
     // A rise smaller than the noise of the rates it was fitted to is not a trend.
     let ahead = if rise >= MIN_RISE * rate { (rate + rise).min(rate * MAX_GROWTH) } else { rate };
+    Rate { now: rate, slope, ahead }
+}
 
-    let batch_time = observed.batch_time.unwrap_or(target.batch_time);
+/// Rule 1: requests a second one replica serves, and whose figure it is (for the message).
+fn capacity(observed: &Observed, target: &Target, batch_time: Duration) -> (f64, &'static str) {
     // A generation pod serves requests of many steps, not batches: its own figure (its learned
     // step cost, its requests' shape and its deadlines) is its capacity; `maxBatchSize` rows of
     // `batchTime` would make it 32 times what it is.
-    let (capacity, whose) = match observed.capacity {
+    match observed.capacity {
         Some(c) => (c, ", the pods' own figure,"),
         None => (capacity_per_replica(target, batch_time, observed.rows_per_request), ""),
-    };
+    }
+}
+
+/// Replicas the load needs, by rule.
+struct Need {
+    /// Rule 3: for the rate looked ahead.
+    for_rate: u32,
+    /// Rule 4: for a backlog of requests, and of prompt tokens (a generation service's).
+    for_requests: u32,
+    for_prompts: u32,
+    /// Requests have waited longer than a batch should.
+    backlog: bool,
+}
+
+impl Need {
+    fn for_backlog(&self) -> u32 {
+        self.for_requests.max(self.for_prompts)
+    }
+
+    fn total(&self) -> u32 {
+        self.for_rate + self.for_backlog()
+    }
+}
+
+/// Rules 3 and 4.
+fn need(observed: &Observed, target: &Target, rate: &Rate, capacity: f64, ready: u32, batch_time: Duration) -> Need {
     let usable = capacity * target.target_utilization;
-    let for_rate = (ahead / usable).ceil() as u32;
-    let ready = current.saturating_sub(observed.starting + observed.stuck);
+    let for_rate = (rate.ahead / usable).ceil() as u32;
     let backlog = observed.queue_depth > 0.0 && observed.oldest_queue_age > target.max_wait + batch_time;
     // What the ready replicas cannot drain within one latency budget needs more of them.
     let budget = target.latency_budget.as_secs_f64();
@@ -319,145 +453,141 @@ fn rule(observed: &Observed, target: &Target, current: u32, history: &History, n
     } else {
         0
     };
-    let for_prompts = prompt_backlog(observed, target, ready);
-    let for_backlog = for_requests.max(for_prompts);
-    let need = for_rate + for_backlog;
-    let bounded = |n: u32| n.clamp(target.min_replicas, target.max_replicas);
-    let mut desired = bounded(need + target.warm_replicas);
-    let mut why = format!("{rate:.0} req/s");
-    if ahead > rate + 0.5 {
-        why += &format!(" (rising {slope:.1} req/s per s: {ahead:.0} in {} s)", target.startup.as_secs());
+    Need { for_rate, for_requests, for_prompts: prompt_backlog(observed, target, ready), backlog }
+}
+
+/// The arithmetic of rules 1 to 5, for people.
+fn explain(observed: &Observed, target: &Target, rate: &Rate, capacity: f64, whose: &str, need: &Need) -> String {
+    let mut why = format!("{:.0} req/s", rate.now);
+    if rate.ahead > rate.now + 0.5 {
+        why += &format!(" (rising {:.1} req/s per s: {:.0} in {} s)", rate.slope, rate.ahead, target.startup.as_secs());
     }
     why += &format!(
-        " at {} req/s per replica{whose} (×{:.2} utilization) needs {for_rate}",
+        " at {} req/s per replica{whose} (×{:.2} utilization) needs {}",
         if capacity < 10.0 { format!("{capacity:.1}") } else { format!("{capacity:.0}") },
-        target.target_utilization
+        target.target_utilization,
+        need.for_rate
     );
-    if for_prompts > for_requests {
+    if need.for_prompts > need.for_requests {
         why += &format!(
-            ", {:.0} prompt tokens waiting, more than the ready pods prefill within the {} ms first-token budget, need {for_prompts} more",
+            ", {:.0} prompt tokens waiting, more than the ready pods prefill within the {} ms first-token budget, need {} more",
             observed.queue_tokens,
-            target.ttft_budget.unwrap_or_default().as_millis()
+            target.ttft_budget.unwrap_or_default().as_millis(),
+            need.for_prompts
         );
-    } else if for_backlog > 0 {
+    } else if need.for_backlog() > 0 {
         why += &format!(
-            ", a backlog of {:.0} (oldest waited {} ms) needs {for_backlog} more",
+            ", a backlog of {:.0} (oldest waited {} ms) needs {} more",
             observed.queue_depth,
-            observed.oldest_queue_age.as_millis()
+            observed.oldest_queue_age.as_millis(),
+            need.for_backlog()
         );
     }
-    why += &format!(", plus {} warm", target.warm_replicas);
+    why + &format!(", plus {} warm", target.warm_replicas)
+}
 
-    // Deadline pressure: from too little capacity, or the service's own floor?
-    let pressured = observed.pressure > target.pressure_tolerance;
-    let relief_coming = observed.starting > 0 || observed.settling > 0;
+/// Rule 6, its memory: judges a pressure probe whose pods have had their window (a probe that
+/// did not relieve the pressure becomes a floor, and is returned), and lets a floor go once the
+/// rate moved, the pressure went, or it doubled.
+fn judge_probe(t: &Tick, h: &mut History) -> Option<Probe> {
+    let observed = t.observed;
     let mut failed = None;
-    if let Some(probe) = h.probe.filter(|_| !relief_coming) {
+    if let Some(probe) = h.probe.filter(|_| !t.relief_coming) {
         h.probe = None;
-        if pressured && current >= probe.replicas && observed.pressure > probe.pressure * RELIEF {
-            h.floor = Some(Floor { pressure: observed.pressure, rate, replicas: probe.from });
+        if t.pressured && t.current >= probe.replicas && observed.pressure > probe.pressure * RELIEF {
+            h.floor = Some(Floor { pressure: observed.pressure, rate: t.rate, replicas: probe.from });
             failed = Some(probe);
         }
     }
     if let Some(floor) = h.floor {
-        let moved = (rate - floor.rate).abs() > FLOOR_RATE_BAND * floor.rate;
-        let gone = !pressured;
-        if moved || gone || observed.pressure > 2.0 * floor.pressure + target.pressure_tolerance {
+        let moved = (t.rate - floor.rate).abs() > FLOOR_RATE_BAND * floor.rate;
+        if moved || !t.pressured || observed.pressure > 2.0 * floor.pressure + t.target.pressure_tolerance {
             h.floor = None;
         }
     }
-    if let Some(floor) = h.floor {
-        desired = desired.max(bounded(floor.replicas));
+    failed
+}
+
+/// Rule 6, pressure for want of capacity: the need if it is more, else one replica more (a
+/// probe, judged later) once the pods asked for have had their window.
+fn for_pressure(t: &Tick, desired: u32, mut h: History) -> ScaleDecision {
+    let (current, pressure, why) = (t.current, t.pressure(), &t.why);
+    h.lower_since = None;
+    if desired > current {
+        return decision(desired, Reason::Load, format!("scale up: {why}; {pressure}"), h);
     }
-    let busy = rate >= BUSY * f64::from(ready) * capacity;
-    let short = pressured && (backlog || busy) && h.floor.is_none();
-    let pressure = format!("{:.1} % of requests infeasible or expired", observed.pressure * 100.0);
-    let decision = |replicas: u32, reason: Reason, message: String, h: History| ScaleDecision {
-        replicas,
-        reason,
-        message,
-        history: h,
-    };
-    // A count above `maxReplicas` (the spec was lowered) comes down to it at once.
-    if current > target.max_replicas {
-        h.lower_since = None;
-        let message = format!("scale down: {current} is above maxReplicas ({}); {why}", target.max_replicas);
-        return decision(target.max_replicas, Reason::ScaleDown, message, h);
+    if t.relief_coming {
+        let message = format!(
+            "holding {current}: {pressure}, and {} pods asked for have not had a window to relieve it yet; {why}",
+            t.observed.starting + t.observed.settling
+        );
+        return decision(current, Reason::Settling, message, h);
     }
-    if short {
-        h.lower_since = None;
-        if desired > current {
-            return decision(desired, Reason::Load, format!("scale up: {why}; {pressure}"), h);
-        }
-        if relief_coming {
-            let message = format!(
-                "holding {current}: {pressure}, and {} pods asked for have not had a window to relieve it yet; {why}",
-                observed.starting + observed.settling
-            );
-            return decision(current, Reason::Settling, message, h);
-        }
-        let replicas = bounded(current + 1);
-        if replicas == current {
-            // At maxReplicas: nothing to try, so nothing to judge later.
-            let message = format!("deadline pressure: {pressure}, at maxReplicas ({current}); {why}");
-            return decision(current, Reason::Pressure, message, h);
-        }
-        h.probe = Some(Probe { from: current, replicas, pressure: observed.pressure });
-        return decision(replicas, Reason::Pressure, format!("deadline pressure: {pressure}; {why}"), h);
+    let replicas = t.bounded(current + 1);
+    if replicas == current {
+        // At maxReplicas: nothing to try, so nothing to judge later.
+        let message = format!("deadline pressure: {pressure}, at maxReplicas ({current}); {why}");
+        return decision(current, Reason::Pressure, message, h);
     }
-    // The replicas added for pressure that did not relieve it go again, at once: they were no
-    // answer to a load that lasts, which is what the scale-down delay waits for.
-    if let (Some(probe), Some(floor)) = (failed, h.floor) {
-        if desired < current {
-            h.lower_since = None;
-            let message = format!(
-                "scale down: {pressure} after the scale-up from {} to {} for {:.1} %, not for want of capacity: back to {desired}; {why}",
-                probe.from,
-                probe.replicas,
-                probe.pressure * 100.0
-            );
-            debug_assert!(floor.replicas < current, "the probe's replica goes");
-            return decision(desired, Reason::Structural, message, h);
-        }
-    }
-    let structural = if pressured {
-        let cause = match h.floor {
-            Some(f) => format!("replicas added at {:.0} req/s did not relieve it; keeping {}", f.rate, f.replicas),
-            None => format!("the ready replicas are not busy ({rate:.0} of {:.0} req/s)", f64::from(ready) * capacity),
-        };
-        format!("; {pressure}, not for want of capacity: {cause}")
-    } else {
-        String::new()
-    };
+    h.probe = Some(Probe { from: current, replicas, pressure: t.observed.pressure });
+    decision(replicas, Reason::Pressure, format!("deadline pressure: {pressure}; {why}"), h)
+}
+
+/// Rule 6, a failed probe: the replicas added for pressure that did not relieve it go again, at
+/// once — they were no answer to a load that lasts, which is what the scale-down delay waits for.
+fn undo_probe(t: &Tick, probe: Probe, desired: u32, mut h: History) -> ScaleDecision {
+    h.lower_since = None;
+    let message = format!(
+        "scale down: {} after the scale-up from {} to {} for {:.1} %, not for want of capacity: back to {desired}; {}",
+        t.pressure(),
+        probe.from,
+        probe.replicas,
+        probe.pressure * 100.0,
+        t.why
+    );
+    debug_assert!(h.floor.is_some_and(|f| f.replicas < t.current), "the probe's replica goes");
+    decision(desired, Reason::Structural, message, h)
+}
+
+/// Rules 3 to 5 and 7: up to the need at once, down to it only after the delay and a peak check.
+fn follow_need(t: &Tick, desired: u32, need: &Need, mut h: History) -> ScaleDecision {
+    let (current, why, structural) = (t.current, &t.why, t.structural(h.floor));
     if desired > current {
         h.lower_since = None;
-        let reason = if bounded(for_rate + target.warm_replicas) > current { Reason::Load } else { Reason::Backlog };
+        let for_load = t.bounded(need.for_rate + t.target.warm_replicas) > current;
+        let reason = if for_load { Reason::Load } else { Reason::Backlog };
         return decision(desired, reason, format!("scale up: {why}{structural}"), h);
     }
     if desired == current {
         h.lower_since = None;
-        let reason = if pressured { Reason::Structural } else { Reason::Steady };
+        let reason = if t.pressured { Reason::Structural } else { Reason::Steady };
         return decision(current, reason, format!("steady: {why}{structural}"), h);
     }
-    // Lower need: wait out the delay, remembering the highest need seen meanwhile.
+    scale_down(t, desired, &structural, h)
+}
+
+/// Rule 7: lower need waits out the delay, remembering the highest need seen meanwhile; never
+/// while a pod is warming; then goes to that peak if it fits on one replica fewer.
+fn scale_down(t: &Tick, desired: u32, structural: &str, mut h: History) -> ScaleDecision {
+    let (current, why) = (t.current, &t.why);
     let (since, peak) = match h.lower_since {
         Some((since, peak)) => (since, peak.max(desired)),
-        None => (now, desired),
+        None => (t.now, desired),
     };
     h.lower_since = Some((since, peak));
-    if observed.starting > 0 {
+    if t.observed.starting > 0 {
         let message = format!(
             "holding {current}: need fell to {desired}, but {} pods are starting and a warming pod is never removed; {why}",
-            observed.starting
+            t.observed.starting
         );
         return decision(current, Reason::Warming, message, h);
     }
-    let waited = now - since;
-    if waited < target.scale_down_delay {
+    let waited = t.now - since;
+    if waited < t.target.scale_down_delay {
         let message = format!(
             "holding {current}: need fell to {desired} {} s ago, scale-down waits {} s; {why}{structural}",
             waited.as_secs(),
-            target.scale_down_delay.as_secs()
+            t.target.scale_down_delay.as_secs()
         );
         return decision(current, Reason::Cooling, message, h);
     }
