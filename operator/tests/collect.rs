@@ -46,7 +46,7 @@ async fn rates_and_batch_time_are_read_from_a_real_sidecar() {
     send(&client, &infer, 40, 2).await;
     let t1 = t0 + Duration::from_secs(10); // the rate is taken over the times the collector was given
     c.observe("pod-a", t1, scrape(&client, &metrics).await.unwrap());
-    let o = c.observed(&["pod-a".into()], t1);
+    let o = c.observed(&["pod-a".into()], &[], t1);
     assert!((o.arrival_rate - 4.0).abs() < 1e-9, "40 requests over 10 s: {o:?}");
     assert_eq!(o.rows_per_request, 2.0);
     let batch = o.batch_time.unwrap();
@@ -68,7 +68,7 @@ async fn a_restarted_pod_is_a_counter_reset_not_a_negative_rate() {
     let (infer, metrics) = sidecar(ARGS).await;
     send(&client, &infer, 5, 1).await;
     c.observe("pod-a", t0 + Duration::from_secs(10), scrape(&client, &metrics).await.unwrap());
-    let o = c.observed(&["pod-a".into()], t0 + Duration::from_secs(10));
+    let o = c.observed(&["pod-a".into()], &[], t0 + Duration::from_secs(10));
     assert!((o.arrival_rate - 1.5).abs() < 1e-9, "(10 + 5) requests over 10 s: {o:?}");
 }
 

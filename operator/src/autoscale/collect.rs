@@ -206,22 +206,37 @@ impl Collector {
         pods: &'a [String],
         from: Option<Instant>,
     ) -> impl Iterator<Item = Vec<(Instant, PodSample)>> + 'a {
-        pods.iter().filter_map(|p| self.pods.get(p)).filter(|w| !w.samples.is_empty()).map(move |w| {
-            let start = match from {
-                Some(from) => w.samples.iter().rposition(|(at, _)| *at <= from).unwrap_or(0),
-                None => 0,
-            };
-            w.samples.iter().skip(start).copied().collect()
-        })
+        self.windows_of(pods, from).map(|(_, w)| w)
     }
 
-    /// What `pods` add up to over the window ending `now`.
-    pub fn observed(&self, pods: &[String], now: Instant) -> Observed {
+    /// [`Self::windows`], with the pod each is of.
+    fn windows_of<'a>(
+        &'a self,
+        pods: &'a [String],
+        from: Option<Instant>,
+    ) -> impl Iterator<Item = (&'a String, Vec<(Instant, PodSample)>)> + 'a {
+        pods.iter().filter_map(|p| self.pods.get(p).map(|w| (p, w))).filter(|(_, w)| !w.samples.is_empty()).map(
+            move |(p, w)| {
+                let start = match from {
+                    Some(from) => w.samples.iter().rposition(|(at, _)| *at <= from).unwrap_or(0),
+                    None => 0,
+                };
+                (p, w.samples.iter().skip(start).copied().collect())
+            },
+        )
+    }
+
+    /// What `pods` add up to over the window ending `now`. The `settling` ones (ready for less
+    /// than a window) count in everything but the capacity figure while another pod has one: a
+    /// fresh pod exports its prior (the step timings taken at load), a settled pod what it learned
+    /// from the steps it ran.
+    pub fn observed(&self, pods: &[String], settling: &[String], now: Instant) -> Observed {
         let (mut depth, mut oldest, mut locked) = (0.0, 0.0f64, 0);
-        let (mut capacity, mut measured) = (0.0, 0u32);
+        // (sum, pods) of the capacity figures: of settled pods, and of settling ones.
+        let (mut settled_capacity, mut settling_capacity) = ((0.0, 0u32), (0.0, 0u32));
         let (mut queue_tokens, mut prefill_rate, mut prefilling) = (0.0, 0.0, 0u32);
         let mut kv_usage: Option<f64> = None;
-        for w in self.windows(pods, now.checked_sub(self.span)) {
+        for (pod, w) in self.windows_of(pods, now.checked_sub(self.span)) {
             let (last_at, last) = *w.last().expect("not empty");
             // Gauges from a pod that has not answered for a whole window are stale.
             if last_at + self.span > now {
@@ -229,8 +244,9 @@ impl Collector {
                 oldest = oldest.max(last.oldest_age);
                 locked += u32::from(last.locked > 0.0);
                 if let Some(c) = last.capacity {
-                    capacity += c;
-                    measured += 1;
+                    let fit = if settling.contains(pod) { &mut settling_capacity } else { &mut settled_capacity };
+                    fit.0 += c;
+                    fit.1 += 1;
                 }
                 queue_tokens += last.queue_tokens;
                 // A pod with a step engine (it exports its prefill cost) has a KV cache.
@@ -265,7 +281,10 @@ impl Collector {
             settling: 0,
             stuck: 0,
             locked,
-            capacity: (measured > 0).then(|| capacity / f64::from(measured)),
+            capacity: [settled_capacity, settling_capacity]
+                .into_iter()
+                .find(|&(_, n)| n > 0)
+                .map(|(sum, n)| sum / f64::from(n)),
             queue_tokens,
             prefill_rate: (prefilling > 0).then(|| prefill_rate / f64::from(prefilling)),
             tokens_rate: if window.duration > 0.0 { window.generated / window.duration } else { 0.0 },
@@ -372,7 +391,7 @@ mod tests {
             let n = f64::from(i) * 100.0;
             c.observe("a", t0 + 2 * i * S, sample(n, n, 0.0, n / 10.0, n));
         }
-        let o = c.observed(&["a".into()], t0 + 20 * S);
+        let o = c.observed(&["a".into()], &[], t0 + 20 * S);
         // 100 requests every 2 s: 50 req/s over the last 10 s, and over the last 2 s.
         assert!((o.arrival_rate - 50.0).abs() < 1e-9, "{o:?}");
         assert!((o.latest_rate - 50.0).abs() < 1e-9, "{o:?}");
@@ -388,7 +407,7 @@ mod tests {
         c.observe("a", t0, sample(1000.0, 1000.0, 5.0, 100.0, 1000.0));
         c.observe("a", t0 + 10 * S, sample(1500.0, 1500.0, 5.0, 150.0, 1500.0));
         c.observe("a", t0 + 20 * S, sample(200.0, 200.0, 2.0, 20.0, 200.0)); // restarted
-        let o = c.observed(&["a".into()], t0 + 20 * S);
+        let o = c.observed(&["a".into()], &[], t0 + 20 * S);
         assert!((o.arrival_rate - 35.0).abs() < 1e-9, "(500 + 200) / 20 s: {o:?}");
         assert_eq!(o.pressure, 2.0 / 700.0, "the restarted pod's 2 count; the old 5 were before the window");
     }
@@ -404,12 +423,12 @@ mod tests {
         }
         c.observe("a", t0 + 10 * S, sample(100.0, 99.0, 1.0, 10.0, 99.0));
         c.observe("b", t0 + 10 * S, PodSample { locked: 1.0, ..sample(100.0, 0.0, 100.0, 0.0, 0.0) });
-        let o = c.observed(&["a".into(), "b".into()], t0 + 10 * S);
+        let o = c.observed(&["a".into(), "b".into()], &[], t0 + 10 * S);
         assert!((o.arrival_rate - 20.0).abs() < 1e-9, "its requests are offered load all the same: {o:?}");
         assert_eq!((o.pressure, o.locked), (1.0 / 200.0, 1));
         // Once it admits again, its refusals count as before.
         c.observe("b", t0 + 20 * S, sample(150.0, 0.0, 150.0, 0.0, 0.0));
-        let later = c.observed(&["a".into(), "b".into()], t0 + 20 * S);
+        let later = c.observed(&["a".into(), "b".into()], &[], t0 + 20 * S);
         assert_eq!((later.pressure, later.locked), (51.0 / 250.0, 0));
         let text = "ferry_requests_total{model=\"m\",version=\"1\",outcome=\"infeasible\"} 3\n\
                     ferry_admission_locked{model=\"m\",version=\"1\"} 1\n";
@@ -432,13 +451,13 @@ mod tests {
                 },
             );
         }
-        let both = c.observed(&["a".into(), "b".into()], t0 + 10 * S);
+        let both = c.observed(&["a".into(), "b".into()], &[], t0 + 10 * S);
         assert!((both.arrival_rate - 20.0).abs() < 1e-9);
         assert_eq!((both.queue_depth, both.pressure), (8.0, 0.1));
         assert_eq!(both.oldest_queue_age, Duration::from_millis(700));
         assert_eq!(both.rows_per_request, 2.0, "180 rows for 90 answered requests");
         c.retain(&["a".into()]);
-        assert!((c.observed(&["a".into(), "b".into()], t0 + 10 * S).arrival_rate - 10.0).abs() < 1e-9);
+        assert!((c.observed(&["a".into(), "b".into()], &[], t0 + 10 * S).arrival_rate - 10.0).abs() < 1e-9);
     }
 
     #[test]
@@ -460,7 +479,7 @@ mod tests {
         }
         // 480 on a and 120 on b over the last 10 s: 60 req/s. (Each pod's rate over its own
         // span, summed, would say 48 + 30 = 78.)
-        let o = c.observed(&["a".into(), "b".into()], t0 + 20 * S);
+        let o = c.observed(&["a".into(), "b".into()], &[], t0 + 20 * S);
         assert!((o.arrival_rate - 60.0).abs() < 1e-9, "{o:?}");
         assert!((o.latest_rate - 60.0).abs() < 1e-9, "60 + 60 over the last 2 s: {o:?}");
         // A pod ready 0.5 s before the last scrape: the latest interval is still the others'
@@ -468,7 +487,7 @@ mod tests {
         // as if their load had not moved to it).
         c.started("d", t0 + 19 * S + S / 2);
         c.observe("d", t0 + 20 * S, sample(15.0, 15.0, 0.0, 0.0, 0.0));
-        let o = c.observed(&["a".into(), "b".into(), "d".into()], t0 + 20 * S);
+        let o = c.observed(&["a".into(), "b".into(), "d".into()], &[], t0 + 20 * S);
         assert!((o.latest_rate - 67.5).abs() < 1e-9, "(60 + 60 + 15) / 2 s: {o:?}");
     }
 
@@ -486,11 +505,11 @@ mod tests {
         }
         // b's 2 s → 16 s interval counts for its 6 s inside the window: 60 req/s, not the 46.7
         // of everything since b's sample at 2 s over 18 s.
-        let o = c.observed(&["a".into(), "b".into()], t0 + 20 * S);
+        let o = c.observed(&["a".into(), "b".into()], &[], t0 + 20 * S);
         assert!((o.arrival_rate - 60.0).abs() < 1e-9, "{o:?}");
         // A pod that has not answered for a whole window adds no stale gauges.
         c.observe("c", t0, PodSample { queue_depth: 50.0, ..PodSample::default() });
-        assert_eq!(c.observed(&["c".into()], t0 + 20 * S).queue_depth, 0.0);
+        assert_eq!(c.observed(&["c".into()], &[], t0 + 20 * S).queue_depth, 0.0);
     }
 
     #[test]
@@ -546,7 +565,7 @@ mod tests {
         let t0 = Instant::now();
         let mut c = Collector::new(10 * S);
         c.observe("a", t0, s);
-        let o = c.observed(&["a".to_owned()], t0 + S);
+        let o = c.observed(&["a".to_owned()], &[], t0 + S);
         assert_eq!(o.queue_tokens, 3000.0);
         // 100 requests; 10 sequences preempted with the cache 95 % full: pressure of a tenth.
         // The same with the cache half full is not pressure.
@@ -560,11 +579,11 @@ mod tests {
         };
         c.observe("a", t0, PodSample::default());
         c.observe("a", t0 + S, preempting(0.95, 10.0));
-        assert!((c.observed(&["a".to_owned()], t0 + 2 * S).pressure - 0.1).abs() < 1e-9);
+        assert!((c.observed(&["a".to_owned()], &[], t0 + 2 * S).pressure - 0.1).abs() < 1e-9);
         let mut c = Collector::new(10 * S);
         c.observe("a", t0, PodSample::default());
         c.observe("a", t0 + S, preempting(0.5, 10.0));
-        assert_eq!(c.observed(&["a".to_owned()], t0 + 2 * S).pressure, 0.0);
+        assert_eq!(c.observed(&["a".to_owned()], &[], t0 + 2 * S).pressure, 0.0);
         assert!((o.prefill_rate.expect("a rate") - 20_000.0).abs() < 1e-6, "{o:?}");
         // No request finished yet, or no rate keeps the targets: no figure to size by.
         assert_eq!(parse(&text("NaN")).unwrap().capacity, None);
@@ -575,7 +594,23 @@ mod tests {
             c.observe(pod, t0, PodSample { capacity, ..PodSample::default() });
         }
         let pods: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
-        assert_eq!(c.observed(&pods, t0 + S).capacity, Some(10.0), "the mean of the pods that have one");
-        assert_eq!(c.observed(&pods, t0 + 11 * S).capacity, None, "stale gauges are no figure");
+        assert_eq!(c.observed(&pods, &[], t0 + S).capacity, Some(10.0), "the mean of the pods that have one");
+        assert_eq!(c.observed(&pods, &[], t0 + 11 * S).capacity, None, "stale gauges are no figure");
+    }
+
+    #[test]
+    fn a_settling_pods_prior_stays_out_of_the_capacity_while_a_settled_pod_has_a_figure() {
+        let t0 = Instant::now();
+        let mut c = Collector::new(10 * S);
+        // a has served for a while (its learned figure, 9); b just became ready and exports the
+        // prior it took at load (30), far from what it will learn.
+        c.observe("a", t0, PodSample { capacity: Some(9.0), ..PodSample::default() });
+        c.observe("b", t0, PodSample { capacity: Some(30.0), ..PodSample::default() });
+        let both: Vec<String> = ["a", "b"].map(String::from).to_vec();
+        let fresh = ["b".to_owned()];
+        assert_eq!(c.observed(&both, &fresh, t0 + S).capacity, Some(9.0), "the settled pod's figure alone");
+        assert_eq!(c.observed(&both, &[], t0 + S).capacity, Some(19.5), "once b has settled, the mean of both");
+        // Only settling pods (a service's first): their prior is the figure there is.
+        assert_eq!(c.observed(&fresh, &fresh, t0 + S).capacity, Some(30.0));
     }
 }

@@ -320,7 +320,13 @@ impl Autoscaler {
         now: Instant,
     ) -> Result<Option<ScaleDecision>, kube::Error> {
         let uids: Vec<String> = workers.iter().filter(|w| w.ip.is_some()).map(|w| w.uid.clone()).collect();
-        let observed = self.collector.observed(&uids, now);
+        let window = self.collector.span();
+        let settling: Vec<String> = workers
+            .iter()
+            .filter(|w| w.ip.is_some() && w.ready_for.is_some_and(|r| r < window))
+            .map(|w| w.uid.clone())
+            .collect();
+        let observed = self.collector.observed(&uids, &settling, now);
         let fill =
             self.collector.rows_per_batch(&uids, now).map(|rows| rows / f64::from(isvc.spec.batching.max_batch_size));
         self.act(isvc, deployment, workers, observed, fill, now).await
