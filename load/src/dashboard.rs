@@ -139,7 +139,9 @@ pub async fn fetch(
     vars: &BTreeMap<String, String>,
 ) -> anyhow::Result<Vec<Panel>> {
     let client = reqwest::Client::new();
-    let end = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs_f64().floor();
+    // Now itself, not the whole second before it: a series whose second sample arrived in the
+    // last fraction of a second has a rate now and none at the second before.
+    let end = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs_f64();
     let start = end - range.as_secs_f64();
     let step = (range.as_secs_f64() / 120.0).max(1.0);
     for panel in &mut panels {

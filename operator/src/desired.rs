@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
+use crate::probe;
 use ferry_core::spec::{EngineKind, InferenceService, InferenceServiceSpec};
 
 /// The field manager of everything the reconciler applies.
@@ -242,10 +243,17 @@ fn gpu_limits(gpus: u32) -> ResourceRequirements {
     }
 }
 
-/// The worker Deployment (without `spec.replicas`, which the autoscaler owns).
-pub fn deployment(isvc: &InferenceService, images: &Images) -> Result<Deployment, SpecError> {
+/// The worker Deployment (without `spec.replicas`, which the autoscaler owns); `running` is the
+/// one there is now, if any (its start-up allowance is kept while it fits: [`probe`]).
+pub fn deployment(
+    isvc: &InferenceService,
+    images: &Images,
+    running: Option<&Deployment>,
+) -> Result<Deployment, SpecError> {
     let spec = &isvc.spec;
     let checked = check(spec)?;
+    let measured = isvc.status.as_ref().and_then(|s| s.measured_startup_time).map(Duration::from_secs_f64);
+    let startup = probe::allowance(checked.startup_time, measured, running.and_then(probe::running));
     let gpus = spec.engine.gpus.unwrap_or(1);
     let mounts = checked.volume.as_ref().map(|_| {
         vec![VolumeMount {
@@ -266,8 +274,8 @@ pub fn deployment(isvc: &InferenceService, images: &Images) -> Result<Deployment
         readiness_probe: Some(http_probe("/v2/health/ready", 2, 2)),
         liveness_probe: Some(http_probe("/v2/health/live", 10, 3)),
         // The llm engine reads, dequantizes and uploads its weights before it serves any probe:
-        // liveness waits for the start-up (up to 10 minutes) instead of restarting a slow load.
-        startup_probe: Some(http_probe("/v2/health/live", 5, 120)),
+        // liveness waits for the start-up (three of them) instead of restarting a slow load.
+        startup_probe: Some(http_probe("/v2/health/live", probe::PERIOD.as_secs() as i32, probe::failures(startup))),
         ..Container::default()
     };
     let mut containers = Vec::new();

@@ -9,6 +9,7 @@
 //! - [`autoscale`]: the scaling decision (pure) and the capacity planner.
 //! - [`crdgen`]: writes the CRD YAML (`crds/`), checked for drift by a test.
 //! - [`desired`]: the worker Deployment and Service an InferenceService should have (pure).
+//! - [`probe`]: the worker pods' start-up allowance, from the measured time-to-ready (pure).
 //! - [`status`]: the conditions it reports, from its Deployment (pure).
 //! - [`reconcile`]: applies the desired objects and the status; backoff on failure.
 //! - [`lease`]: leader election on a `coordination.k8s.io` Lease, so two replicas never both act.
@@ -23,6 +24,7 @@ pub mod desired;
 pub mod lease;
 pub mod metrics;
 pub mod monitoring;
+pub mod probe;
 pub mod rbac;
 pub mod reconcile;
 pub mod run;

@@ -111,7 +111,9 @@ async fn apply(isvc: &InferenceService, ctx: &Context) -> Result<Action, Error> 
     let previous = isvc.status.clone().unwrap_or_default();
     let isvcs: Api<InferenceService> = Api::namespaced(ctx.client.clone(), &namespace);
 
-    let deployment = match desired::deployment(isvc, &ctx.images) {
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
+    let existing = deployments.get_opt(&name).await.map_err(Error::GetDeployment)?;
+    let deployment = match desired::deployment(isvc, &ctx.images, existing.as_ref()) {
         Ok(deployment) => deployment,
         Err(invalid) => {
             let conditions =
@@ -129,9 +131,7 @@ async fn apply(isvc: &InferenceService, ctx: &Context) -> Result<Action, Error> 
         }
     };
 
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
-    let existing = deployments.get_opt(&name).await.map_err(Error::GetDeployment)?;
     let apply = PatchParams::apply(FIELD_MANAGER).force();
     let mut applied =
         deployments.patch(&name, &apply, &Patch::Apply(&deployment)).await.map_err(Error::ApplyDeployment)?;

@@ -22,7 +22,7 @@ fn images() -> Images {
 }
 
 fn containers(isvc: &InferenceService) -> Vec<Container> {
-    let d = desired::deployment(isvc, &images()).unwrap();
+    let d = desired::deployment(isvc, &images(), None).unwrap();
     d.spec.unwrap().template.spec.unwrap().containers
 }
 
@@ -135,7 +135,7 @@ fn the_sidecar_reads_its_arguments_as_the_spec_says() {
 #[test]
 fn the_cuda_engine_gets_gpus_and_its_model_volume() {
     let isvc = example("cuda.yaml");
-    let d = desired::deployment(&isvc, &images()).unwrap();
+    let d = desired::deployment(&isvc, &images(), None).unwrap();
     let pod = d.spec.clone().unwrap().template.spec.unwrap();
     let sidecar = &pod.containers[0];
     assert_eq!(gpus(sidecar).as_deref(), Some("1"));
@@ -154,7 +154,7 @@ fn the_cuda_engine_gets_gpus_and_its_model_volume() {
 fn the_cuda_engine_without_gpus_runs_on_the_cpu() {
     let mut isvc = example("cuda.yaml");
     isvc.spec.engine.gpus = Some(0);
-    let d = desired::deployment(&isvc, &images()).unwrap();
+    let d = desired::deployment(&isvc, &images(), None).unwrap();
     let args = d.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
     assert!(args.contains(&"--device=cpu".to_owned()), "{args:?}");
 }
@@ -176,7 +176,7 @@ fn the_remote_engine_runs_beside_the_sidecar() {
 #[test]
 fn objects_carry_labels_and_an_owner_reference() {
     let isvc = example("remote.yaml");
-    let d = desired::deployment(&isvc, &images()).unwrap();
+    let d = desired::deployment(&isvc, &images(), None).unwrap();
     let s = desired::service(&isvc);
     for meta in [&d.metadata, &s.metadata] {
         let labels = meta.labels.clone().unwrap();
@@ -224,11 +224,11 @@ fn initial_replicas_are_the_warm_spares_for_no_load_within_the_bounds() {
 fn a_spec_the_schema_let_through_is_refused_with_the_field() {
     let mut isvc = example("quickstart.yaml");
     isvc.spec.scaling.min_replicas = 9;
-    let err = desired::deployment(&isvc, &images()).unwrap_err();
+    let err = desired::deployment(&isvc, &images(), None).unwrap_err();
     assert_eq!(err.message, "spec.scaling.minReplicas (9) is more than spec.scaling.maxReplicas (8)");
     let mut isvc = example("quickstart.yaml");
     isvc.spec.model.source = Some("pvc://".into());
-    assert!(desired::deployment(&isvc, &images()).unwrap_err().message.contains("names no claim"));
+    assert!(desired::deployment(&isvc, &images(), None).unwrap_err().message.contains("names no claim"));
 }
 
 #[test]
@@ -236,7 +236,7 @@ fn a_tenants_secret_is_mounted_into_the_sidecar_and_named_by_its_flag() {
     let mut isvc = example("cuda.yaml");
     isvc.spec.tenants =
         Some(ferry_core::spec::TenantsSpec { secret_name: "ferry-tenants".into(), key: Some("t.yaml".into()) });
-    let d = desired::deployment(&isvc, &images()).unwrap();
+    let d = desired::deployment(&isvc, &images(), None).unwrap();
     let pod = d.spec.unwrap().template.spec.unwrap();
     let sidecar = &pod.containers[0];
     assert!(sidecar.args.clone().unwrap().contains(&"--tenants=/etc/ferry/tenants/tenants.yaml".to_owned()));
@@ -253,8 +253,34 @@ fn a_tenants_secret_is_mounted_into_the_sidecar_and_named_by_its_flag() {
         ("/etc/ferry/tenants", None, Some(true))
     );
     // Without it, neither.
-    let plain = desired::deployment(&example("quickstart.yaml"), &images()).unwrap();
+    let plain = desired::deployment(&example("quickstart.yaml"), &images(), None).unwrap();
     let pod = plain.spec.unwrap().template.spec.unwrap();
     assert!(pod.volumes.is_none());
     assert!(!pod.containers[0].args.clone().unwrap().iter().any(|a| a.starts_with("--tenants")));
+}
+
+fn startup_allowance(d: &k8s_openapi::api::apps::v1::Deployment) -> (Option<i32>, Option<i32>) {
+    let pod = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let probe = pod.containers.iter().find(|c| c.name == "sidecar").unwrap().startup_probe.clone().unwrap();
+    assert_eq!(probe.http_get.unwrap().path.as_deref(), Some("/v2/health/live"));
+    (probe.period_seconds, probe.failure_threshold)
+}
+
+#[test]
+fn the_start_up_probe_follows_the_declared_then_the_measured_time_to_ready_and_keeps_a_fitting_one() {
+    // examples/cuda.yaml declares a 90 s start-up: three of them, 270 s, in whole minutes: 300 s.
+    let mut isvc = example("cuda.yaml");
+    let first = desired::deployment(&isvc, &images(), None).unwrap();
+    assert_eq!(startup_allowance(&first), (Some(5), Some(60)));
+    // Its pods measured at 100 s: the running 300 s is still within two to ten start-ups.
+    let mut status =
+        ferry_core::spec::InferenceServiceStatus { measured_startup_time: Some(100.0), ..Default::default() };
+    isvc.status = Some(status.clone());
+    let kept = desired::deployment(&isvc, &images(), Some(&first)).unwrap();
+    assert_eq!(startup_allowance(&kept), (Some(5), Some(60)), "no rollout for a measurement within the band");
+    // Weights that take 4 minutes to load: 12 minutes, or the kubelet would restart them mid-load.
+    status.measured_startup_time = Some(240.0);
+    isvc.status = Some(status);
+    let longer = desired::deployment(&isvc, &images(), Some(&kept)).unwrap();
+    assert_eq!(startup_allowance(&longer), (Some(5), Some(144)));
 }

@@ -162,6 +162,8 @@ async fn an_invalid_spec_is_degraded_not_a_crash_loop() {
     bad.spec.scaling.min_replicas = 10;
     let run = tokio::spawn(reconcile(Arc::new(bad), ctx));
 
+    // The running Deployment is read (its probe is one input of the desired one), nothing written.
+    expect(&mut api, "GET", DEPLOYMENT, &[], 404, not_found()).await;
     let status = expect(&mut api, "PATCH", STATUS, &[], 200, stored()).await;
     let degraded = condition(&status, "Degraded");
     assert_eq!(degraded["status"], "True");
