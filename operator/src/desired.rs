@@ -20,6 +20,9 @@ use kube::{Resource, ResourceExt};
 use crate::probe;
 use ferry_core::spec::{EngineKind, InferenceService, InferenceServiceSpec};
 
+/// The name of the sidecar's container in every worker pod.
+pub const SIDECAR: &str = "sidecar";
+
 /// The field manager of everything the reconciler applies.
 pub const FIELD_MANAGER: &str = "ferry-operator";
 /// The field manager that owns `spec.replicas` of worker Deployments.
@@ -264,7 +267,7 @@ pub fn deployment(
         }]
     });
     let mut sidecar = Container {
-        name: "sidecar".into(),
+        name: SIDECAR.into(),
         image: Some(images.sidecar.clone()),
         args: Some(sidecar_args(spec, &checked)),
         ports: Some(vec![

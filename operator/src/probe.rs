@@ -4,8 +4,8 @@
 //! the service's start-up: `spec.scaling.startupTime`, or the measured time-to-ready where that is
 //! longer (the status' `measuredStartupTime`, the median of its latest pods). Changing a probe
 //! rolls every pod of the service, so a running allowance is kept while it stays within a band
-//! around what the start-up asks for: the allowance moves only when the start-up has moved by
-//! half or doubled, never with each measurement.
+//! around what the start-up asks for (two to ten start-ups): the allowance moves only when the
+//! start-up passes half of it or falls below a tenth of it, never with each measurement.
 
 use std::time::Duration;
 
@@ -43,7 +43,7 @@ pub fn failures(allowance: Duration) -> i32 {
 /// The allowance of the sidecar's start-up probe in `deployment`, as it runs.
 pub fn running(deployment: &Deployment) -> Option<Duration> {
     let pod = deployment.spec.as_ref()?.template.spec.as_ref()?;
-    let sidecar = pod.containers.iter().find(|c| c.name == "sidecar")?;
+    let sidecar = pod.containers.iter().find(|c| c.name == crate::desired::SIDECAR)?;
     let probe = sidecar.startup_probe.as_ref()?;
     let (period, failures) = (probe.period_seconds.unwrap_or(10), probe.failure_threshold.unwrap_or(3));
     Some(Duration::from_secs(u64::try_from(period).ok()? * u64::try_from(failures).ok()?))
