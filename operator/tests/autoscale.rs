@@ -102,6 +102,8 @@ fn load(rate: f64) -> Observed {
     Observed {
         arrival_rate: rate,
         latest_rate: rate,
+        window_seconds: f64::INFINITY,
+        latest_seconds: f64::INFINITY,
         rows_per_request: 1.0,
         batch_time: Some(Duration::from_millis(100)),
         queue_depth: 3.0,

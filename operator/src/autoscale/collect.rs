@@ -272,6 +272,8 @@ impl Collector {
         Observed {
             arrival_rate: window.rate(),
             latest_rate: latest.rate(),
+            window_seconds: window.duration,
+            latest_seconds: latest.duration,
             rows_per_request: if ok > 0.0 && batches > 0.0 { (window.rows / ok).max(1.0) } else { 1.0 },
             batch_time: (batches > 0.0).then(|| Duration::from_secs_f64(window.seconds / batches)),
             queue_depth: depth,

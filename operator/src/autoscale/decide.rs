@@ -41,6 +41,11 @@ pub struct Observed {
     /// The same over the latest scrape interval only: a step shows here a window before the
     /// window's mean has caught up.
     pub latest_rate: f64,
+    /// How long the window and the latest interval were (s): a rate counted over `t` seconds
+    /// strays by chance by about √(rate / t) (a Poisson count's spread), so a rise smaller than
+    /// that is noise. Infinite for rates known exactly.
+    pub window_seconds: f64,
+    pub latest_seconds: f64,
     /// Mean rows per request.
     pub rows_per_request: f64,
     /// Measured mean engine time per batch, if any batch ran.
@@ -200,10 +205,17 @@ pub struct ScaleDecision {
 /// and the simulation's tolerance. Low, because pressure that is not for want of capacity is
 /// told apart (rule 6) rather than tolerated.
 pub const PRESSURE_TOLERANCE: f64 = 0.002;
-/// The latest interval's rate replaces the window's when it is this much higher.
+/// The latest interval's rate replaces the window's when it is this much higher, and by more
+/// than `JUMP_SPREADS` of the spread a count over the latest interval has by chance: it is
+/// tested every decision, so it must not fire on a count a steady load gives once a day (at
+/// 20 req/s a 1 s interval strays by ±4.5 by chance; 20 % is one spread).
 const JUMP: f64 = 1.2;
-/// A look ahead counts when it adds at least this share of the rate now.
+const JUMP_SPREADS: f64 = 4.0;
+/// A look ahead counts when it adds at least this share of the rate now, and when the rise it
+/// was fitted to, in each half of the span, is more than `TREND_SPREADS` of what two readings of
+/// the window differ by chance.
 const MIN_RISE: f64 = 0.1;
+const TREND_SPREADS: f64 = 3.0;
 /// A look ahead never more than doubles the rate now.
 const MAX_GROWTH: f64 = 2.0;
 /// Ready replicas offered at least this share of their full-batch capacity are busy: pressure
@@ -398,14 +410,30 @@ fn look_ahead(observed: &Observed, target: &Target, rates: &mut VecDeque<(Instan
     while rates.front().is_some_and(|(at, _)| *at + span < now) {
         rates.pop_front();
     }
-    // A rate that jumped in the latest interval is the rate now.
-    let rate =
-        if observed.latest_rate > JUMP * observed.arrival_rate { observed.latest_rate } else { observed.arrival_rate };
+    let window = observed.arrival_rate;
+    // A rate that jumped in the latest interval, by more than chance, is the rate now.
+    let jumped = observed.latest_rate > JUMP * window
+        && observed.latest_rate - window > JUMP_SPREADS * spread(window, observed.latest_seconds);
+    let rate = if jumped { observed.latest_rate } else { window };
     let slope = trend(rates);
     let rise = slope.max(0.0) * target.startup.as_secs_f64();
-    // A rise smaller than the noise of the rates it was fitted to is not a trend.
-    let ahead = if rise >= MIN_RISE * rate { (rate + rise).min(rate * MAX_GROWTH) } else { rate };
+    // A rise smaller than the noise of the rates it was fitted to is not a trend: within each
+    // half of the span (the trend is the lower half's slope), more than two window readings
+    // differ by chance.
+    let half = rates.back().zip(rates.front()).map_or(0.0, |(b, f)| (b.0 - f.0).as_secs_f64() / 2.0);
+    let noise = TREND_SPREADS * std::f64::consts::SQRT_2 * spread(window, observed.window_seconds);
+    let trend_is_real = rise >= MIN_RISE * rate && slope * half > noise;
+    let ahead = if trend_is_real { (rate + rise).min(rate * MAX_GROWTH) } else { rate };
     Rate { now: rate, slope, ahead }
+}
+
+/// How far a rate counted over `seconds` strays by chance: a Poisson count's spread, √n.
+fn spread(rate: f64, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        (rate.max(0.0) / seconds).sqrt()
+    } else {
+        f64::INFINITY
+    }
 }
 
 /// Rule 1: requests a second one replica serves, and whose figure it is (for the message).
@@ -610,6 +638,45 @@ mod tests {
 
     const S: Duration = Duration::from_secs(1);
 
+    /// `look_ahead` after one reading a second rising by `per_second` from 20 req/s for 30 s,
+    /// each counted over a 6 s window (or exactly).
+    fn looked_ahead(per_second: f64, window_seconds: f64) -> Rate {
+        let t0 = Instant::now();
+        let mut rates: VecDeque<(Instant, f64)> =
+            (0..29).map(|i| (t0 + i * S, 20.0 + per_second * f64::from(i))).collect();
+        let now = 20.0 + per_second * 29.0;
+        let observed = Observed { window_seconds, ..load(now) };
+        look_ahead(&observed, &target(), &mut rates, t0 + 29 * S)
+    }
+
+    #[test]
+    fn a_jump_or_a_trend_within_chance_is_not_taken_for_one() {
+        // 20 req/s over a 6 s window; the latest 1 s counted 25: one spread (√20 ≈ 4.5) above,
+        // which a steady load gives every few seconds. 45 is 5.6 spreads above: a jump.
+        let steady = |latest: f64, seconds: f64| Observed {
+            latest_rate: latest,
+            window_seconds: 6.0,
+            latest_seconds: seconds,
+            ..load(20.0)
+        };
+        let t0 = Instant::now();
+        let now = |o: &Observed| look_ahead(o, &target(), &mut VecDeque::new(), t0).now;
+        assert_eq!(now(&steady(25.0, 1.0)), 20.0);
+        assert_eq!(now(&steady(45.0, 1.0)), 45.0);
+        // Counted exactly, 25 is 25 % above: a jump.
+        assert_eq!(now(&steady(25.0, f64::INFINITY)), 25.0);
+        // A rise of 0.1 req/s a second (1.5 req/s over each 15 s half) is within what two 6 s
+        // readings of ~23 req/s differ by chance (3 × √2 × √(23 / 6) ≈ 8.3): no look ahead. Read
+        // exactly, it is one: 60 s of start-up ahead, +6 req/s.
+        let slow = looked_ahead(0.1, 6.0);
+        assert_eq!(slow.ahead, slow.now, "slope {}", slow.slope);
+        let exact = looked_ahead(0.1, f64::INFINITY);
+        assert!((exact.ahead - (exact.now + 6.0)).abs() < 1e-6, "{} → {}", exact.now, exact.ahead);
+        // 1 req/s a second (15 req/s over each half) is a trend: the rate doubles ahead, at most.
+        let ramp = looked_ahead(1.0, 6.0);
+        assert!((ramp.ahead - 2.0 * ramp.now).abs() < 1e-6, "{} → {}", ramp.now, ramp.ahead);
+    }
+
     fn target() -> Target {
         // The problem statement's replica: 1 worker, 32 rows per 100 ms batch = 320 req/s.
         Target {
@@ -633,6 +700,8 @@ mod tests {
         Observed {
             arrival_rate: rate,
             latest_rate: rate,
+            window_seconds: f64::INFINITY,
+            latest_seconds: f64::INFINITY,
             rows_per_request: 1.0,
             batch_time: None,
             queue_depth: 0.0,

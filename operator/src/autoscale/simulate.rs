@@ -360,6 +360,8 @@ pub fn run(world: &World, scenario: Scenario, policy: PolicyKind) -> Outcome {
                     let observed = Observed {
                         arrival_rate: arrivals as f64 / span,
                         latest_rate: window_arrivals as f64 / world.tick.as_secs_f64(),
+                        window_seconds: span,
+                        latest_seconds: world.tick.as_secs_f64(),
                         rows_per_request: 1.0,
                         batch_time: Some(t.batch_time),
                         queue_depth: pods.iter().map(|p| p.scheduler.queue_depth() as f64).sum(),
