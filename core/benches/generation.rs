@@ -118,7 +118,8 @@ fn admission(c: &mut Criterion) {
     // newcomer, whose prompt joins the steps, makes some of them late, and the forecast without
     // it is asked whether they were late anyway.
     let fates = forecast::simulate(&generous, None, now, Duration::ZERO);
-    let (tight, at) = loaded(t0, |id| fates[&id].end.expect("finishes") - t0 + Duration::from_millis(20));
+    let (tight, at) =
+        loaded(t0, |id| fates.get(id).and_then(|f| f.end).expect("finishes") - t0 + Duration::from_millis(20));
     assert_eq!(at, now);
     let r = request(newcomer, now, HOUR, HOUR);
     assert!(forecast::admit(&tight, None, &r, now, margin).is_err(), "it would make some late");

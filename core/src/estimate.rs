@@ -123,6 +123,55 @@ pub(crate) struct Linear<const N: usize = 4> {
     /// The fit of the recent samples and their largest residual, when they are not the whole
     /// window.
     recent: Option<([f64; N], f64)>,
+    /// [`Linear::estimate`]'s two lines in whole femtoseconds, for [`Linear::estimate_exact`].
+    lines: Lines<N>,
+}
+
+/// An estimate as exact integer arithmetic: the lesser of two lines (the long window's fit plus
+/// its correction, and the recent samples' fit plus their largest residual), each in whole
+/// femtoseconds per unit of each feature. Along a run of steps whose features grow by a constant
+/// each, each line grows by a constant, so a forecast can sum a thousand steps' estimates in
+/// closed form and get exactly what adding them one by one gives
+/// ([`crate::generation::decode_run`]); f64 dot products, rounded each, do not add up that way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lines<const N: usize> {
+    pub long: Line<N>,
+    pub recent: Option<Line<N>>,
+}
+
+/// `plus + Σ per[i] · x[i]`, femtoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Line<const N: usize> {
+    pub per: [i128; N],
+    pub plus: i128,
+}
+
+/// Femtoseconds in a nanosecond: the lines' unit. Fine enough that a cost of 0.3 ns a slot keeps
+/// three digits, and an estimate rounded from it to whole nanoseconds is the f64 one's.
+pub(crate) const FS_PER_NS: i128 = 1_000_000;
+
+impl<const N: usize> Line<N> {
+    fn new(fit: [f64; N], plus_ns: f64) -> Self {
+        let fs = |ns: f64| (ns * FS_PER_NS as f64).round() as i128;
+        Line { per: fit.map(fs), plus: fs(plus_ns) }
+    }
+
+    pub(crate) fn at(&self, x: [u64; N]) -> i128 {
+        self.per.iter().zip(x).map(|(c, x)| c * i128::from(x)).sum::<i128>() + self.plus
+    }
+}
+
+impl<const N: usize> Lines<N> {
+    /// The lesser line's value at `x`, femtoseconds.
+    pub(crate) fn at(&self, x: [u64; N]) -> i128 {
+        let long = self.long.at(x);
+        self.recent.map_or(long, |r| long.min(r.at(x)))
+    }
+}
+
+/// Femtoseconds to whole nanoseconds, rounded half up, never negative.
+pub(crate) fn fs_to_ns(fs: i128) -> u64 {
+    (fs + FS_PER_NS / 2).div_euclid(FS_PER_NS).max(0) as u64
 }
 
 impl<const N: usize> Linear<N> {
@@ -135,7 +184,18 @@ impl<const N: usize> Linear<N> {
             correction_ns: 0.0,
             worst_ns: 0.0,
             recent: None,
+            lines: Lines { long: Line::new(prior, 0.0), recent: None },
         }
+    }
+
+    /// [`Linear::estimate`] for whole-numbered features, in exact integer arithmetic (it may
+    /// differ from the f64 one by a nanosecond's rounding).
+    pub(crate) fn estimate_exact(&self, x: [u64; N]) -> Duration {
+        Duration::from_nanos(fs_to_ns(self.lines.at(x)))
+    }
+
+    pub(crate) fn lines(&self) -> &Lines<N> {
+        &self.lines
     }
 
     /// The model it started from, before anything was measured.
@@ -189,6 +249,10 @@ impl<const N: usize> Linear<N> {
             let (fit, _, worst) = fit(self.prior, self.window.iter().skip(all - recent), recent, 1.0);
             (fit, worst)
         });
+        self.lines = Lines {
+            long: Line::new(self.fit, self.correction_ns),
+            recent: self.recent.map(|(fit, worst)| Line::new(fit, worst)),
+        };
     }
 }
 

@@ -10,7 +10,8 @@
 //! - [`scheduler`]: the step rule — which sequences a step runs, and how much of each;
 //!   preemption by recompute; sequences that can no longer finish in time.
 //! - [`forecast`]: admission — the scheduler run forward in virtual time to see whether every
-//!   promise holds with the newcomer.
+//!   promise holds with the newcomer, from event to event; [`decode_run`]: the steps between two
+//!   events in closed form.
 //! - [`ledger`]: the state machine the sidecar's shell drives: events in with `now`, effects out.
 //! - [`capacity`]: how many requests a second one pod serves with its promises kept, from the
 //!   step cost, the requests' shape and the service's targets and limits; [`trial`]: that figure
@@ -21,6 +22,7 @@
 //!   tests and the benchmark.
 
 pub mod capacity;
+mod decode_run;
 pub mod forecast;
 pub mod kv;
 pub mod ledger;

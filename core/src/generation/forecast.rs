@@ -9,6 +9,11 @@
 //! misses a deadline (the property tests check it). A sequence already admitted that would miss
 //! anyway (the estimates grew since it was admitted) does not count against the newcomer: the
 //! forecast without the newcomer is run to tell.
+//!
+//! The forecast is computed from events ([`events`]: a sequence starts, ends its prefill, ends)
+//! wherever it can be, which costs microseconds where the steps cost seconds; the step-by-step
+//! [`simulate`] is the reference it is tested against, and what runs where the event-driven one
+//! declines (KV blocks that may run short, tenants sharing a tier's queue).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -19,8 +24,66 @@ use super::scheduler::{Progress, Scheduler, StepPlan};
 use super::sequence::{Request, SeqId};
 use crate::outcome::{Outcome, Refusal};
 
+mod events;
+#[cfg(test)]
+mod tests;
+
 /// Steps a forecast may simulate; a future longer than this is not promised.
 const MAX_STEPS: usize = 200_000;
+
+/// Every sequence's fate, in the order of their ids.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fates {
+    ids: Vec<SeqId>,
+    fates: Vec<Fate>,
+}
+
+impl Fates {
+    pub fn get(&self, id: SeqId) -> Option<&Fate> {
+        self.ids.binary_search(&id).ok().map(|i| &self.fates[i])
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (SeqId, &Fate)> {
+        self.ids.iter().copied().zip(&self.fates)
+    }
+}
+
+impl From<BTreeMap<SeqId, Fate>> for Fates {
+    fn from(map: BTreeMap<SeqId, Fate>) -> Fates {
+        let (ids, fates) = map.into_iter().unzip();
+        Fates { ids, fates }
+    }
+}
+
+/// How a forecast is computed: from events where it can be (admission), or step by step (the
+/// reference the other is tested against).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Method {
+    Events,
+    Steps,
+}
+
+/// The forecast from `now` with `newcomer` taken in (stopping once its promise is lost), by
+/// `method`; from events falls back to steps where it declines.
+fn forecast(
+    s: &Scheduler,
+    in_flight: Option<InFlight<'_>>,
+    now: Instant,
+    margin: Duration,
+    newcomer: Option<&Request>,
+    method: Method,
+) -> Fates {
+    if method == Method::Events {
+        if let Ok(fates) = events::run(s, in_flight, now, margin, newcomer) {
+            return fates;
+        }
+    }
+    let mut sim = s.clone();
+    if let Some(r) = newcomer {
+        sim.insert(*r);
+    }
+    run(sim, in_flight, now, margin, newcomer).into()
+}
 
 /// What the forecast says of one sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -43,14 +106,10 @@ pub struct InFlight<'a> {
     pub end: Instant,
 }
 
-/// Runs the scheduler forward from `now` with nothing more arriving.
-pub fn simulate(
-    s: &Scheduler,
-    in_flight: Option<InFlight<'_>>,
-    now: Instant,
-    margin: Duration,
-) -> BTreeMap<SeqId, Fate> {
-    run(s.clone(), in_flight, now, margin, None)
+/// Runs the scheduler forward from `now` with nothing more arriving, step by step: the
+/// reference the event-driven forecast is tested against.
+pub fn simulate(s: &Scheduler, in_flight: Option<InFlight<'_>>, now: Instant, margin: Duration) -> Fates {
+    forecast(s, in_flight, now, margin, None, Method::Steps)
 }
 
 /// [`simulate`] on a copy the caller made; with `newcomer`, it stops as soon as that request's
@@ -148,10 +207,20 @@ pub fn admit(
     now: Instant,
     margin: Duration,
 ) -> Result<(), Refusal> {
-    let mut with = s.clone();
-    with.insert(*r);
-    let fates = run(with, in_flight, now, margin, Some(r));
-    let fate = fates[&r.id];
+    admit_by(s, in_flight, r, now, margin, Method::Events)
+}
+
+/// [`admit`], its forecasts computed by `method`.
+pub(crate) fn admit_by(
+    s: &Scheduler,
+    in_flight: Option<InFlight<'_>>,
+    r: &Request,
+    now: Instant,
+    margin: Duration,
+    method: Method,
+) -> Result<(), Refusal> {
+    let fates = forecast(s, in_flight, now, margin, Some(r), method);
+    let fate = *fates.get(r.id).expect("the newcomer's fate");
     let ms = |d: Duration| d.as_millis();
     let after = |t: Option<Instant>| {
         t.map_or("never (beyond the forecast)".to_owned(), |t| format!("{} ms", ms(t - r.arrival)))
@@ -194,22 +263,27 @@ pub fn admit(
             ),
         });
     }
+    // Both in id order: the held sequences, and their fates less the newcomer's.
     let victims: Vec<SeqId> = s
         .seqs
         .iter()
-        .filter(|(id, q)| broken(&q.request, &fates[*id], margin, q.first_token.is_some()).is_some())
-        .map(|(id, _)| *id)
+        .zip(fates.iter().filter(|(id, _)| *id != r.id))
+        .filter(|((id, q), (of, fate))| {
+            debug_assert_eq!(*id, of);
+            broken(&q.request, fate, margin, q.first_token.is_some()).is_some()
+        })
+        .map(|((id, _), _)| *id)
         .collect();
     if victims.is_empty() {
         return Ok(());
     }
     // Would they keep their promises without it?
-    let without = simulate(s, in_flight, now, margin);
+    let without = forecast(s, in_flight, now, margin, None, method);
     let harmed: Vec<SeqId> = victims
         .into_iter()
         .filter(|id| {
             let q = &s.seqs[id];
-            broken(&q.request, &without[id], margin, q.first_token.is_some()).is_none()
+            broken(&q.request, without.get(*id).expect("a fate each"), margin, q.first_token.is_some()).is_none()
         })
         .collect();
     if harmed.is_empty() {

@@ -161,7 +161,7 @@ pub struct Scheduler {
     /// The tenants' fair shares of step tokens, one per priority tier.
     pub(crate) shares: [Shares; 2],
     /// What a step cut to the decodes' inter-token target leaves of it unused.
-    step_reserve: Duration,
+    pub(crate) step_reserve: Duration,
 }
 
 impl Scheduler {

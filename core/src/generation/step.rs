@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::estimate::Linear;
+use crate::estimate::{Linear, Lines};
 
 /// What a step's time depends on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -69,6 +69,11 @@ impl StepShape {
     fn features(self) -> [f64; 5] {
         [1.0, f64::from(self.decodes), f64::from(self.prefill), self.context as f64, self.attended as f64]
     }
+
+    /// The features as whole numbers, for the estimate's exact lines.
+    pub(crate) fn units(self) -> [u64; 5] {
+        [1, u64::from(self.decodes), u64::from(self.prefill), self.context, self.attended]
+    }
 }
 
 /// The configured cost of a step before any is measured (the `sim-llm` engine's flags, or what a
@@ -111,9 +116,16 @@ impl StepEstimator {
         StepEstimator { model: Linear::new(prior) }
     }
 
-    /// Expected time of a step of this shape.
+    /// Expected time of a step of this shape, in exact integer arithmetic (so that a forecast
+    /// adds a run of decode steps in closed form to exactly what it adds step by step:
+    /// [`super::decode_run`]).
     pub fn estimate(&self, shape: StepShape) -> Duration {
-        self.model.estimate(shape.features())
+        self.model.estimate_exact(shape.units())
+    }
+
+    /// The estimate's lines, femtoseconds per unit of each of [`StepShape::units`].
+    pub(crate) fn lines(&self) -> &Lines<5> {
+        self.model.lines()
     }
 
     /// Feeds one measured step, ended at `at`.

@@ -1,0 +1,471 @@
+//! The forecast driven by events, not steps: what [`super::simulate`] computes by running a copy
+//! of the scheduler one step at a time, computed at the cost of the events that change a step's
+//! members — a sequence starts, finishes its prefill, ends — instead of the steps between them.
+//!
+//! Between two events every step decodes the same sequences, one token further each
+//! ([`crate::generation::decode_run`] adds such a run up in closed form). The decoders are held
+//! lazily: each is stored as of the step it joined, and the step count says where it is now; the
+//! shape of their decodes is kept as sums; the ends wait in a heap by the step they fall on; each
+//! step's (or run's) longest step goes on a stack that answers "the longest step since this
+//! sequence began to decode" by binary search. A forecast of 2 000 sequences that ends every one
+//! of them costs a few thousand events, not the hundreds of thousands of steps they take.
+//!
+//! Exactness: each step with a prefill in it is composed by the rule of
+//! [`crate::generation::scheduler`] (mid-prefill sequences first, then waiting ones in order, each
+//! chunk cut to the budget and the decodes' inter-token target by the same estimator calls), so
+//! the answer is the step-by-step one's, to the nanosecond. Three things the step rule does that
+//! this does not follow, it declines instead (`None`, and the caller runs the step-by-step
+//! forecast): KV blocks that could run short (a preemption, a chunk cut by the room left), tenants
+//! whose fair shares order the waiting sequences (two tenants waiting in one tier), and the
+//! disciplines other than Ferry's.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Fate, Fates, InFlight, MAX_STEPS};
+use crate::generation::decode_run::DecodeRun;
+use crate::generation::kv::blocks_for;
+use crate::generation::scheduler::{Discipline, Scheduler};
+use crate::generation::sequence::{Request, SeqId};
+use crate::generation::step::StepShape;
+use crate::ticket::Priority;
+
+/// One sequence of the forecast, by its index in [`Fates`].
+#[derive(Debug, Clone, Copy)]
+struct Seq {
+    request: Request,
+    /// Prompt and produced tokens; tokens whose KV is computed; tokens produced. For a decoder,
+    /// as of the step it joined the decodes.
+    known: u32,
+    computed: u32,
+    generated: u32,
+    /// The most blocks it may hold: its prompt and every token it may produce.
+    blocks: u32,
+    /// For a decoder: the step count when it joined, and the first segment it decoded in.
+    joined: u64,
+    segment: usize,
+    decoding: bool,
+}
+
+impl Seq {
+    fn key(&self, i: usize) -> (Priority, Instant, SeqId, usize) {
+        (self.request.priority, self.request.ttft_deadline, self.request.id, i)
+    }
+}
+
+/// Where a forecast that declined stopped: the step-by-step one is asked instead.
+pub(super) struct Declined;
+
+struct Forecast<'a> {
+    s: &'a Scheduler,
+    margin: Duration,
+    seqs: Vec<Seq>,
+    fates: Fates,
+    newcomer: Option<usize>,
+    /// Steps completed (decodes advance one token a step), and steps planned (the horizon).
+    k: u64,
+    steps: usize,
+    t: Instant,
+    /// The decoders: how many, Σ (computed − joined) over them, their inter-token targets, and
+    /// the step count at which each ends.
+    decoders: u32,
+    offset: i128,
+    itls: BTreeMap<Duration, u32>,
+    ends: BinaryHeap<Reverse<(u64, usize)>>,
+    /// Running sequences that still prefill, in the rule's order.
+    mid: BTreeSet<(Priority, Instant, SeqId, usize)>,
+    /// Waiting sequences in start order, and the next to start.
+    waiting: Vec<usize>,
+    next: usize,
+    /// Sequences holding blocks.
+    running: u32,
+    /// Free blocks beyond what every running sequence may still take: while it is not negative,
+    /// no decode waits for a block and a mid-prefill chunk is never cut by the room left.
+    slack: i64,
+    /// Segments (a step with a prefill, or a run of decode steps) so far, and a stack of
+    /// (segment, its longest step) whose steps decrease: the longest step since segment `j` is
+    /// that of the first entry at or after `j`.
+    segments: usize,
+    peaks: Vec<(usize, Duration)>,
+}
+
+/// The forecast of [`super::simulate`] (with `newcomer` inserted and the early stop of
+/// [`super::admit`]), or [`Declined`] where the step rule would do what this does not follow.
+/// Fates carry `in_time` for the newcomer alone.
+pub(super) fn run(
+    s: &Scheduler,
+    in_flight: Option<InFlight<'_>>,
+    now: Instant,
+    margin: Duration,
+    newcomer: Option<&Request>,
+) -> Result<Fates, Declined> {
+    if s.policy.discipline != Discipline::Deadlines {
+        return Err(Declined);
+    }
+    let mut f = Forecast::start(s, in_flight, now, margin, newcomer)?;
+    f.go()?;
+    Ok(f.finish())
+}
+
+impl<'a> Forecast<'a> {
+    fn start(
+        s: &'a Scheduler,
+        in_flight: Option<InFlight<'_>>,
+        now: Instant,
+        margin: Duration,
+        newcomer: Option<&Request>,
+    ) -> Result<Forecast<'a>, Declined> {
+        let block = s.pool.block_size();
+        let count = s.seqs.len() + usize::from(newcomer.is_some());
+        let mut ids = Vec::with_capacity(count);
+        let mut seqs = Vec::with_capacity(count);
+        let mut fates = Vec::with_capacity(count);
+        let mut held: Vec<(bool, u32)> = Vec::with_capacity(count);
+        let seq = |request: Request, generated: u32, computed: u32| Seq {
+            request,
+            known: request.prompt + generated,
+            computed,
+            generated,
+            blocks: blocks_for(request.prompt + request.max_tokens, block),
+            joined: 0,
+            segment: 0,
+            decoding: false,
+        };
+        let mut newcomer_at = None;
+        let mut push_newcomer =
+            |ids: &mut Vec<SeqId>, seqs: &mut Vec<Seq>, fates: &mut Vec<Fate>, held: &mut Vec<_>| {
+                if let Some(r) = newcomer {
+                    newcomer_at = Some(ids.len());
+                    ids.push(r.id);
+                    seqs.push(seq(*r, 0, 0));
+                    fates.push(Fate::default());
+                    held.push((false, 0));
+                }
+            };
+        let mut placed = newcomer.is_none();
+        for (id, q) in &s.seqs {
+            if !placed && newcomer.is_some_and(|r| r.id < *id) {
+                push_newcomer(&mut ids, &mut seqs, &mut fates, &mut held);
+                placed = true;
+            }
+            ids.push(*id);
+            seqs.push(seq(q.request, q.generated, q.computed));
+            fates.push(Fate { first: q.first_token, ..Fate::default() });
+            held.push((q.running, q.table.len() as u32));
+        }
+        if !placed {
+            push_newcomer(&mut ids, &mut seqs, &mut fates, &mut held);
+        }
+        let mut f = Forecast {
+            s,
+            margin,
+            seqs,
+            fates: Fates { ids, fates },
+            newcomer: newcomer_at,
+            k: 0,
+            steps: 0,
+            t: now,
+            decoders: 0,
+            offset: 0,
+            itls: BTreeMap::new(),
+            ends: BinaryHeap::new(),
+            mid: BTreeSet::new(),
+            waiting: Vec::new(),
+            next: 0,
+            running: 0,
+            slack: i64::from(s.pool.free()),
+            segments: 0,
+            peaks: Vec::new(),
+        };
+        let mut ended = vec![false; f.seqs.len()];
+        if let Some(step) = in_flight {
+            f.t = f.t.max(step.end);
+            for m in &step.plan.members {
+                let Ok(i) = f.fates.ids.binary_search(&m.id) else { continue };
+                if f.newcomer == Some(i) {
+                    continue;
+                }
+                if m.decode {
+                    f.fates.fates[i].longest_step = f.fates.fates[i].longest_step.max(step.plan.expected);
+                }
+                let q = &mut f.seqs[i];
+                q.computed += m.len;
+                if m.sample {
+                    q.generated += 1;
+                    q.known += 1;
+                    let q = *q;
+                    f.token(i);
+                    ended[i] = q.generated == q.request.max_tokens;
+                }
+            }
+        }
+        // Running sequences: decoders and mid-prefill ones; then the waiting ones in order.
+        let mut tenants: [Option<crate::tenant::TenantId>; 2] = [None, None];
+        for i in 0..f.seqs.len() {
+            let (running, table) = held[i];
+            let q = f.seqs[i];
+            if ended[i] {
+                f.fates.fates[i].end = Some(f.t);
+                f.slack += i64::from(table);
+            } else if running {
+                f.running += 1;
+                f.slack -= i64::from(q.blocks.saturating_sub(table));
+                if q.generated > 0 && q.computed > 0 && q.known - q.computed == 1 {
+                    f.join(i);
+                } else {
+                    f.mid.insert(q.key(i));
+                }
+            }
+        }
+        let waiting_at = |id: &SeqId| f.fates.ids.binary_search(id).expect("a waiting sequence is held");
+        let mut waiting: Vec<usize> = s.waiting.iter().map(|(_, _, id)| waiting_at(id)).collect();
+        if let Some(i) = f.newcomer {
+            let key = f.seqs[i].request;
+            let key = (key.priority, key.ttft_deadline, key.id);
+            let at = waiting.partition_point(|&j| {
+                let r = f.seqs[j].request;
+                (r.priority, r.ttft_deadline, r.id) < key
+            });
+            waiting.insert(at, i);
+        }
+        for &i in &waiting {
+            let r = f.seqs[i].request;
+            let tier = &mut tenants[r.priority.index()];
+            if tier.is_some_and(|t| t != r.tenant) {
+                return Err(Declined);
+            }
+            *tier = Some(r.tenant);
+        }
+        f.waiting = waiting;
+        if f.slack < 0 {
+            return Err(Declined);
+        }
+        Ok(f)
+    }
+
+    /// Sequence `i` has a token at `self.t`.
+    fn token(&mut self, i: usize) {
+        let fate = &mut self.fates.fates[i];
+        fate.first.get_or_insert(self.t);
+        if self.newcomer == Some(i) && self.t + self.margin <= self.seqs[i].request.deadline {
+            fate.in_time += 1;
+        }
+    }
+
+    /// Sequence `i` (running, its prefill done) decodes from the next step on.
+    fn join(&mut self, i: usize) {
+        let q = &mut self.seqs[i];
+        q.joined = self.k;
+        q.segment = self.segments;
+        q.decoding = true;
+        self.decoders += 1;
+        self.offset += i128::from(q.computed) - i128::from(self.k);
+        *self.itls.entry(q.request.itl).or_default() += 1;
+        let end = self.k + u64::from(q.request.max_tokens - q.generated);
+        self.ends.push(Reverse((end, i)));
+    }
+
+    /// The longest step since segment `from`.
+    fn longest_since(&self, from: usize) -> Duration {
+        let at = self.peaks.partition_point(|(j, _)| *j < from);
+        self.peaks.get(at).map_or(Duration::ZERO, |(_, d)| *d)
+    }
+
+    fn segment(&mut self, longest: Duration) {
+        while self.peaks.last().is_some_and(|(_, d)| *d <= longest) {
+            self.peaks.pop();
+        }
+        self.peaks.push((self.segments, longest));
+        self.segments += 1;
+        if let Some(i) = self.newcomer.filter(|i| self.is_decoding(*i)) {
+            let fate = &mut self.fates.fates[i];
+            fate.longest_step = fate.longest_step.max(longest);
+        }
+    }
+
+    fn is_decoding(&self, i: usize) -> bool {
+        self.seqs[i].decoding
+    }
+
+    /// The decodes of the next step, as one shape.
+    fn decode_shape(&self) -> StepShape {
+        let d = i128::from(self.decoders);
+        // Each decoder's part: its computed tokens now, plus the one it feeds.
+        let context = (self.offset + d * i128::from(self.k) + d) as u64;
+        StepShape { decodes: self.decoders, prefill: 0, context, attended: context }
+    }
+
+    /// The newcomer's promise is broken past mending ([`super::run`]'s `lost`).
+    fn lost(&self) -> bool {
+        self.newcomer.is_some_and(|i| {
+            let (f, r) = (&self.fates.fates[i], &self.seqs[i].request);
+            f.first.is_some_and(|first| first + self.margin > r.ttft_deadline) || f.longest_step > r.itl
+        })
+    }
+
+    fn go(&mut self) -> Result<(), Declined> {
+        let policy = self.s.policy;
+        let mut members: Vec<(usize, u32)> = Vec::new();
+        loop {
+            let empty = self.decoders == 0 && self.mid.is_empty() && self.next == self.waiting.len();
+            if empty || self.lost() || self.steps >= MAX_STEPS {
+                return Ok(());
+            }
+            // Compose the next step as the rule does: decodes, then chunks of mid-prefill
+            // sequences in order, then of waiting ones.
+            let decodes = self.decode_shape();
+            let cap = self.itls.keys().next().map(|itl| itl.saturating_sub(self.s.step_reserve));
+            let mut shape = decodes;
+            let mut budget = policy.max_batch_tokens.saturating_sub(self.decoders);
+            members.clear();
+            let chunk = |shape: StepShape, q: &Seq, budget: u32| {
+                let n = (q.known - q.computed).min(budget);
+                cap.map_or(n, |cap| self.s.estimator.prefill_within(shape, q.computed, cap, n))
+            };
+            for &(.., i) in &self.mid {
+                if budget == 0 {
+                    break;
+                }
+                let q = &self.seqs[i];
+                let n = chunk(shape, q, budget);
+                if n > 0 {
+                    shape = shape.join(StepShape::part(q.computed, n, false));
+                    budget -= n;
+                    members.push((i, n));
+                }
+            }
+            while self.next < self.waiting.len() && budget > 0 && self.running < policy.max_sequences {
+                let i = self.waiting[self.next];
+                let q = self.seqs[i];
+                let n = chunk(shape, &q, budget);
+                if n == 0 {
+                    break;
+                }
+                // Room for all it may ever hold, beyond the watermark, or the rule's room check
+                // may bind: not followed here.
+                if self.slack < i64::from(policy.watermark) + i64::from(q.blocks) {
+                    return Err(Declined);
+                }
+                self.slack -= i64::from(q.blocks);
+                self.running += 1;
+                self.next += 1;
+                self.mid.insert(q.key(i));
+                shape = shape.join(StepShape::part(q.computed, n, false));
+                budget -= n;
+                members.push((i, n));
+            }
+            if members.is_empty() {
+                if self.decoders == 0 {
+                    // Nothing could run: the rule would preempt (not followed) or stop.
+                    return if self.running > 1 { Err(Declined) } else { Ok(()) };
+                }
+                self.decode_run(decodes);
+            } else {
+                self.prefill_step(shape, &members);
+            }
+        }
+    }
+
+    /// Steps that decode and nothing else, up to the next end (no prefill can join before one:
+    /// the decodes only grow, and with them the steps a chunk would join).
+    fn decode_run(&mut self, first: StepShape) {
+        let Some(Reverse((end, _))) = self.ends.peek() else { unreachable!("decoders end") };
+        let mut n = (end - self.k).min((MAX_STEPS - self.steps) as u64);
+        let run = DecodeRun::new(&self.s.estimator, first, self.decoders);
+        let newcomer = self.newcomer.filter(|i| self.is_decoding(*i));
+        if let Some(i) = newcomer {
+            let itl = self.seqs[i].request.itl.as_nanos() as u64;
+            if let Some(over) = run.first_over(n, itl) {
+                n = over + 1;
+            }
+            let deadline = self.seqs[i].request.deadline;
+            let budget = deadline.checked_duration_since(self.t + self.margin).map_or(0, |d| d.as_nanos() as u64);
+            if self.t + self.margin <= deadline {
+                self.fates.fates[i].in_time += run.within(n, budget) as u32;
+            }
+        }
+        self.t += Duration::from_nanos(run.sum(n));
+        self.k += n;
+        self.steps += n as usize;
+        self.segment(Duration::from_nanos(run.step(n - 1)));
+        self.take_ends();
+    }
+
+    fn prefill_step(&mut self, shape: StepShape, members: &[(usize, u32)]) {
+        let expected = self.s.estimator.estimate(shape);
+        self.t += expected;
+        self.k += 1;
+        self.steps += 1;
+        self.segment(expected);
+        if let Some(i) = self.newcomer.filter(|i| self.is_decoding(*i)) {
+            if self.t + self.margin <= self.seqs[i].request.deadline {
+                self.fates.fates[i].in_time += 1;
+            }
+        }
+        for &(i, n) in members {
+            let q = &mut self.seqs[i];
+            q.computed += n;
+            if q.computed < q.known {
+                continue;
+            }
+            q.generated += 1;
+            q.known += 1;
+            let q = *q;
+            self.mid.remove(&q.key(i));
+            self.token(i);
+            if q.generated == q.request.max_tokens {
+                self.fates.fates[i].end = Some(self.t);
+                self.running -= 1;
+                self.slack += i64::from(q.blocks);
+            } else {
+                self.join(i);
+            }
+        }
+        self.take_ends();
+    }
+
+    /// Decoders whose last token came with the step just done.
+    fn take_ends(&mut self) {
+        while let Some(&Reverse((end, i))) = self.ends.peek() {
+            if end > self.k {
+                break;
+            }
+            self.ends.pop();
+            let q = self.seqs[i];
+            self.fates.fates[i].end = Some(self.t);
+            self.leave(i, q);
+        }
+    }
+
+    fn leave(&mut self, i: usize, q: Seq) {
+        self.seqs[i].decoding = false;
+        let longest = self.longest_since(q.segment);
+        let fate = &mut self.fates.fates[i];
+        fate.longest_step = fate.longest_step.max(longest);
+        self.decoders -= 1;
+        self.offset -= i128::from(q.computed) - i128::from(q.joined);
+        if let Some(count) = self.itls.get_mut(&q.request.itl) {
+            *count -= 1;
+            if *count == 0 {
+                self.itls.remove(&q.request.itl);
+            }
+        }
+        self.running -= 1;
+        self.slack += i64::from(q.blocks);
+    }
+
+    /// The fates, with the longest step of every sequence still decoding at the stop.
+    fn finish(mut self) -> Fates {
+        let decoding: Vec<usize> = self.ends.iter().map(|Reverse((_, i))| *i).collect();
+        for i in decoding {
+            let from = self.seqs[i].segment;
+            let longest = self.longest_since(from);
+            let fate = &mut self.fates.fates[i];
+            fate.longest_step = fate.longest_step.max(longest);
+        }
+        self.fates
+    }
+}

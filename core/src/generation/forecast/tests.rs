@@ -1,0 +1,194 @@
+//! The event-driven forecast against the step-by-step one, on random small schedulers: the same
+//! fates (first token, end and longest step of every sequence; the newcomer's tokens in time) and
+//! the same admission decisions, word for word.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use tokio::time::Instant;
+
+use super::{admit_by, events, forecast, InFlight, Method};
+use crate::generation::kv::BlockPool;
+use crate::generation::scheduler::{Discipline, Policy, Scheduler};
+use crate::generation::sequence::Request;
+use crate::generation::step::{StepCost, StepEstimator, StepShape};
+use crate::ticket::Priority;
+
+/// A request: prompt, max_tokens, TTFT ms, inter-token ms, deadline ms, batch tier, tenant.
+type Ask = (u32, u32, u64, u64, u64, bool, u16);
+
+#[derive(Debug, Clone)]
+struct Case {
+    policy: Policy,
+    blocks: u32,
+    cost: StepCost,
+    /// Measured steps (decodes, context, took in µs), some a second apart, for both fits.
+    measured: Vec<(u32, u64, u64)>,
+    /// Requests and their arrivals, ms.
+    requests: Vec<(u64, Ask)>,
+    /// Steps run before the forecast, and whether one more is in flight.
+    steps: usize,
+    in_flight: bool,
+    newcomer: Ask,
+    margin_ms: u64,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let policy = (16u32..400, 1u32..8, 0u32..3).prop_map(|(tokens, seqs, watermark)| Policy {
+        max_batch_tokens: tokens,
+        max_sequences: seqs,
+        max_queue: 64,
+        max_queue_bytes: u64::MAX,
+        max_queue_tokens: u64::MAX,
+        max_context: 4096,
+        watermark,
+        discipline: Discipline::Deadlines,
+    });
+    let cost = (1u64..10_000, 0u64..2_000, 1u64..300, 0u64..2_000, 0u64..80).prop_map(|(f, d, p, c, a)| StepCost {
+        fixed: Duration::from_micros(f),
+        per_decode: Duration::from_micros(d),
+        per_prefill_token: Duration::from_micros(p),
+        per_context_token: Duration::from_nanos(c),
+        per_attended_slot: Duration::from_nanos(a),
+    });
+    let request = || {
+        (
+            1u32..80,
+            1u32..40,
+            20u64..3_000,
+            5u64..300,
+            50u64..20_000,
+            prop::bool::weighted(0.2),
+            prop::bool::weighted(0.1),
+        )
+    };
+    (
+        policy,
+        30u32..600,
+        cost,
+        prop::collection::vec((1u32..10, 0u64..2_000, 100u64..40_000), 0..10),
+        prop::collection::vec((0u64..300, request()), 0..10),
+        0usize..30,
+        any::<bool>(),
+        request(),
+        0u64..5,
+    )
+        .prop_map(|(policy, blocks, cost, measured, requests, steps, in_flight, newcomer, margin_ms)| Case {
+            policy,
+            blocks,
+            cost,
+            measured,
+            requests: requests
+                .into_iter()
+                .map(|(at, (p, m, ttft, itl, dl, batch, t))| (at, (p, m, ttft, itl, dl, batch, u16::from(t))))
+                .collect(),
+            steps,
+            in_flight,
+            newcomer: (newcomer.0, newcomer.1, newcomer.2, newcomer.3, newcomer.4, newcomer.5, u16::from(newcomer.6)),
+            margin_ms,
+        })
+}
+
+fn request(id: u64, at: Instant, (prompt, max_tokens, ttft, itl, deadline, batch, tenant): Ask) -> Request {
+    let ms = Duration::from_millis;
+    Request {
+        id,
+        arrival: at,
+        priority: if batch { Priority::Batch } else { Priority::Interactive },
+        tenant,
+        weight: 1,
+        prompt,
+        max_tokens,
+        bytes: 0,
+        ttft_deadline: at + ms(ttft),
+        itl: ms(itl),
+        deadline: at + ms(deadline.max(ttft)),
+    }
+}
+
+/// The scheduler the case describes, the instant of the forecast, the step in flight (if any).
+fn build(c: &Case, t0: Instant) -> (Scheduler, Instant, Option<(super::StepPlan, Instant)>) {
+    let mut estimator = StepEstimator::new(c.cost);
+    for (i, (decodes, context, us)) in c.measured.iter().enumerate() {
+        let shape = StepShape { decodes: *decodes, prefill: 0, context: *context, attended: *context };
+        estimator.observe(shape, Duration::from_micros(*us), t0 + Duration::from_millis(300 * i as u64));
+    }
+    let mut s =
+        Scheduler::new(c.policy, BlockPool::new(c.blocks, 4), estimator).with_step_reserve(Duration::from_micros(500));
+    let mut arrivals: Vec<_> = c.requests.iter().enumerate().collect();
+    arrivals.sort_by_key(|(i, r)| (r.0, *i));
+    let mut now = t0;
+    let mut next = 0;
+    for _ in 0..c.steps {
+        while next < arrivals.len() && t0 + Duration::from_millis(arrivals[next].1 .0) <= now {
+            let (i, (_, ask)) = arrivals[next];
+            let req = request(i as u64, now, *ask);
+            if s.check_bounds(&req).is_ok() {
+                s.insert(req);
+            }
+            next += 1;
+        }
+        let (plan, _) = s.plan(now);
+        match plan {
+            Some(plan) => {
+                now += plan.expected;
+                s.complete(&plan, now, &|_| false);
+            }
+            None => now += Duration::from_millis(7),
+        }
+    }
+    let in_flight = if c.in_flight {
+        let (plan, _) = s.plan(now);
+        plan.map(|p| {
+            let end = now + p.expected;
+            (p, end)
+        })
+    } else {
+        None
+    };
+    (s, now, in_flight)
+}
+
+/// Runs every case: the fates agree field by field where the event-driven forecast runs, the
+/// decisions agree always; it must run (not decline) in most cases, or the test proves little.
+#[test]
+fn the_forecast_from_events_is_the_forecast_step_by_step() {
+    let mut runner = TestRunner::new(Config { cases: 600, ..Config::default() });
+    let ran = std::cell::Cell::new(0u32);
+    runner
+        .run(&case(), |c| {
+            let t0 = Instant::now();
+            let (s, now, in_flight) = build(&c, t0);
+            let flight = in_flight.as_ref().map(|(plan, end)| InFlight { plan, end: *end });
+            let margin = Duration::from_millis(c.margin_ms);
+            let r = request(1000, now, c.newcomer);
+            if s.check_bounds(&r).is_err() {
+                return Ok(());
+            }
+            for newcomer in [Some(&r), None] {
+                let Ok(fast) = events::run(&s, flight, now, margin, newcomer) else { continue };
+                ran.set(ran.get() + 1);
+                let slow = forecast(&s, flight, now, margin, newcomer, Method::Steps);
+                prop_assert_eq!(fast.ids.clone(), slow.ids.clone());
+                for ((id, f), (_, g)) in fast.iter().zip(slow.iter()) {
+                    prop_assert_eq!(
+                        (f.first, f.end, f.longest_step),
+                        (g.first, g.end, g.longest_step),
+                        "sequence {}",
+                        id
+                    );
+                }
+                if newcomer.is_some() {
+                    prop_assert_eq!(fast.get(r.id).unwrap().in_time, slow.get(r.id).unwrap().in_time);
+                }
+            }
+            prop_assert_eq!(
+                admit_by(&s, flight, &r, now, margin, Method::Events),
+                admit_by(&s, flight, &r, now, margin, Method::Steps)
+            );
+            Ok(())
+        })
+        .unwrap();
+    assert!(ran.get() >= 600, "the event-driven forecast ran {} times in 600 cases (two forecasts each)", ran.get());
+}
