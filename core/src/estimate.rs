@@ -123,8 +123,10 @@ pub(crate) struct Linear<const N: usize = 4> {
     /// The fit of the recent samples and their largest residual, when they are not the whole
     /// window.
     recent: Option<([f64; N], f64)>,
-    /// [`Linear::estimate`]'s two lines in whole femtoseconds, for [`Linear::estimate_exact`].
+    /// [`Linear::estimate`]'s two lines in whole femtoseconds, for [`Linear::estimate_exact`];
+    /// and those of [`Linear::ceiling_exact`].
     lines: Lines<N>,
+    ceiling_lines: Lines<N>,
 }
 
 /// An estimate as exact integer arithmetic: the lesser of two lines (the long window's fit plus
@@ -185,7 +187,17 @@ impl<const N: usize> Linear<N> {
             worst_ns: 0.0,
             recent: None,
             lines: Lines { long: Line::new(prior, 0.0), recent: None },
+            ceiling_lines: Lines { long: Line::new(prior, 0.0), recent: None },
         }
+    }
+
+    /// Like [`Linear::estimate_exact`], with the long window's largest residual in place of its
+    /// quantile: what a duration of this shape is not expected to exceed, for a choice that must
+    /// not overrun (a step cut to an inter-token target), where the estimate is what a forecast
+    /// adds up. Never below the estimate: the same fits, a correction no smaller, in the same
+    /// integers.
+    pub(crate) fn ceiling_exact(&self, x: [u64; N]) -> Duration {
+        Duration::from_nanos(fs_to_ns(self.ceiling_lines.at(x)))
     }
 
     /// [`Linear::estimate`] for whole-numbered features, in exact integer arithmetic (it may
@@ -215,16 +227,6 @@ impl<const N: usize> Linear<N> {
         Duration::from_nanos(ns.max(0.0).round() as u64)
     }
 
-    /// Like [`Linear::estimate`], with the long window's largest residual in place of its
-    /// quantile: what a duration of this shape is not expected to exceed, for a choice that must
-    /// not overrun (a step cut to an inter-token target), where the estimate is what a forecast
-    /// adds up.
-    pub(crate) fn ceiling(&self, x: [f64; N]) -> Duration {
-        let long = self.fitted(x) + self.worst_ns;
-        let ns = self.recent.map_or(long, |(fit, worst)| long.min(dot(fit, x) + worst));
-        Duration::from_nanos(ns.max(0.0).round() as u64)
-    }
-
     /// The fitted costs, in nanoseconds per unit of each feature.
     pub(crate) fn fit(&self) -> [f64; N] {
         self.fit
@@ -249,10 +251,9 @@ impl<const N: usize> Linear<N> {
             let (fit, _, worst) = fit(self.prior, self.window.iter().skip(all - recent), recent, 1.0);
             (fit, worst)
         });
-        self.lines = Lines {
-            long: Line::new(self.fit, self.correction_ns),
-            recent: self.recent.map(|(fit, worst)| Line::new(fit, worst)),
-        };
+        let recent = self.recent.map(|(fit, worst)| Line::new(fit, worst));
+        self.lines = Lines { long: Line::new(self.fit, self.correction_ns), recent };
+        self.ceiling_lines = Lines { long: Line::new(self.fit, self.worst_ns), recent };
     }
 }
 

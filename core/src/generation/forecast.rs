@@ -13,7 +13,9 @@
 //! The forecast is computed from events ([`events`]: a sequence starts, ends its prefill, ends)
 //! wherever it can be, which costs microseconds where the steps cost seconds; the step-by-step
 //! [`simulate`] is the reference it is tested against, and what runs where the event-driven one
-//! declines (KV blocks that may run short, tenants sharing a tier's queue).
+//! declines (KV blocks that may run short, tenants sharing a tier's queue). Before either, a
+//! bound ([`bound`]) admits at the cost of one pass where even the slowest future the rule allows
+//! keeps every deadline.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -24,6 +26,8 @@ use super::scheduler::{Progress, Scheduler, StepPlan};
 use super::sequence::{Request, SeqId};
 use crate::outcome::{Outcome, Refusal};
 
+mod bound;
+mod ends;
 mod events;
 #[cfg(test)]
 mod tests;
@@ -219,6 +223,9 @@ pub(crate) fn admit_by(
     margin: Duration,
     method: Method,
 ) -> Result<(), Refusal> {
+    if method == Method::Events && bound::clearly_kept(s, in_flight, r, now, margin) {
+        return Ok(());
+    }
     let fates = forecast(s, in_flight, now, margin, Some(r), method);
     let fate = *fates.get(r.id).expect("the newcomer's fate");
     let ms = |d: Duration| d.as_millis();

@@ -153,7 +153,7 @@ impl StepEstimator {
     /// error rather than its 90th percentile. A step cut to an inter-token target is cut by it,
     /// so that the one step in ten the percentile leaves over its estimate is not a token late.
     pub fn ceiling(&self, shape: StepShape) -> Duration {
-        self.model.ceiling(shape.features())
+        self.model.ceiling_exact(shape.units())
     }
 
     /// The most prefill tokens, up to `limit`, of a chunk after `start` computed ones that a step

@@ -5,7 +5,8 @@
 //! Between two events every step decodes the same sequences, one token further each
 //! ([`crate::generation::decode_run`] adds such a run up in closed form). The decoders are held
 //! lazily: each is stored as of the step it joined, and the step count says where it is now; the
-//! shape of their decodes is kept as sums; the ends wait in a heap by the step they fall on; each
+//! shape of their decodes is kept as sums; the ends wait in a calendar by the step they fall on
+//! ([`super::ends`]); each
 //! step's (or run's) longest step goes on a stack that answers "the longest step since this
 //! sequence began to decode" by binary search. A forecast of 2 000 sequences that ends every one
 //! of them costs a few thousand events, not the hundreds of thousands of steps they take.
@@ -19,12 +20,11 @@
 //! whose fair shares order the waiting sequences (two tenants waiting in one tier), and the
 //! disciplines other than Ferry's.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::ends::Ends;
 use super::{Fate, Fates, InFlight, MAX_STEPS};
 use crate::generation::decode_run::DecodeRun;
 use crate::generation::kv::blocks_for;
@@ -35,8 +35,8 @@ use crate::ticket::Priority;
 
 /// One sequence of the forecast, by its index in [`Fates`].
 #[derive(Debug, Clone, Copy)]
-struct Seq {
-    request: Request,
+struct Seq<'a> {
+    request: &'a Request,
     /// Prompt and produced tokens; tokens whose KV is computed; tokens produced. For a decoder,
     /// as of the step it joined the decodes.
     known: u32,
@@ -48,13 +48,20 @@ struct Seq {
     joined: u64,
     segment: usize,
     decoding: bool,
+    /// Holds blocks (how many) in the scheduler; ended with the step in flight.
+    running: bool,
+    held: u32,
+    ended: bool,
 }
 
-impl Seq {
+impl Seq<'_> {
     fn key(&self, i: usize) -> (Priority, Instant, SeqId, usize) {
         (self.request.priority, self.request.ttft_deadline, self.request.id, i)
     }
 }
+
+/// More sequences than the calendar of ends numbers ([`Ends`] keeps indices in `u32`).
+const NONE_INDEX: usize = u32::MAX as usize;
 
 /// Where a forecast that declined stopped: the step-by-step one is asked instead.
 pub(super) struct Declined;
@@ -62,7 +69,7 @@ pub(super) struct Declined;
 struct Forecast<'a> {
     s: &'a Scheduler,
     margin: Duration,
-    seqs: Vec<Seq>,
+    seqs: Vec<Seq<'a>>,
     fates: Fates,
     newcomer: Option<usize>,
     /// Steps completed (decodes advance one token a step), and steps planned (the horizon).
@@ -73,10 +80,12 @@ struct Forecast<'a> {
     /// the step count at which each ends.
     decoders: u32,
     offset: i128,
-    itls: BTreeMap<Duration, u32>,
-    ends: BinaryHeap<Reverse<(u64, usize)>>,
-    /// Running sequences that still prefill, in the rule's order.
-    mid: BTreeSet<(Priority, Instant, SeqId, usize)>,
+    itls: Vec<(Duration, u32)>,
+    ends: Ends,
+    ended: Vec<usize>,
+    /// Running sequences that still prefill, in the rule's order. (Sorted vectors, here and for
+    /// the targets: a handful of entries each, where a tree's nodes cost more than a shift.)
+    mid: Vec<(Priority, Instant, SeqId, usize)>,
     /// Waiting sequences in start order, and the next to start.
     waiting: Vec<usize>,
     next: usize,
@@ -95,12 +104,12 @@ struct Forecast<'a> {
 /// The forecast of [`super::simulate`] (with `newcomer` inserted and the early stop of
 /// [`super::admit`]), or [`Declined`] where the step rule would do what this does not follow.
 /// Fates carry `in_time` for the newcomer alone.
-pub(super) fn run(
-    s: &Scheduler,
+pub(super) fn run<'a>(
+    s: &'a Scheduler,
     in_flight: Option<InFlight<'_>>,
     now: Instant,
     margin: Duration,
-    newcomer: Option<&Request>,
+    newcomer: Option<&'a Request>,
 ) -> Result<Fates, Declined> {
     if s.policy.discipline != Discipline::Deadlines {
         return Err(Declined);
@@ -116,15 +125,25 @@ impl<'a> Forecast<'a> {
         in_flight: Option<InFlight<'_>>,
         now: Instant,
         margin: Duration,
-        newcomer: Option<&Request>,
+        newcomer: Option<&'a Request>,
     ) -> Result<Forecast<'a>, Declined> {
         let block = s.pool.block_size();
         let count = s.seqs.len() + usize::from(newcomer.is_some());
+        if count >= NONE_INDEX {
+            return Err(Declined);
+        }
+        // No end falls further ahead than the most tokens a sequence still produces.
+        let horizon = s
+            .seqs
+            .values()
+            .map(|q| q.request.max_tokens - q.generated)
+            .chain(newcomer.map(|r| r.max_tokens))
+            .max()
+            .unwrap_or(0);
         let mut ids = Vec::with_capacity(count);
         let mut seqs = Vec::with_capacity(count);
         let mut fates = Vec::with_capacity(count);
-        let mut held: Vec<(bool, u32)> = Vec::with_capacity(count);
-        let seq = |request: Request, generated: u32, computed: u32| Seq {
+        let seq = |request: &'a Request, generated: u32, computed: u32, running: bool, held: u32| Seq {
             request,
             known: request.prompt + generated,
             computed,
@@ -133,31 +152,30 @@ impl<'a> Forecast<'a> {
             joined: 0,
             segment: 0,
             decoding: false,
+            running,
+            held,
+            ended: false,
         };
+        // In id order, the newcomer in its place.
+        let mut pending = newcomer;
         let mut newcomer_at = None;
-        let mut push_newcomer =
-            |ids: &mut Vec<SeqId>, seqs: &mut Vec<Seq>, fates: &mut Vec<Fate>, held: &mut Vec<_>| {
-                if let Some(r) = newcomer {
-                    newcomer_at = Some(ids.len());
-                    ids.push(r.id);
-                    seqs.push(seq(*r, 0, 0));
-                    fates.push(Fate::default());
-                    held.push((false, 0));
-                }
-            };
-        let mut placed = newcomer.is_none();
         for (id, q) in &s.seqs {
-            if !placed && newcomer.is_some_and(|r| r.id < *id) {
-                push_newcomer(&mut ids, &mut seqs, &mut fates, &mut held);
-                placed = true;
+            if let Some(r) = pending.filter(|r| r.id < *id) {
+                newcomer_at = Some(ids.len());
+                ids.push(r.id);
+                seqs.push(seq(r, 0, 0, false, 0));
+                fates.push(Fate::default());
+                pending = None;
             }
             ids.push(*id);
-            seqs.push(seq(q.request, q.generated, q.computed));
+            seqs.push(seq(&q.request, q.generated, q.computed, q.running, q.table.len() as u32));
             fates.push(Fate { first: q.first_token, ..Fate::default() });
-            held.push((q.running, q.table.len() as u32));
         }
-        if !placed {
-            push_newcomer(&mut ids, &mut seqs, &mut fates, &mut held);
+        if let Some(r) = pending {
+            newcomer_at = Some(ids.len());
+            ids.push(r.id);
+            seqs.push(seq(r, 0, 0, false, 0));
+            fates.push(Fate::default());
         }
         let mut f = Forecast {
             s,
@@ -170,9 +188,10 @@ impl<'a> Forecast<'a> {
             t: now,
             decoders: 0,
             offset: 0,
-            itls: BTreeMap::new(),
-            ends: BinaryHeap::new(),
-            mid: BTreeSet::new(),
+            itls: Vec::new(),
+            ends: Ends::new(count, u64::from(horizon)),
+            ended: Vec::new(),
+            mid: Vec::new(),
             waiting: Vec::new(),
             next: 0,
             running: 0,
@@ -180,7 +199,6 @@ impl<'a> Forecast<'a> {
             segments: 0,
             peaks: Vec::new(),
         };
-        let mut ended = vec![false; f.seqs.len()];
         if let Some(step) = in_flight {
             f.t = f.t.max(step.end);
             for m in &step.plan.members {
@@ -196,41 +214,42 @@ impl<'a> Forecast<'a> {
                 if m.sample {
                     q.generated += 1;
                     q.known += 1;
-                    let q = *q;
+                    q.ended = q.generated == q.request.max_tokens;
                     f.token(i);
-                    ended[i] = q.generated == q.request.max_tokens;
                 }
             }
         }
-        // Running sequences: decoders and mid-prefill ones; then the waiting ones in order.
-        let mut tenants: [Option<crate::tenant::TenantId>; 2] = [None, None];
+        // Running sequences: decoders and mid-prefill ones.
         for i in 0..f.seqs.len() {
-            let (running, table) = held[i];
             let q = f.seqs[i];
-            if ended[i] {
+            if q.ended {
                 f.fates.fates[i].end = Some(f.t);
-                f.slack += i64::from(table);
-            } else if running {
+                f.slack += i64::from(q.held);
+            } else if q.running {
                 f.running += 1;
-                f.slack -= i64::from(q.blocks.saturating_sub(table));
+                f.slack -= i64::from(q.blocks.saturating_sub(q.held));
                 if q.generated > 0 && q.computed > 0 && q.known - q.computed == 1 {
                     f.join(i);
                 } else {
-                    f.mid.insert(q.key(i));
+                    f.insert_mid(q.key(i));
                 }
             }
         }
-        let waiting_at = |id: &SeqId| f.fates.ids.binary_search(id).expect("a waiting sequence is held");
-        let mut waiting: Vec<usize> = s.waiting.iter().map(|(_, _, id)| waiting_at(id)).collect();
-        if let Some(i) = f.newcomer {
-            let key = f.seqs[i].request;
-            let key = (key.priority, key.ttft_deadline, key.id);
-            let at = waiting.partition_point(|&j| {
-                let r = f.seqs[j].request;
-                (r.priority, r.ttft_deadline, r.id) < key
-            });
-            waiting.insert(at, i);
+        if f.slack < 0 {
+            return Err(Declined);
         }
+        // The waiting ones in order, one tenant to a tier.
+        let mut waiting = Vec::with_capacity(s.waiting.len() + 1);
+        let mut tenants: [Option<crate::tenant::TenantId>; 2] = [None, None];
+        let key = |r: &Request| (r.priority, r.ttft_deadline, r.id);
+        for (priority, ttft, id) in &s.waiting {
+            if let Some(i) = newcomer_at.filter(|i| key(f.seqs[*i].request) < (*priority, *ttft, *id)) {
+                waiting.push(i);
+                newcomer_at = None;
+            }
+            waiting.push(f.fates.ids.binary_search(id).expect("a waiting sequence is held"));
+        }
+        waiting.extend(newcomer_at);
         for &i in &waiting {
             let r = f.seqs[i].request;
             let tier = &mut tenants[r.priority.index()];
@@ -240,10 +259,12 @@ impl<'a> Forecast<'a> {
             *tier = Some(r.tenant);
         }
         f.waiting = waiting;
-        if f.slack < 0 {
-            return Err(Declined);
-        }
         Ok(f)
+    }
+
+    fn insert_mid(&mut self, key: (Priority, Instant, SeqId, usize)) {
+        let at = self.mid.partition_point(|k| *k < key);
+        self.mid.insert(at, key);
     }
 
     /// Sequence `i` has a token at `self.t`.
@@ -263,9 +284,13 @@ impl<'a> Forecast<'a> {
         q.decoding = true;
         self.decoders += 1;
         self.offset += i128::from(q.computed) - i128::from(self.k);
-        *self.itls.entry(q.request.itl).or_default() += 1;
+        let itl = q.request.itl;
+        match self.itls.binary_search_by_key(&itl, |(d, _)| *d) {
+            Ok(at) => self.itls[at].1 += 1,
+            Err(at) => self.itls.insert(at, (itl, 1)),
+        }
         let end = self.k + u64::from(q.request.max_tokens - q.generated);
-        self.ends.push(Reverse((end, i)));
+        self.ends.put(end, i);
     }
 
     /// The longest step since segment `from`.
@@ -317,11 +342,11 @@ impl<'a> Forecast<'a> {
             // Compose the next step as the rule does: decodes, then chunks of mid-prefill
             // sequences in order, then of waiting ones.
             let decodes = self.decode_shape();
-            let cap = self.itls.keys().next().map(|itl| itl.saturating_sub(self.s.step_reserve));
+            let cap = self.itls.first().map(|(itl, _)| itl.saturating_sub(self.s.step_reserve));
             let mut shape = decodes;
             let mut budget = policy.max_batch_tokens.saturating_sub(self.decoders);
             members.clear();
-            let chunk = |shape: StepShape, q: &Seq, budget: u32| {
+            let chunk = |shape: StepShape, q: &Seq<'_>, budget: u32| {
                 let n = (q.known - q.computed).min(budget);
                 cap.map_or(n, |cap| self.s.estimator.prefill_within(shape, q.computed, cap, n))
             };
@@ -352,7 +377,7 @@ impl<'a> Forecast<'a> {
                 self.slack -= i64::from(q.blocks);
                 self.running += 1;
                 self.next += 1;
-                self.mid.insert(q.key(i));
+                self.insert_mid(q.key(i));
                 shape = shape.join(StepShape::part(q.computed, n, false));
                 budget -= n;
                 members.push((i, n));
@@ -372,7 +397,7 @@ impl<'a> Forecast<'a> {
     /// Steps that decode and nothing else, up to the next end (no prefill can join before one:
     /// the decodes only grow, and with them the steps a chunk would join).
     fn decode_run(&mut self, first: StepShape) {
-        let Some(Reverse((end, _))) = self.ends.peek() else { unreachable!("decoders end") };
+        let end = self.ends.after(self.k).expect("decoders end");
         let mut n = (end - self.k).min((MAX_STEPS - self.steps) as u64);
         let run = DecodeRun::new(&self.s.estimator, first, self.decoders);
         let newcomer = self.newcomer.filter(|i| self.is_decoding(*i));
@@ -414,7 +439,9 @@ impl<'a> Forecast<'a> {
             q.generated += 1;
             q.known += 1;
             let q = *q;
-            self.mid.remove(&q.key(i));
+            if let Ok(at) = self.mid.binary_search(&q.key(i)) {
+                self.mid.remove(at);
+            }
             self.token(i);
             if q.generated == q.request.max_tokens {
                 self.fates.fates[i].end = Some(self.t);
@@ -429,28 +456,27 @@ impl<'a> Forecast<'a> {
 
     /// Decoders whose last token came with the step just done.
     fn take_ends(&mut self) {
-        while let Some(&Reverse((end, i))) = self.ends.peek() {
-            if end > self.k {
-                break;
-            }
-            self.ends.pop();
+        let mut ended = std::mem::take(&mut self.ended);
+        self.ends.take(self.k, &mut ended);
+        for i in ended.drain(..) {
             let q = self.seqs[i];
             self.fates.fates[i].end = Some(self.t);
             self.leave(i, q);
         }
+        self.ended = ended;
     }
 
-    fn leave(&mut self, i: usize, q: Seq) {
+    fn leave(&mut self, i: usize, q: Seq<'_>) {
         self.seqs[i].decoding = false;
         let longest = self.longest_since(q.segment);
         let fate = &mut self.fates.fates[i];
         fate.longest_step = fate.longest_step.max(longest);
         self.decoders -= 1;
         self.offset -= i128::from(q.computed) - i128::from(q.joined);
-        if let Some(count) = self.itls.get_mut(&q.request.itl) {
-            *count -= 1;
-            if *count == 0 {
-                self.itls.remove(&q.request.itl);
+        if let Ok(at) = self.itls.binary_search_by_key(&q.request.itl, |(d, _)| *d) {
+            self.itls[at].1 -= 1;
+            if self.itls[at].1 == 0 {
+                self.itls.remove(at);
             }
         }
         self.running -= 1;
@@ -459,7 +485,7 @@ impl<'a> Forecast<'a> {
 
     /// The fates, with the longest step of every sequence still decoding at the stop.
     fn finish(mut self) -> Fates {
-        let decoding: Vec<usize> = self.ends.iter().map(|Reverse((_, i))| *i).collect();
+        let decoding: Vec<usize> = (0..self.seqs.len()).filter(|i| self.seqs[*i].decoding).collect();
         for i in decoding {
             let from = self.seqs[i].segment;
             let longest = self.longest_since(from);

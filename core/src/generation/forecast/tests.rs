@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tokio::time::Instant;
 
-use super::{admit_by, events, forecast, InFlight, Method};
+use super::{admit_by, bound, events, forecast, InFlight, Method};
 use crate::generation::kv::BlockPool;
 use crate::generation::scheduler::{Discipline, Policy, Scheduler};
 use crate::generation::sequence::Request;
@@ -156,6 +156,7 @@ fn build(c: &Case, t0: Instant) -> (Scheduler, Instant, Option<(super::StepPlan,
 fn the_forecast_from_events_is_the_forecast_step_by_step() {
     let mut runner = TestRunner::new(Config { cases: 600, ..Config::default() });
     let ran = std::cell::Cell::new(0u32);
+    let bounded = std::cell::Cell::new(0u32);
     runner
         .run(&case(), |c| {
             let t0 = Instant::now();
@@ -183,12 +184,38 @@ fn the_forecast_from_events_is_the_forecast_step_by_step() {
                     prop_assert_eq!(fast.get(r.id).unwrap().in_time, slow.get(r.id).unwrap().in_time);
                 }
             }
-            prop_assert_eq!(
-                admit_by(&s, flight, &r, now, margin, Method::Events),
-                admit_by(&s, flight, &r, now, margin, Method::Steps)
-            );
+            let by_steps = admit_by(&s, flight, &r, now, margin, Method::Steps);
+            if let Some(last) = bound::latest(&s, flight, &r, now, &mut bound::Totals::from(&r)) {
+                // Every first token and every end by then, every decode step within its target.
+                let mut with = s.clone();
+                with.insert(r);
+                let slow = forecast(&with, flight, now, Duration::ZERO, None, Method::Steps);
+                for (id, f) in slow.iter() {
+                    let itl = s.seqs.get(&id).map_or(r.itl, |q| q.request.itl);
+                    prop_assert!(
+                        f.first.is_some_and(|t| t <= last) && f.end.is_some_and(|t| t <= last),
+                        "sequence {}: {:?}, the bound {:?}",
+                        id,
+                        f,
+                        last - now
+                    );
+                    prop_assert!(
+                        f.longest_step <= itl,
+                        "sequence {}: {:?} steps, target {:?}",
+                        id,
+                        f.longest_step,
+                        itl
+                    );
+                }
+            }
+            if bound::clearly_kept(&s, flight, &r, now, margin) {
+                bounded.set(bounded.get() + 1);
+                prop_assert_eq!(&by_steps, &Ok(()), "the bound admitted what the forecast refuses");
+            }
+            prop_assert_eq!(admit_by(&s, flight, &r, now, margin, Method::Events), by_steps);
             Ok(())
         })
         .unwrap();
     assert!(ran.get() >= 600, "the event-driven forecast ran {} times in 600 cases (two forecasts each)", ran.get());
+    assert!(bounded.get() >= 30, "the bound settled {} of 600 cases", bounded.get());
 }
