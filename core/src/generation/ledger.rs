@@ -8,7 +8,9 @@
 //! then the sequences it finished), the margin's measurements, the deadlines that have come,
 //! the callers' commands in the order given (submissions, cancellations), then, if the engine is
 //! idle, the next step: sequences that can no longer finish in time end first (rule 4), then the
-//! step rule composes the step.
+//! step rule composes the step. Where the commands hold submissions and the engine is idle, that
+//! step is composed just before the first of them, from what was admitted before: admissions
+//! cost forecasts, and a burst of them must not keep the running sequences' next token waiting.
 
 use std::time::Duration;
 
@@ -134,7 +136,17 @@ impl Ledger {
                 self.end(id, End::Refused(refusal), effects);
             }
         }
+        let mut dispatched = false;
         for command in commands {
+            // The next step leaves before the first newcomer is admitted: admission forecasts
+            // with that step in flight, and a burst of arrivals never holds the engine idle for
+            // the time its forecasts take (the newcomers join the step after).
+            if matches!(command, Event::Submit(_)) && !dispatched {
+                dispatched = true;
+                if self.running.is_none() {
+                    self.dispatch(now, effects);
+                }
+            }
             match command {
                 Event::Submit(r) => self.submit(r, now, effects),
                 Event::Cancel(id) => {

@@ -65,9 +65,10 @@ fn a_request_arriving_while_others_decode_gets_its_first_token_after_one_step() 
 
 #[test]
 fn a_long_prompt_is_prefilled_in_chunks_while_short_sequences_keep_their_inter_token_target() {
-    // A decodes with a 20 ms inter-token target; B's 1000-token prompt arrives. A step with A's
-    // decode takes 11 ms, so 90 prefill tokens fit beside it (20 ms): 11 chunks of 90, then 10.
-    let trace = replay(setup(), &[Arrival::new(0, 10, 40).itl_ms(20), Arrival::new(11, 1000, 2)]);
+    // A decodes with a 20 ms inter-token target; B's 1000-token prompt arrives during A's
+    // prefill (0..11). A step with A's decode takes 11 ms, so 90 prefill tokens fit beside it
+    // (20 ms): 11 chunks of 90, then 10.
+    let trace = replay(setup(), &[Arrival::new(0, 10, 40).itl_ms(20), Arrival::new(5, 1000, 2)]);
     let chunks: Vec<u32> =
         trace.steps.iter().filter_map(|s| s.plan.members.iter().find(|m| m.id == 1).map(|m| m.len)).take(13).collect();
     assert_eq!(chunks, [vec![90; 11], vec![10], vec![1]].concat());
@@ -254,4 +255,24 @@ fn weights_three_to_one_give_step_tokens_three_to_one() {
     let fed = tokens_by_tenant(&trace, &arrivals, 500.0, 3000.0);
     let ratio = f64::from(fed[1]) / f64::from(fed[2]);
     assert!((2.5..=3.5).contains(&ratio), "tokens fed 1:2 = {fed:?}");
+}
+
+#[test]
+fn a_burst_that_arrives_as_a_step_ends_does_not_hold_the_next_step() {
+    // A decodes with a 20 ms inter-token target (its prefill 0..11, then a step each 11 ms);
+    // 100 requests arrive at 22, the instant a step ends. The next step leaves at 22 with A
+    // alone — composed before any of them is admitted, so their forecasts never keep A waiting —
+    // and they join at 33, in chunks cut to A's target.
+    let mut arrivals = vec![Arrival::new(0, 10, 40).itl_ms(20)];
+    arrivals.extend((0..100).map(|_| Arrival::new(22, 4, 2)));
+    let trace = replay(setup(), &arrivals);
+    let at = |ms: u64| trace.steps.iter().find(|s| s.started == Duration::from_millis(ms)).expect("a step then");
+    let ids = |ms: u64| at(ms).plan.members.iter().map(|m| m.id).collect::<Vec<_>>();
+    assert_eq!(ids(22), vec![0], "the step at 22 is A's decode alone");
+    assert!(ids(33).len() > 1 && ids(33)[0] == 0, "the newcomers join at 33: {:?}", ids(33));
+    let a = times(&trace, 0);
+    assert_eq!(&a[..3], &[11.0, 22.0, 33.0]);
+    assert!(a.windows(2).all(|w| w[1] - w[0] <= 20.0), "A's tokens within its target: {a:?}");
+    let admitted = (1..=100).filter(|i| !trace.fates[*i].tokens.is_empty()).count();
+    assert!(admitted > 0, "the burst is served");
 }

@@ -222,6 +222,15 @@ const PROCESS_PAUSED: Duration = Duration::from_millis(100);
 /// Steps failed in a row, none run between them, that make the engine broken (a poisoned
 /// cache fails every step): the pod restarts.
 const MAX_FAILED_STEPS: u32 = 5;
+/// Submissions taken into one pass of the ledger: each costs an admission forecast, and a step
+/// that ends meanwhile waits for the pass (the ledger sends the next step before the pass's
+/// admissions, so this bounds what a burst adds to one token's gap). The rest wait in the
+/// channel for the next pass, a moment later.
+const ADMISSIONS_PER_PASS: usize = 16;
+
+fn admissions(events: &[Event]) -> usize {
+    events.iter().filter(|e| matches!(e, Event::Submit(_))).count()
+}
 
 /// When the running step counts as stalled.
 #[derive(Debug, Clone, Copy)]
@@ -300,7 +309,7 @@ impl Task {
                 while let Ok(step) = done.try_recv() {
                     self.step_done(step, &mut events);
                 }
-                while open {
+                while open && admissions(&events) < ADMISSIONS_PER_PASS {
                     match commands.try_recv() {
                         Ok(command) => self.command(command, &mut events),
                         Err(mpsc::error::TryRecvError::Empty) => break,
