@@ -43,38 +43,14 @@ async fn complete(s: &Sidecar, prompt: &str, max_tokens: u32) -> Value {
 async fn a_burst_of_arrivals_does_not_stretch_running_streams_past_their_target() {
     // Steps of 10 ms + 30 µs a decode (25 ms with 500 decoding, 40 ms with 1000) and 20 µs a
     // prompt token; a 100 ms inter-token target.
-    let s = Sidecar::start(&[
-        "--engine",
-        "sim-llm",
-        "--model",
-        "m",
-        "--sim-step-time",
-        "10ms",
-        "--sim-decode-per-seq",
-        "30us",
-        "--sim-prefill-per-token",
-        "20us",
-        "--max-sequences",
-        "1024",
-        "--max-batch-tokens",
-        "4096",
-        "--kv-blocks",
-        "20000",
-        "--max-queue",
-        "2048",
-        "--max-inter-token-latency",
-        "100ms",
-        "--ttft-budget",
-        "5s",
-        "--latency-budget",
-        "60s",
-        "--max-timeout",
-        "60s",
-    ])
-    .await;
+    let args = "--engine sim-llm --model m --sim-step-time 10ms --sim-decode-per-seq 30us \
+                --sim-prefill-per-token 20us --max-sequences 1024 --max-batch-tokens 4096 --kv-blocks 20000 \
+                --max-queue 2048 --max-inter-token-latency 100ms --ttft-budget 5s --latency-budget 60s \
+                --max-timeout 60s";
+    let s = Sidecar::start(&args.split_whitespace().collect::<Vec<_>>()).await;
     let s = std::sync::Arc::new(s);
     // The running streams, 50 at a time, 100 ms apart; one refused (the pod's estimates still
-    // settling) asks again after its Retry-After.
+    // settling on its first steps) asks again 200 ms later.
     let running: Vec<_> = (0..RUNNING)
         .map(|i| {
             let s = s.clone();

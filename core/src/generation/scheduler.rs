@@ -550,9 +550,33 @@ impl Scheduler {
         }
     }
 
+    /// One step under the rule, or `None` when nothing can run; `preempted` gets the sequences
+    /// that gave their blocks back for it.
     fn compose(&mut self, now: Instant, preempted: &mut Vec<SeqId>) -> Option<StepPlan> {
-        let block_size = self.pool.block_size();
-        // 1. Every decoding sequence gets its block for one more token, preempting as needed.
+        let decodes = self.grow_decodes(now, preempted);
+        // Static batching forms a batch only when the last one has left the engine, and the
+        // batch is all it takes then: up to `maxSequences` waiting sequences, prefilled over as
+        // many steps as their prompts need.
+        let batch_open = self.policy.discipline != Discipline::Static || self.running.is_empty();
+        if self.policy.discipline == Discipline::Static && self.running.is_empty() {
+            self.start_static_batch(now);
+        }
+        let (mut members, shape, cap) = self.decode_members(&decodes);
+        // A step that had to preempt starts nothing new: the blocks it freed are for the decodes,
+        // and the victim must not be restarted (recomputed) in the very step that evicted it.
+        let may_start = preempted.is_empty() && batch_open;
+        let shape = self.prefill(now, may_start, cap, shape, &mut members);
+        if members.is_empty() {
+            return None;
+        }
+        self.charge(&members);
+        let expected = self.estimator.estimate(shape);
+        Some(StepPlan { members, shape, expected })
+    }
+
+    /// Rule 1: every decoding sequence gets its block for one more token, the cheapest to redo
+    /// preempted while none is free. Returns the decoding sequences left.
+    fn grow_decodes(&mut self, now: Instant, preempted: &mut Vec<SeqId>) -> Vec<SeqId> {
         let mut decodes: Vec<SeqId> = self.running.iter().copied().filter(|id| self.seqs[id].decoding()).collect();
         let mut i = 0;
         while i < decodes.len() {
@@ -576,27 +600,29 @@ impl Scheduler {
                 }
             }
         }
-        let forecasting = self.forecasting;
-        let mut members: Vec<Member> = Vec::new();
+        decodes
+    }
+
+    /// The benchmark's static batching: up to `maxSequences` waiting sequences start at once.
+    fn start_static_batch(&mut self, now: Instant) {
+        let batch: Vec<SeqId> =
+            self.waiting.iter().map(|(_, _, id)| *id).take(self.policy.max_sequences as usize).collect();
+        for id in batch {
+            self.dequeue(id);
+            self.running.push(id);
+            let seq = self.seqs.get_mut(&id).expect("held");
+            seq.running = true;
+            seq.started.get_or_insert(now);
+        }
+    }
+
+    /// The decodes' members, their shape, and the step's cap: the tightest inter-token target
+    /// among them (Ferry's discipline only).
+    fn decode_members(&self, decodes: &[SeqId]) -> (Vec<Member>, StepShape, Option<Duration>) {
+        let mut members = Vec::with_capacity(decodes.len() + 1);
         let mut shape = StepShape::default();
         let mut cap: Option<Duration> = None;
-        let deadlines = self.policy.discipline == Discipline::Deadlines;
-        // Static batching forms a batch only when the last one has left the engine, and the
-        // batch is all it takes then: up to `maxSequences` waiting sequences, prefilled over as
-        // many steps as their prompts need.
-        let batch_open = self.policy.discipline != Discipline::Static || self.running.is_empty();
-        if self.policy.discipline == Discipline::Static && self.running.is_empty() {
-            let batch: Vec<SeqId> =
-                self.waiting.iter().map(|(_, _, id)| *id).take(self.policy.max_sequences as usize).collect();
-            for id in batch {
-                self.dequeue(id);
-                self.running.push(id);
-                let seq = self.seqs.get_mut(&id).expect("held");
-                seq.running = true;
-                seq.started.get_or_insert(now);
-            }
-        }
-        for id in &decodes {
+        for id in decodes {
             let s = &self.seqs[id];
             members.push(Member {
                 id: *id,
@@ -605,16 +631,18 @@ impl Scheduler {
                 sample: true,
                 decode: true,
                 prompt: s.request.prompt,
-                blocks: table_for_engine(forecasting, &s.table),
+                blocks: table_for_engine(self.forecasting, &s.table),
             });
             shape = shape.join(StepShape::part(s.computed, 1, true));
-            if deadlines {
+            if self.policy.discipline == Discipline::Deadlines {
                 cap = Some(cap.map_or(s.request.itl, |c| c.min(s.request.itl)));
             }
         }
+        (members, shape, cap)
+    }
 
-        // 2 and 3. Prefill: sequences mid-prefill first, then waiting ones in order.
-        let mut budget = self.policy.max_batch_tokens.saturating_sub(shape.decodes);
+    /// Running sequences still prefilling (or recomputing), in the rule's order.
+    fn mid_prefill(&self) -> Vec<SeqId> {
         let mut mid: Vec<SeqId> = self
             .running
             .iter()
@@ -622,16 +650,28 @@ impl Scheduler {
             .filter(|id| self.seqs[id].pending() > 0 && !self.seqs[id].decoding())
             .collect();
         mid.sort_by_key(|id| self.seqs[id].order(self.policy.discipline));
-        // A step that had to preempt starts nothing new: the blocks it freed are for the decodes,
-        // and the victim must not be restarted (recomputed) in the very step that evicted it.
-        let may_start = self.running.len() < self.policy.max_sequences as usize && preempted.is_empty() && batch_open;
+        mid
+    }
+
+    /// Rules 2 and 3: the rest of the token budget to prefill — sequences mid-prefill first, then
+    /// waiting ones in order (when `may_start`), each chunk cut to the cap and to the blocks free;
+    /// the first waiting one that cannot start stops the others. Returns the step's shape.
+    fn prefill(
+        &mut self,
+        now: Instant,
+        may_start: bool,
+        cap: Option<Duration>,
+        mut shape: StepShape,
+        members: &mut Vec<Member>,
+    ) -> StepShape {
+        let block_size = self.pool.block_size();
+        let mut budget = self.policy.max_batch_tokens.saturating_sub(shape.decodes);
+        let mid = self.mid_prefill();
+        let seats = self.policy.max_sequences as usize;
         // The order costs O(waiting): built only when one of them may start.
-        let waiting = if may_start { self.start_order() } else { Vec::new() };
+        let waiting = if may_start && self.running.len() < seats { self.start_order() } else { Vec::new() };
         for (id, new) in mid.into_iter().map(|id| (id, false)).chain(waiting.into_iter().map(|id| (id, true))) {
-            if budget == 0 {
-                break;
-            }
-            if new && self.running.len() >= self.policy.max_sequences as usize {
+            if budget == 0 || (new && self.running.len() >= seats) {
                 break;
             }
             let s = &self.seqs[&id];
@@ -658,25 +698,19 @@ impl Scheduler {
             seq.started.get_or_insert(now);
             let grown = self.pool.grow(&mut seq.table, computed + n);
             debug_assert!(grown, "room was checked");
-            let sample = computed + n == seq.known();
             members.push(Member {
                 id,
                 start: computed,
                 len: n,
-                sample,
+                sample: computed + n == seq.known(),
                 decode: false,
                 prompt: seq.request.prompt,
-                blocks: table_for_engine(forecasting, &seq.table),
+                blocks: table_for_engine(self.forecasting, &seq.table),
             });
             shape = shape.join(StepShape::part(computed, n, false));
             budget -= n;
         }
-        if members.is_empty() {
-            return None;
-        }
-        self.charge(&members);
-        let expected = self.estimator.estimate(shape);
-        Some(StepPlan { members, shape, expected })
+        shape
     }
 
     /// Applies a step that ended at `now`: each member's tokens are computed, those that sampled

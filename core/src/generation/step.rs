@@ -258,6 +258,37 @@ mod tests {
         assert!((got - want).abs() / want < 0.05, "estimated {got}, truly {want}");
     }
 
+    /// One sequence decoding alone on a fresh pod busy with its other callers: its steps come a
+    /// millisecond late more often as its context grows (the timer, not the engine). That is a
+    /// slope of 0.5 ms over 160 context tokens, below what the timer resolves: not learned, so a
+    /// step of 500 sequences is not timed at hundreds of milliseconds (it was: 2.7 us a context
+    /// token, and a burst of 500 was refused for inter-token time).
+    #[test]
+    fn a_slope_below_the_timer_grain_over_a_narrow_range_is_not_extrapolated() {
+        let cost = StepCost {
+            fixed: 10 * MS,
+            per_decode: 30 * US,
+            per_prefill_token: 20 * US,
+            per_context_token: Duration::ZERO,
+            per_attended_slot: Duration::ZERO,
+        };
+        let mut e = StepEstimator::new(cost);
+        let t0 = Instant::now();
+        for k in 0..150u32 {
+            let context = u64::from(10 + k);
+            let shape = StepShape { decodes: 1, prefill: 0, context, attended: context };
+            // 10.03 ms on a millisecond timer, one more millisecond in a growing share of steps.
+            let late = (k * 7919) % 150 < k;
+            let took = Duration::from_millis(11 + u64::from(late));
+            e.observe(shape, took, t0 + 12 * MS * k);
+        }
+        let costs = e.costs();
+        assert_eq!((costs.per_context_token, costs.per_attended_slot), (Duration::ZERO, Duration::ZERO));
+        let burst = StepShape { decodes: 500, prefill: 0, context: 500 * 170, attended: 500 * 170 };
+        let step = e.estimate(burst);
+        assert!(step < 30 * MS, "500 decodes estimated at {step:?}; they cost 25 ms and the timer's lateness");
+    }
+
     /// 32 streams decoding, their steps measured on a millisecond timer: attention adds 128 us
     /// to a step at most, which the timer rounds away. The configured 20 ns a slot stands (the
     /// samples carry no news of it), so a chunk late in a 16 k prompt is still cut to what it

@@ -119,6 +119,52 @@ pub(super) fn run<'a>(
     Ok(f.finish())
 }
 
+/// Every sequence in id order, the newcomer in its place.
+struct Gathered<'a> {
+    ids: Vec<SeqId>,
+    seqs: Vec<Seq<'a>>,
+    fates: Vec<Fate>,
+    newcomer: Option<usize>,
+}
+
+fn gather<'a>(s: &'a Scheduler, newcomer: Option<&'a Request>, count: usize) -> Gathered<'a> {
+    let block = s.pool.block_size();
+    let (mut ids, mut seqs, mut fates) =
+        (Vec::with_capacity(count), Vec::with_capacity(count), Vec::with_capacity(count));
+    let mut push = |request: &'a Request, q: Option<&'a crate::generation::scheduler::Seq>| {
+        let (generated, computed) = q.map_or((0, 0), |q| (q.generated, q.computed));
+        ids.push(request.id);
+        seqs.push(Seq {
+            request,
+            known: request.prompt + generated,
+            computed,
+            generated,
+            blocks: blocks_for(request.prompt + request.max_tokens, block),
+            joined: 0,
+            segment: 0,
+            decoding: false,
+            running: q.is_some_and(|q| q.running),
+            held: q.map_or(0, |q| q.table.len() as u32),
+            ended: false,
+        });
+        fates.push(Fate { first: q.and_then(|q| q.first_token), ..Fate::default() });
+        ids.len() - 1
+    };
+    let mut pending = newcomer;
+    let mut at = None;
+    for (id, q) in &s.seqs {
+        if let Some(r) = pending.filter(|r| r.id < *id) {
+            at = Some(push(r, None));
+            pending = None;
+        }
+        push(&q.request, Some(q));
+    }
+    if let Some(r) = pending {
+        at = Some(push(r, None));
+    }
+    Gathered { ids, seqs, fates, newcomer: at }
+}
+
 impl<'a> Forecast<'a> {
     fn start(
         s: &'a Scheduler,
@@ -127,7 +173,6 @@ impl<'a> Forecast<'a> {
         margin: Duration,
         newcomer: Option<&'a Request>,
     ) -> Result<Forecast<'a>, Declined> {
-        let block = s.pool.block_size();
         let count = s.seqs.len() + usize::from(newcomer.is_some());
         if count >= NONE_INDEX {
             return Err(Declined);
@@ -140,43 +185,7 @@ impl<'a> Forecast<'a> {
             .chain(newcomer.map(|r| r.max_tokens))
             .max()
             .unwrap_or(0);
-        let mut ids = Vec::with_capacity(count);
-        let mut seqs = Vec::with_capacity(count);
-        let mut fates = Vec::with_capacity(count);
-        let seq = |request: &'a Request, generated: u32, computed: u32, running: bool, held: u32| Seq {
-            request,
-            known: request.prompt + generated,
-            computed,
-            generated,
-            blocks: blocks_for(request.prompt + request.max_tokens, block),
-            joined: 0,
-            segment: 0,
-            decoding: false,
-            running,
-            held,
-            ended: false,
-        };
-        // In id order, the newcomer in its place.
-        let mut pending = newcomer;
-        let mut newcomer_at = None;
-        for (id, q) in &s.seqs {
-            if let Some(r) = pending.filter(|r| r.id < *id) {
-                newcomer_at = Some(ids.len());
-                ids.push(r.id);
-                seqs.push(seq(r, 0, 0, false, 0));
-                fates.push(Fate::default());
-                pending = None;
-            }
-            ids.push(*id);
-            seqs.push(seq(&q.request, q.generated, q.computed, q.running, q.table.len() as u32));
-            fates.push(Fate { first: q.first_token, ..Fate::default() });
-        }
-        if let Some(r) = pending {
-            newcomer_at = Some(ids.len());
-            ids.push(r.id);
-            seqs.push(seq(r, 0, 0, false, 0));
-            fates.push(Fate::default());
-        }
+        let Gathered { ids, seqs, fates, newcomer: newcomer_at } = gather(s, newcomer, count);
         let mut f = Forecast {
             s,
             margin,
@@ -200,66 +209,85 @@ impl<'a> Forecast<'a> {
             peaks: Vec::new(),
         };
         if let Some(step) = in_flight {
-            f.t = f.t.max(step.end);
-            for m in &step.plan.members {
-                let Ok(i) = f.fates.ids.binary_search(&m.id) else { continue };
-                if f.newcomer == Some(i) {
-                    continue;
-                }
-                if m.decode {
-                    f.fates.fates[i].longest_step = f.fates.fates[i].longest_step.max(step.plan.expected);
-                }
-                let q = &mut f.seqs[i];
-                q.computed += m.len;
-                if m.sample {
-                    q.generated += 1;
-                    q.known += 1;
-                    q.ended = q.generated == q.request.max_tokens;
-                    f.token(i);
-                }
+            f.apply(step);
+        }
+        f.hold_running()?;
+        f.order_waiting()?;
+        Ok(f)
+    }
+
+    /// The step in flight ends first: its members' tokens are computed, those that sampled have a
+    /// token, those that reached `max_tokens` end.
+    fn apply(&mut self, step: InFlight<'_>) {
+        self.t = self.t.max(step.end);
+        for m in &step.plan.members {
+            let Ok(i) = self.fates.ids.binary_search(&m.id) else { continue };
+            if self.newcomer == Some(i) {
+                continue;
+            }
+            if m.decode {
+                self.fates.fates[i].longest_step = self.fates.fates[i].longest_step.max(step.plan.expected);
+            }
+            let q = &mut self.seqs[i];
+            q.computed += m.len;
+            if m.sample {
+                q.generated += 1;
+                q.known += 1;
+                q.ended = q.generated == q.request.max_tokens;
+                self.token(i);
             }
         }
-        // Running sequences: decoders and mid-prefill ones.
-        for i in 0..f.seqs.len() {
-            let q = f.seqs[i];
+    }
+
+    /// The running sequences become decoders or mid-prefill ones, each taking what it may still
+    /// hold out of the slack; declines where blocks may already run short.
+    fn hold_running(&mut self) -> Result<(), Declined> {
+        for i in 0..self.seqs.len() {
+            let q = self.seqs[i];
             if q.ended {
-                f.fates.fates[i].end = Some(f.t);
-                f.slack += i64::from(q.held);
+                self.fates.fates[i].end = Some(self.t);
+                self.slack += i64::from(q.held);
             } else if q.running {
-                f.running += 1;
-                f.slack -= i64::from(q.blocks.saturating_sub(q.held));
+                self.running += 1;
+                self.slack -= i64::from(q.blocks.saturating_sub(q.held));
                 if q.generated > 0 && q.computed > 0 && q.known - q.computed == 1 {
-                    f.join(i);
+                    self.join(i);
                 } else {
-                    f.insert_mid(q.key(i));
+                    self.insert_mid(q.key(i));
                 }
             }
         }
-        if f.slack < 0 {
+        if self.slack < 0 {
             return Err(Declined);
         }
-        // The waiting ones in order, one tenant to a tier.
-        let mut waiting = Vec::with_capacity(s.waiting.len() + 1);
-        let mut tenants: [Option<crate::tenant::TenantId>; 2] = [None, None];
+        Ok(())
+    }
+
+    /// The waiting sequences in start order, the newcomer in its place; declines where two
+    /// tenants wait in one tier (their fair shares order them).
+    fn order_waiting(&mut self) -> Result<(), Declined> {
+        let mut waiting = Vec::with_capacity(self.s.waiting.len() + 1);
         let key = |r: &Request| (r.priority, r.ttft_deadline, r.id);
-        for (priority, ttft, id) in &s.waiting {
-            if let Some(i) = newcomer_at.filter(|i| key(f.seqs[*i].request) < (*priority, *ttft, *id)) {
+        let mut newcomer = self.newcomer;
+        for (priority, ttft, id) in &self.s.waiting {
+            if let Some(i) = newcomer.filter(|i| key(self.seqs[*i].request) < (*priority, *ttft, *id)) {
                 waiting.push(i);
-                newcomer_at = None;
+                newcomer = None;
             }
-            waiting.push(f.fates.ids.binary_search(id).expect("a waiting sequence is held"));
+            waiting.push(self.fates.ids.binary_search(id).expect("a waiting sequence is held"));
         }
-        waiting.extend(newcomer_at);
+        waiting.extend(newcomer);
+        let mut tenants: [Option<crate::tenant::TenantId>; 2] = [None, None];
         for &i in &waiting {
-            let r = f.seqs[i].request;
+            let r = self.seqs[i].request;
             let tier = &mut tenants[r.priority.index()];
             if tier.is_some_and(|t| t != r.tenant) {
                 return Err(Declined);
             }
             *tier = Some(r.tenant);
         }
-        f.waiting = waiting;
-        Ok(f)
+        self.waiting = waiting;
+        Ok(())
     }
 
     fn insert_mid(&mut self, key: (Priority, Instant, SeqId, usize)) {
