@@ -374,42 +374,19 @@ impl<'a> Forecast<'a> {
             let mut shape = decodes;
             let mut budget = policy.max_batch_tokens.saturating_sub(self.decoders);
             members.clear();
-            let chunk = |shape: StepShape, q: &Seq<'_>, budget: u32| {
-                let n = (q.known - q.computed).min(budget);
-                cap.map_or(n, |cap| self.s.estimator.prefill_within(shape, q.computed, cap, n))
-            };
             for &(.., i) in &self.mid {
                 if budget == 0 {
                     break;
                 }
                 let q = &self.seqs[i];
-                let n = chunk(shape, q, budget);
+                let n = self.chunk(cap, shape, q, budget);
                 if n > 0 {
                     shape = shape.join(StepShape::part(q.computed, n, false));
                     budget -= n;
                     members.push((i, n));
                 }
             }
-            while self.next < self.waiting.len() && budget > 0 && self.running < policy.max_sequences {
-                let i = self.waiting[self.next];
-                let q = self.seqs[i];
-                let n = chunk(shape, &q, budget);
-                if n == 0 {
-                    break;
-                }
-                // Room for all it may ever hold, beyond the watermark, or the rule's room check
-                // may bind: not followed here.
-                if self.slack < i64::from(policy.watermark) + i64::from(q.blocks) {
-                    return Err(Declined);
-                }
-                self.slack -= i64::from(q.blocks);
-                self.running += 1;
-                self.next += 1;
-                self.insert_mid(q.key(i));
-                shape = shape.join(StepShape::part(q.computed, n, false));
-                budget -= n;
-                members.push((i, n));
-            }
+            self.start_waiting(cap, &mut shape, &mut budget, &mut members)?;
             if members.is_empty() {
                 if self.decoders == 0 {
                     // Nothing could run: the rule would preempt (not followed) or stop.
@@ -420,6 +397,46 @@ impl<'a> Forecast<'a> {
                 self.prefill_step(shape, &members);
             }
         }
+    }
+
+    /// Waiting sequences start in order while seats, budget and the cap allow, each with its first
+    /// chunk; declines where its blocks might not be free.
+    fn start_waiting(
+        &mut self,
+        cap: Option<Duration>,
+        shape: &mut StepShape,
+        budget: &mut u32,
+        members: &mut Vec<(usize, u32)>,
+    ) -> Result<(), Declined> {
+        let policy = self.s.policy;
+        while self.next < self.waiting.len() && *budget > 0 && self.running < policy.max_sequences {
+            let i = self.waiting[self.next];
+            let q = self.seqs[i];
+            let n = self.chunk(cap, *shape, &q, *budget);
+            if n == 0 {
+                break;
+            }
+            // Room for all it may ever hold, beyond the watermark, or the rule's room check
+            // may bind: not followed here.
+            if self.slack < i64::from(policy.watermark) + i64::from(q.blocks) {
+                return Err(Declined);
+            }
+            self.slack -= i64::from(q.blocks);
+            self.running += 1;
+            self.next += 1;
+            self.insert_mid(q.key(i));
+            *shape = shape.join(StepShape::part(q.computed, n, false));
+            *budget -= n;
+            members.push((i, n));
+        }
+        Ok(())
+    }
+
+    /// The chunk of `q` a step of `shape` so far takes: the rest of its prompt within the budget,
+    /// cut to the cap.
+    fn chunk(&self, cap: Option<Duration>, shape: StepShape, q: &Seq<'_>, budget: u32) -> u32 {
+        let n = (q.known - q.computed).min(budget);
+        cap.map_or(n, |cap| self.s.estimator.prefill_within(shape, q.computed, cap, n))
     }
 
     /// Steps that decode and nothing else, up to the next end (no prefill can join before one:
