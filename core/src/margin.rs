@@ -92,6 +92,29 @@ impl Margin {
     /// A timer woke its owner at `now`, this long after the instant it was set for. A wake far
     /// later than usual marks a stall ([`evidence`], rule 1).
     pub fn observe_wake(&mut self, now: Instant, lateness: Duration) {
+        self.observe_wake_at(now, lateness);
+    }
+
+    /// An instant's events with the timer's wakes taken out and observed first (`lateness` says
+    /// which are wakes): a late wake may say that the process stalled meanwhile, and what the
+    /// other events measured over that stall is then not evidence.
+    pub fn wakes_first<E>(
+        &mut self,
+        now: Instant,
+        events: Vec<E>,
+        lateness: impl Fn(&E) -> Option<Duration>,
+    ) -> Vec<E> {
+        let mut rest = Vec::with_capacity(events.len());
+        for event in events {
+            match lateness(&event) {
+                Some(late) => self.observe_wake_at(now, late),
+                None => rest.push(event),
+            }
+        }
+        rest
+    }
+
+    fn observe_wake_at(&mut self, now: Instant, lateness: Duration) {
         self.stalls.observe_wake(now, lateness, self.lateness.quantile());
         self.lateness.push(now, lateness);
         self.update();

@@ -21,8 +21,8 @@ use crate::front::{self, Backend, Front, Generating, Served};
 use crate::generation::engine::{KvLayout, StepEngine};
 use crate::generation::llm::LlmEngine;
 use crate::generation::relay::Relay;
-use crate::generation::shell::Generator;
 use crate::generation::sim::SimLlm;
+use crate::generation::steps;
 use crate::metrics::Metrics;
 use crate::tenants::Tenants;
 use ferry_core::estimate::Estimator;
@@ -228,7 +228,7 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, Str
                 timeout: settings.max_timeout,
                 margin: settings.deadline_margin,
             };
-            Backend::Steps { generator: Generator::spawn(ledger, engine.clone(), model_metrics, targets), engine }
+            Backend::Steps { generator: steps::spawn(ledger, engine.clone(), model_metrics, targets), engine }
         }
         (None, EngineSettings::OpenAi { upstream, model }) => {
             let policy = WindowPolicy {

@@ -16,8 +16,9 @@ use ferry_sidecar::engine::{BoxFuture, EngineError};
 use ferry_sidecar::generation::engine::{
     Detokenizer, KvLayout, LanguageModel, Message, Sampling, StepEngine, StepInput,
 };
-use ferry_sidecar::generation::shell::{Generator, Submission};
+use ferry_sidecar::generation::shell::Submission;
 use ferry_sidecar::generation::sim::{SimLlm, SimLlmTimes};
+use ferry_sidecar::generation::steps::{self, Generator, Prompt};
 use ferry_sidecar::generation::stream::{Piece, Stream};
 use ferry_sidecar::metrics::{GenerationMetrics, Metrics};
 use ferry_sidecar::tally::Tally;
@@ -76,7 +77,7 @@ fn spawn(
     let scheduler = Scheduler::new(policy, BlockPool::new(kv.blocks, kv.block_size), StepEstimator::new(prior));
     let metrics = Metrics::new().generation("m", "1");
     let targets = Targets { margin, ..TARGETS };
-    (Generator::spawn(Ledger::new(scheduler, margin, 3), engine, metrics.clone(), targets), metrics)
+    (steps::spawn(Ledger::new(scheduler, margin, 3), engine, metrics.clone(), targets), metrics)
 }
 
 /// The service's default deadlines, which its exported capacity keeps.
@@ -96,10 +97,12 @@ impl Service {
     fn submit_with(&self, prompt: &str, max_tokens: u32, ttft: Duration, itl: Duration, timeout: Duration) -> Stream {
         let now = Instant::now();
         let submission = Submission {
-            prompt: self.engine.encode(prompt).unwrap(),
+            prompt: Prompt {
+                tokens: self.engine.encode(prompt).unwrap(),
+                sampling: Sampling::default(),
+                stop: Vec::new(),
+            },
             max_tokens,
-            sampling: Sampling::default(),
-            stop: Vec::new(),
             priority: Priority::Interactive,
             tenant: 0,
             weight: 1,
@@ -377,10 +380,12 @@ async fn an_answer_that_ends_keeps_the_text_a_stop_string_held_back() {
     let answer = |stop: &[&str]| {
         let now = Instant::now();
         let submission = Submission {
-            prompt: engine.encode("a b </s>").unwrap(),
+            prompt: Prompt {
+                tokens: engine.encode("a b </s>").unwrap(),
+                sampling: Sampling::default(),
+                stop: stop.iter().map(|s| s.to_string()).collect(),
+            },
             max_tokens: 10,
-            sampling: Sampling::default(),
-            stop: stop.iter().map(|s| s.to_string()).collect(),
             priority: Priority::Interactive,
             tenant: 0,
             weight: 1,

@@ -116,12 +116,10 @@ impl Ledger {
     pub fn step(&mut self, now: Instant, events: Vec<Event>, effects: &mut Vec<Effect>) {
         // A late wake first: it may say that the process stalled while the step that ended now
         // ran, and such a step is not evidence.
-        let (wakes, events): (Vec<Event>, Vec<Event>) = events.into_iter().partition(|e| matches!(e, Event::Woke(_)));
-        for wake in wakes {
-            if let Event::Woke(late) = wake {
-                self.margin.observe_wake(now, late);
-            }
-        }
+        let events = self.margin.wakes_first(now, events, |e| match e {
+            Event::Woke(late) => Some(*late),
+            _ => None,
+        });
         let mut commands = Vec::new();
         for event in events {
             match event {

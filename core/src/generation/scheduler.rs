@@ -24,7 +24,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::kv::{Block, BlockPool};
-use super::sequence::{FinishReason, Request, SeqId};
+use super::sequence::{FinishReason, Queued, Request, SeqId};
 use super::step::{StepEstimator, StepShape};
 use crate::outcome::{Outcome, Refusal};
 use crate::tenant::{Shares, TenantId};
@@ -340,27 +340,13 @@ impl Scheduler {
                 ),
             ));
         }
-        let full = |what: String| Refusal::new(Outcome::QueueFull, what).retry_after(Duration::from_secs(1));
-        if self.waiting.len() >= p.max_queue {
-            return Err(full(format!(
-                "queue full: {} sequences waiting (--max-queue {})",
-                self.waiting.len(),
-                p.max_queue
-            )));
-        }
-        if self.queued_bytes + r.bytes > p.max_queue_bytes {
-            return Err(full(format!(
-                "queue full: {} bytes waiting and this request is {} (--max-queue-bytes {})",
-                self.queued_bytes, r.bytes, p.max_queue_bytes
-            )));
-        }
-        if self.queued_tokens + u64::from(r.prompt) > p.max_queue_tokens {
-            return Err(full(format!(
-                "queue full: {} prompt tokens waiting and this prompt has {} (--max-queue-tokens {})",
-                self.queued_tokens, r.prompt, p.max_queue_tokens
-            )));
-        }
-        Ok(())
+        let queued = Queued {
+            requests: self.waiting.len(),
+            bytes: self.queued_bytes,
+            tokens: self.queued_tokens,
+            estimated: false,
+        };
+        queued.room_for(r, (p.max_queue, p.max_queue_bytes, p.max_queue_tokens))
     }
 
     /// Takes a request in as a probe ([`crate::evidence`], rule 3): it waits for its first step,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::outcome::Refusal;
+use crate::outcome::{Outcome, Refusal};
 use crate::tenant::TenantId;
 use crate::ticket::Priority;
 
@@ -43,6 +43,42 @@ impl Request {
     /// window for it).
     pub fn itl_target(&self) -> Option<Duration> {
         (self.max_tokens > 1).then_some(self.itl)
+    }
+}
+
+/// What waits in a queue of requests (the step rule's, the relay window's), for its bounds:
+/// `--max-queue`, `--max-queue-bytes`, `--max-queue-tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Queued {
+    pub requests: usize,
+    pub bytes: u64,
+    /// Prompt tokens; `estimated` where they are counted from bytes (an upstream's prompts).
+    pub tokens: u64,
+    pub estimated: bool,
+}
+
+impl Queued {
+    /// 503 `queue_full` when `r` does not fit beside what waits, under `max` (requests, bytes,
+    /// tokens): the one bound it breaks, named, with its value and its limit.
+    pub fn room_for(&self, r: &Request, (requests, bytes, tokens): (usize, u64, u64)) -> Result<(), Refusal> {
+        let full = |what: String| Refusal::new(Outcome::QueueFull, what).retry_after(Duration::from_secs(1));
+        if self.requests >= requests {
+            return Err(full(format!("queue full: {} requests waiting (--max-queue {requests})", self.requests)));
+        }
+        if self.bytes + r.bytes > bytes {
+            return Err(full(format!(
+                "queue full: {} bytes waiting and this request is {} (--max-queue-bytes {bytes})",
+                self.bytes, r.bytes
+            )));
+        }
+        if self.tokens + u64::from(r.prompt) > tokens {
+            let about = if self.estimated { "about " } else { "" };
+            return Err(full(format!(
+                "queue full: {} prompt tokens waiting and this prompt has {about}{} (--max-queue-tokens {tokens})",
+                self.tokens, r.prompt
+            )));
+        }
+        Ok(())
     }
 }
 

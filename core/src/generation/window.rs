@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::sequence::{End, FinishReason, Request, SeqId};
+use super::sequence::{End, FinishReason, Queued, Request, SeqId};
 use crate::estimate::Linear;
 use crate::margin::Margin;
 use crate::outcome::{Outcome, Refusal};
@@ -261,12 +261,10 @@ impl Window {
     pub fn step(&mut self, now: Instant, events: Vec<Event>, effects: &mut Vec<Effect>) {
         // A late wake first: it may say that the process stalled while a token was on its way,
         // and such a gap is not evidence about the upstream.
-        let (wakes, events): (Vec<Event>, Vec<Event>) = events.into_iter().partition(|e| matches!(e, Event::Woke(_)));
-        for wake in wakes {
-            if let Event::Woke(late) = wake {
-                self.margin.observe_wake(now, late);
-            }
-        }
+        let events = self.margin.wakes_first(now, events, |e| match e {
+            Event::Woke(late) => Some(*late),
+            _ => None,
+        });
         let mut commands = Vec::new();
         for event in events {
             match event {
@@ -471,26 +469,13 @@ impl Window {
                 r.prompt, r.max_tokens, p.max_context
             )));
         }
-        let full = |what: String| Refusal::new(Outcome::QueueFull, what).retry_after(Duration::from_secs(1));
-        if self.waiting.len() >= p.max_queue {
-            return Err(full(format!(
-                "queue full: {} requests waiting (--max-queue {})",
-                self.waiting.len(),
-                p.max_queue
-            )));
-        }
-        if self.queued_bytes + r.bytes > p.max_queue_bytes {
-            return Err(full(format!(
-                "queue full: {} bytes waiting and this request is {} (--max-queue-bytes {})",
-                self.queued_bytes, r.bytes, p.max_queue_bytes
-            )));
-        }
-        if self.queued_tokens + u64::from(r.prompt) > p.max_queue_tokens {
-            return Err(full(format!(
-                "queue full: {} prompt tokens waiting and this prompt has about {} (--max-queue-tokens {})",
-                self.queued_tokens, r.prompt, p.max_queue_tokens
-            )));
-        }
+        let queued = Queued {
+            requests: self.waiting.len(),
+            bytes: self.queued_bytes,
+            tokens: self.queued_tokens,
+            estimated: true,
+        };
+        queued.room_for(r, (p.max_queue, p.max_queue_bytes, p.max_queue_tokens))?;
         if r.itl_target().is_some_and(|target| self.model.itl(1) > target) {
             return Err(Refusal::new(
                 Outcome::Infeasible,

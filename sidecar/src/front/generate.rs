@@ -25,7 +25,8 @@ use super::prompt::{self, Call, Kind, DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKEN
 use super::{status_of, Backend, Front, Generating, Shared, PRIORITY, REQUEST_ID, SERVER_TIMING};
 use crate::deadline::TIMEOUT_HEADER;
 use crate::generation::relay;
-use crate::generation::shell::Submission;
+use crate::generation::shell::{PromptTokens, Submission};
+use crate::generation::steps::Prompt;
 use crate::generation::stream::{Finished, Piece, Stream};
 use crate::tally::Tally;
 use crate::tenants::{Held, Tenant};
@@ -131,8 +132,8 @@ async fn generate(front: Shared, headers: HeaderMap, body: Body, kind: Kind) -> 
 
 /// A request ready for its backend.
 enum Admitted {
-    Steps(Submission),
-    Relay(relay::Submission),
+    Steps(Submission<Prompt>),
+    Relay(Submission<relay::Upstream>),
 }
 
 /// Everything checked before the request reaches the generator.
@@ -211,10 +212,8 @@ async fn admit(
             let max_tokens =
                 call.max_tokens.unwrap_or_else(|| default.min(context.saturating_sub(tokens.len() as u32).max(1)));
             Admitted::Steps(Submission {
-                prompt: tokens,
+                prompt: Prompt { tokens, sampling: call.sampling, stop: call.stop.clone() },
                 max_tokens,
-                sampling: call.sampling,
-                stop: call.stop.clone(),
                 priority,
                 tenant: tenant.id,
                 weight: tenant.weight,
@@ -237,14 +236,16 @@ async fn admit(
                 fields.insert("stream_options".into(), json!({"include_usage": true}));
                 fields.insert("model".into(), Value::from(relay.model()));
             }
-            Admitted::Relay(relay::Submission {
-                path: match kind {
-                    Kind::Completion => COMPLETIONS,
-                    Kind::Chat => CHAT,
+            Admitted::Relay(Submission {
+                prompt: relay::Upstream {
+                    path: match kind {
+                        Kind::Completion => COMPLETIONS,
+                        Kind::Chat => CHAT,
+                    },
+                    body,
+                    tokens: prompt_tokens,
+                    bytes: call.prompt.len() as u32,
                 },
-                body,
-                prompt_tokens,
-                prompt_bytes: call.prompt.len() as u32,
                 max_tokens,
                 priority,
                 tenant: tenant.id,
@@ -261,8 +262,8 @@ async fn admit(
     // The tenant's quotas: this request, its prompt and the most it may produce, and one row (a
     // sequence) held until its answer has begun.
     let tokens = match &admitted {
-        Admitted::Steps(s) => s.prompt.len() as u64 + u64::from(s.max_tokens),
-        Admitted::Relay(s) => u64::from(s.prompt_tokens) + u64::from(s.max_tokens),
+        Admitted::Steps(s) => u64::from(s.prompt.prompt_tokens()) + u64::from(s.max_tokens),
+        Admitted::Relay(s) => u64::from(s.prompt.prompt_tokens()) + u64::from(s.max_tokens),
     };
     let held = tenant.take(1, tokens, Instant::now())?;
     Ok((admitted, call, held))

@@ -43,7 +43,7 @@ use crate::deadline::DeadlinePolicy;
 use crate::engine::Engine;
 use crate::generation::engine::StepEngine;
 use crate::generation::relay::Relay;
-use crate::generation::shell::Generator;
+use crate::generation::steps::Generator;
 use crate::idempotency::{self, Store};
 use crate::metrics::{GenerationMetrics, Metrics, Outcomes};
 use crate::tally::Tally;

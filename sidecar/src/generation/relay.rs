@@ -6,73 +6,56 @@
 //! (a deadline, a caller gone), and polls the upstream's health for readiness.
 
 use std::collections::HashMap;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use super::stream::{Control, Deadlines, Finished, Piece, Sent, Stream};
+use super::shell::{self, Backend, Handle, PromptTokens, Reply};
+use super::stream::{Control, Piece};
 use crate::metrics::GenerationMetrics;
-use crate::tally::Tally;
-use crate::task::{sleep_until, OldestArrival, Stopped};
+use crate::task::OldestArrival;
 use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
 use ferry_core::generation::window::{Effect, Event, Window};
 use ferry_core::lockout::Lockout;
 use ferry_core::outcome::{Outcome, Refusal};
-use ferry_core::tenant::TenantId;
-use ferry_core::ticket::Priority;
 
 /// How often the upstream's health is checked.
 const HEALTH_PERIOD: Duration = Duration::from_secs(1);
 
-/// A request for the upstream: the body to send (already OpenAI's, streamed) and what the window
-/// needs to know.
+/// A request for the upstream: the body to send (already OpenAI's, streamed) and its prompt's
+/// size.
 #[derive(Debug, Clone)]
-pub struct Submission {
+pub struct Upstream {
     /// `/v1/completions` or `/v1/chat/completions`.
     pub path: &'static str,
     pub body: Value,
     /// The prompt's tokens, estimated ([`Relay::estimate_tokens`]) from its bytes.
-    pub prompt_tokens: u32,
-    pub prompt_bytes: u32,
-    pub max_tokens: u32,
-    pub priority: Priority,
-    /// Whose it is, and the tenant's weight.
-    pub tenant: TenantId,
-    pub weight: u32,
-    pub bytes: u64,
-    pub arrival: Instant,
-    pub ttft_deadline: Instant,
-    pub itl: Duration,
-    pub deadline: Instant,
+    pub tokens: u32,
+    pub bytes: u32,
 }
 
-impl Deadlines for Submission {
-    fn arrival(&self) -> Instant {
-        self.arrival
-    }
-
-    fn ttft_deadline(&self) -> Instant {
-        self.ttft_deadline
-    }
-
-    fn deadline(&self) -> Instant {
-        self.deadline
+impl PromptTokens for Upstream {
+    fn prompt_tokens(&self) -> u32 {
+        self.tokens
     }
 }
 
-enum Command {
-    Submit { id: SeqId, submission: Submission, stream: mpsc::UnboundedSender<Sent> },
-    Control(Control),
-    Drain(oneshot::Sender<()>),
+/// What the relay's task hears besides its commands.
+pub(super) enum Report {
+    /// What an upstream request reported, for its attempt.
+    Request { id: SeqId, attempt: u32, said: Said },
+    /// Whether the upstream answers its health check.
+    Ready(bool),
 }
 
-/// What an upstream request reports, for its attempt.
-enum Report {
+/// What an upstream request says.
+pub(super) enum Said {
     Text(String),
     /// The tokens as the upstream counted them (its usage).
     Usage {
@@ -83,26 +66,25 @@ enum Report {
     Failed(Refusal),
 }
 
-struct Upstream {
-    id: SeqId,
-    attempt: u32,
-    report: Report,
-}
-
-/// A handle to one model version's relay. Cheap to clone.
+/// A handle to one model version's relay. Cheap to clone; a [`Handle`] with what the front asks
+/// of an upstream.
 #[derive(Clone)]
 pub struct Relay {
-    commands: mpsc::UnboundedSender<Command>,
-    next_id: Arc<AtomicU64>,
+    handle: Handle<Upstream>,
     ready: Arc<AtomicBool>,
     /// Bytes of prompt per token, as f64 bits: learned from the upstream's usage.
     bytes_per_token: Arc<AtomicU64>,
-    oldest: OldestArrival,
-    metrics: GenerationMetrics,
-    stopped: watch::Receiver<bool>,
     base: String,
     /// The model's name upstream (`model` of what is sent).
     model: String,
+}
+
+impl Deref for Relay {
+    type Target = Handle<Upstream>;
+
+    fn deref(&self) -> &Handle<Upstream> {
+        &self.handle
+    }
 }
 
 impl Relay {
@@ -112,41 +94,25 @@ impl Relay {
         let base = base.trim_end_matches('/').to_owned();
         let client =
             reqwest::Client::builder().tcp_nodelay(true).pool_max_idle_per_host(256).build().expect("an HTTP client");
-        let (commands, rx) = mpsc::unbounded_channel();
-        let (up_tx, up_rx) = mpsc::unbounded_channel();
-        let (ready_tx, ready_rx) = mpsc::unbounded_channel();
+        let (reports, reports_rx) = mpsc::unbounded_channel();
         let ready = Arc::new(AtomicBool::new(false));
         let bytes_per_token = Arc::new(AtomicU64::new(4.0f64.to_bits()));
         let oldest = OldestArrival::new();
-        tokio::spawn(health(client.clone(), base.clone(), ready.clone(), ready_tx, metrics.kv_usage.clone()));
-        let task = Task {
+        tokio::spawn(health(client.clone(), base.clone(), ready.clone(), reports.clone(), metrics.kv_usage.clone()));
+        let relaying = Relaying {
             lockout: Lockout::default(),
             window,
             client,
             base: base.clone(),
             metrics: metrics.clone(),
             callers: HashMap::new(),
-            upstream: up_tx,
-            drains: Vec::new(),
+            reports,
             oldest: oldest.clone(),
             bytes_per_token: bytes_per_token.clone(),
+            effects: Vec::new(),
         };
-        let (stopped_tx, stopped) = watch::channel(false);
-        tokio::spawn(async move {
-            let _stopped = Stopped(stopped_tx);
-            task.run(rx, up_rx, ready_rx).await;
-        });
-        Relay {
-            commands,
-            next_id: Arc::new(AtomicU64::new(0)),
-            ready,
-            bytes_per_token,
-            oldest,
-            metrics,
-            stopped,
-            base,
-            model: model.to_owned(),
-        }
+        let handle = Handle::spawn(relaying, reports_rx, oldest, metrics);
+        Relay { handle, ready, bytes_per_token, base, model: model.to_owned() }
     }
 
     /// The prompt's tokens, estimated from its bytes at the ratio the upstream's usage showed.
@@ -163,47 +129,9 @@ impl Relay {
         &self.model
     }
 
-    pub fn submit(&self, submission: Submission, tally: Tally) -> Stream {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let commands = self.commands.clone();
-        let control = Box::new(move |c: Control| {
-            let _ = commands.send(Command::Control(c));
-        });
-        let mut stream = Stream::new(id, rx, control, tally, self.metrics.late_results.clone(), &submission);
-        if self.commands.send(Command::Submit { id, submission, stream: tx }).is_err() {
-            stream.fail_now();
-        }
-        stream
-    }
-
     /// The upstream answered its last health check.
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
-    }
-
-    pub async fn drain(&self) {
-        let (tx, rx) = oneshot::channel();
-        if self.commands.send(Command::Drain(tx)).is_ok() {
-            let _ = rx.await;
-        }
-    }
-
-    pub fn metrics(&self) -> &GenerationMetrics {
-        &self.metrics
-    }
-
-    pub fn is_alive(&self) -> bool {
-        !*self.stopped.borrow()
-    }
-
-    pub async fn stopped(&self) {
-        let mut stopped = self.stopped.clone();
-        let _ = stopped.wait_for(|s| *s).await;
-    }
-
-    pub fn refresh_age(&self) {
-        self.metrics.oldest_age.set(self.oldest.age());
     }
 }
 
@@ -236,7 +164,7 @@ async fn health(
     client: reqwest::Client,
     base: String,
     ready: Arc<AtomicBool>,
-    tx: mpsc::UnboundedSender<bool>,
+    tx: mpsc::UnboundedSender<Report>,
     kv: prometheus::Gauge,
 ) {
     let mut last = None;
@@ -251,7 +179,7 @@ async fn health(
         };
         ready.store(ok, Ordering::Relaxed);
         if last != Some(ok) {
-            if tx.send(ok).is_err() {
+            if tx.send(Report::Ready(ok)).is_err() {
                 return;
             }
             if ok {
@@ -274,179 +202,113 @@ async fn health(
 }
 
 struct Caller {
-    stream: mpsc::UnboundedSender<Sent>,
-    submission: Submission,
+    reply: Reply,
+    upstream: Upstream,
     attempt: u32,
     task: Option<AbortHandle>,
-    started: Option<Instant>,
-    first_token: Option<Instant>,
-    last_token: Option<Instant>,
     tokens: u32,
     /// The upstream's own count, once its usage came: (prompt, completion).
     usage: Option<(u32, Option<u32>)>,
 }
 
-struct Task {
+struct Relaying {
     window: Window,
     client: reqwest::Client,
     base: String,
     metrics: GenerationMetrics,
     callers: HashMap<SeqId, Caller>,
-    upstream: mpsc::UnboundedSender<Upstream>,
-    drains: Vec<oneshot::Sender<()>>,
+    reports: mpsc::UnboundedSender<Report>,
     oldest: OldestArrival,
     bytes_per_token: Arc<AtomicU64>,
     /// Whether it refuses every request while idle ([`ferry_core::lockout`]).
     lockout: Lockout,
+    effects: Vec<Effect>,
 }
 
-const TIMER_PROBE: Duration = Duration::from_millis(50);
+impl Backend for Relaying {
+    type Prompt = Upstream;
+    type Report = Report;
+    type Event = Event;
+    /// An admission here is a few comparisons: everything waiting is taken at once.
+    const ADMISSIONS_PER_PASS: usize = usize::MAX;
 
-impl Task {
-    async fn run(
-        mut self,
-        mut commands: mpsc::UnboundedReceiver<Command>,
-        mut upstream: mpsc::UnboundedReceiver<Upstream>,
-        mut ready: mpsc::UnboundedReceiver<bool>,
-    ) {
-        let mut open = true;
-        let mut probe = Instant::now() + TIMER_PROBE;
-        let mut waiting_for: Option<Instant> = None;
-        let mut events = Vec::new();
-        let mut effects = Vec::new();
-        loop {
-            let now = Instant::now();
-            if let Some(due) = waiting_for.filter(|due| *due <= now) {
-                events.push(Event::Woke(now - due));
-            }
-            if now >= probe {
-                probe = now + TIMER_PROBE;
-            }
-            self.window.step(now, std::mem::take(&mut events), &mut effects);
-            for effect in effects.drain(..) {
-                self.carry_out(effect, now);
-            }
-            self.publish();
-            self.metrics.lockout.show(self.lockout.locked(now));
-            if self.window.is_idle() {
-                self.drains.drain(..).for_each(|d| {
-                    let _ = d.send(());
-                });
-                if !open {
-                    return;
-                }
-            }
-            let wake = [self.window.next_wake(), open.then_some(probe)].into_iter().flatten().min();
-            waiting_for = wake;
-            tokio::select! {
-                biased;
-                Some(report) = upstream.recv() => self.report(report, &mut events),
-                Some(ok) = ready.recv() => events.push(Event::Ready(ok)),
-                command = commands.recv(), if open => match command {
-                    Some(command) => self.command(command, &mut events),
-                    None => open = false,
-                },
-                () = sleep_until(wake) => {}
-            }
-            for _ in 0..64 {
-                tokio::task::yield_now().await;
-                let before = events.len();
-                while let Ok(report) = upstream.try_recv() {
-                    self.report(report, &mut events);
-                }
-                while open {
-                    match commands.try_recv() {
-                        Ok(command) => self.command(command, &mut events),
-                        Err(mpsc::error::TryRecvError::Empty) => break,
-                        Err(mpsc::error::TryRecvError::Disconnected) => open = false,
-                    }
-                }
-                if events.len() == before || Instant::now() != now {
-                    break;
-                }
-            }
-        }
+    fn is_admission(event: &Event) -> bool {
+        matches!(event, Event::Submit(_))
     }
 
-    fn command(&mut self, command: Command, events: &mut Vec<Event>) {
-        match command {
-            Command::Submit { id, submission: s, stream } => {
-                let request = Request {
-                    id,
-                    arrival: s.arrival,
-                    priority: s.priority,
-                    tenant: s.tenant,
-                    weight: s.weight,
-                    prompt: s.prompt_tokens,
-                    max_tokens: s.max_tokens,
-                    bytes: s.bytes,
-                    ttft_deadline: s.ttft_deadline,
-                    itl: s.itl,
-                    deadline: s.deadline,
-                };
-                let caller = Caller {
-                    stream,
-                    submission: s,
-                    attempt: 0,
-                    task: None,
-                    started: None,
-                    first_token: None,
-                    last_token: None,
-                    tokens: 0,
-                    usage: None,
-                };
-                self.callers.insert(id, caller);
-                events.push(Event::Submit(request));
-            }
-            Command::Control(Control::Cancel(id)) => {
+    fn woke(&mut self, _now: Instant, late: Duration, events: &mut Vec<Event>) {
+        events.push(Event::Woke(late));
+    }
+
+    fn submit(&mut self, request: Request, upstream: Upstream, reply: Reply, events: &mut Vec<Event>) {
+        let caller = Caller { reply, upstream, attempt: 0, task: None, tokens: 0, usage: None };
+        self.callers.insert(request.id, caller);
+        events.push(Event::Submit(request));
+    }
+
+    fn control(&mut self, control: Control, events: &mut Vec<Event>) {
+        match control {
+            Control::Cancel(id) => {
                 if let Some(task) = self.callers.remove(&id).and_then(|c| c.task) {
                     task.abort();
                 }
                 events.push(Event::Cancel(id));
             }
-            Command::Control(Control::Trip(_)) => {}
-            Command::Drain(tx) => self.drains.push(tx),
+            // An upstream's tokens come from its own server: the window learns their gaps
+            // as they arrive, not a trip.
+            Control::Trip(_) => {}
         }
     }
 
     /// A report of an upstream request: tokens go to the caller at once; the window hears of
     /// each.
-    fn report(&mut self, up: Upstream, events: &mut Vec<Event>) {
-        let Some(caller) = self.callers.get_mut(&up.id).filter(|c| c.attempt == up.attempt) else { return };
-        let now = Instant::now();
-        match up.report {
-            Report::Text(text) => {
-                let first = caller.first_token.is_none();
+    fn report(&mut self, report: Report, events: &mut Vec<Event>) {
+        let (id, attempt, said) = match report {
+            Report::Ready(ok) => return events.push(Event::Ready(ok)),
+            Report::Request { id, attempt, said } => (id, attempt, said),
+        };
+        let Some(caller) = self.callers.get_mut(&id).filter(|c| c.attempt == attempt) else { return };
+        match said {
+            Said::Text(text) => {
+                events.push(if caller.reply.has_first_token() { Event::Token(id) } else { Event::First(id) });
                 caller.tokens += 1;
-                self.metrics.generation_tokens.inc();
-                if first {
-                    caller.first_token = Some(now);
-                    self.metrics.ttft.observe((now - caller.submission.arrival).as_secs_f64());
-                    events.push(Event::First(up.id));
-                } else {
-                    if let Some(last) = caller.last_token {
-                        self.metrics.itl.observe((now - last).as_secs_f64());
-                    }
-                    events.push(Event::Token(up.id));
-                }
-                caller.last_token = Some(now);
-                let queued = first.then(|| caller.started.map_or(Duration::ZERO, |s| s - caller.submission.arrival));
-                let _ = caller.stream.send(Sent { piece: Piece::Text(text), at: now, queued });
+                caller.reply.token(text, Instant::now(), &self.metrics);
             }
-            Report::Usage { prompt_tokens, completion_tokens } => {
+            Said::Usage { prompt_tokens, completion_tokens } => {
                 caller.usage = Some((prompt_tokens as u32, completion_tokens.map(|c| c as u32)));
                 if prompt_tokens > 0 {
-                    let bytes = f64::from(caller.submission.prompt_bytes);
+                    let bytes = f64::from(caller.upstream.bytes);
                     let observed = bytes / prompt_tokens as f64;
                     let old = f64::from_bits(self.bytes_per_token.load(Ordering::Relaxed));
                     self.bytes_per_token.store((0.9 * old + 0.1 * observed).to_bits(), Ordering::Relaxed);
                 }
             }
-            Report::Done(reason) => events.push(Event::Done { id: up.id, reason }),
-            Report::Failed(refusal) => events.push(Event::Failed { id: up.id, refusal }),
+            Said::Done(reason) => events.push(Event::Done { id, reason }),
+            Said::Failed(refusal) => events.push(Event::Failed { id, refusal }),
         }
     }
 
+    fn pass(&mut self, now: Instant, events: Vec<Event>) {
+        let mut effects = std::mem::take(&mut self.effects);
+        self.window.step(now, events, &mut effects);
+        for effect in effects.drain(..) {
+            self.carry_out(effect, now);
+        }
+        self.effects = effects;
+        self.publish();
+        self.metrics.lockout.show(self.lockout.locked(now));
+    }
+
+    fn is_idle(&self) -> bool {
+        self.window.is_idle()
+    }
+
+    fn next_wake(&self) -> Option<Instant> {
+        self.window.next_wake()
+    }
+}
+
+impl Relaying {
     fn carry_out(&mut self, effect: Effect, now: Instant) {
         match effect {
             Effect::Release { id } => {
@@ -459,36 +321,27 @@ impl Task {
                 }
             }
             Effect::Started { id, waited } => {
-                self.metrics.queue_wait.observe(waited.as_secs_f64());
-                if let Some(caller) = self.callers.get_mut(&id) {
-                    caller.started = Some(now);
-                    self.metrics.prompt_tokens.inc_by(u64::from(caller.submission.prompt_tokens));
-                }
+                let caller = self.callers.get_mut(&id);
+                let prompt = caller.as_ref().map_or(0, |c| c.upstream.tokens);
+                shell::started(&self.metrics, caller.map(|c| &mut c.reply), prompt, waited, now);
             }
             Effect::End { id, end, admitted } => {
-                if let (false, End::Refused(refusal)) = (admitted, &end) {
-                    if refusal.outcome == Outcome::Infeasible {
-                        self.lockout.refused(now, self.window.is_idle(), &refusal.message);
-                    }
-                }
-                let Some(caller) = self.callers.remove(&id) else { return };
+                let (caller, idle) = (self.callers.remove(&id), self.window.is_idle());
+                let reply = caller.as_ref().map(|c| &c.reply);
+                shell::ended(&mut self.lockout, &self.metrics, (&end, admitted, idle), reply, now);
+                let Some(caller) = caller else { return };
                 if let Some(task) = caller.task {
                     task.abort();
                 }
-                if admitted {
-                    self.metrics.request_duration.observe((now - caller.submission.arrival).as_secs_f64());
-                }
                 let piece = match end {
-                    End::Finished(reason) => Piece::End(Ok(Finished {
+                    End::Finished(reason) => Piece::End(Ok(caller.reply.finished(
                         reason,
-                        prompt_tokens: caller.usage.map_or(caller.submission.prompt_tokens, |u| u.0),
-                        completion_tokens: caller.usage.and_then(|u| u.1).unwrap_or(caller.tokens),
-                        queued: caller.started.map_or(Duration::ZERO, |s| s - caller.submission.arrival),
-                        ttft: caller.first_token.map_or(Duration::ZERO, |f| f - caller.submission.arrival),
-                    })),
+                        caller.usage.map_or(caller.upstream.tokens, |u| u.0),
+                        caller.usage.and_then(|u| u.1).unwrap_or(caller.tokens),
+                    ))),
                     End::Refused(refusal) => Piece::End(Err(refusal)),
                 };
-                let _ = caller.stream.send(Sent { piece, at: now, queued: None });
+                caller.reply.send(piece, now);
             }
         }
     }
@@ -497,12 +350,12 @@ impl Task {
     fn send(&mut self, id: SeqId) {
         let Some(caller) = self.callers.get_mut(&id) else { return };
         caller.attempt += 1;
-        let (attempt, client, reports) = (caller.attempt, self.client.clone(), self.upstream.clone());
-        let url = format!("{}{}", self.base, caller.submission.path);
-        let body = caller.submission.body.clone();
+        let (attempt, client, reports) = (caller.attempt, self.client.clone(), self.reports.clone());
+        let url = format!("{}{}", self.base, caller.upstream.path);
+        let body = caller.upstream.body.clone();
         let handle = tokio::spawn(async move {
-            let report = |report| {
-                let _ = reports.send(Upstream { id, attempt, report });
+            let report = |said| {
+                let _ = reports.send(Report::Request { id, attempt, said });
             };
             stream_upstream(&client, &url, &body, report).await;
         });
@@ -519,15 +372,12 @@ impl Task {
 }
 
 /// One streamed completion upstream: each token's text, the usage, the end or the failure.
-async fn stream_upstream(client: &reqwest::Client, url: &str, body: &Value, report: impl Fn(Report)) {
+async fn stream_upstream(client: &reqwest::Client, url: &str, body: &Value, report: impl Fn(Said)) {
     let fail = |outcome: Outcome, message: String| Refusal::new(outcome, message);
     let mut response = match client.post(url).json(body).send().await {
         Ok(r) => r,
         Err(e) => {
-            return report(Report::Failed(fail(
-                Outcome::Failed,
-                format!("the upstream at {url} cannot be reached: {e}"),
-            )))
+            return report(Said::Failed(fail(Outcome::Failed, format!("the upstream at {url} cannot be reached: {e}"))))
         }
     };
     let status = response.status();
@@ -549,7 +399,7 @@ async fn stream_upstream(client: &reqwest::Client, url: &str, body: &Value, repo
             400..=499 => fail(Outcome::Invalid, message),
             _ => fail(Outcome::Failed, message),
         };
-        return report(Report::Failed(refusal));
+        return report(Said::Failed(refusal));
     }
     let mut buffer: Vec<u8> = Vec::new();
     let mut reason = None;
@@ -557,9 +407,7 @@ async fn stream_upstream(client: &reqwest::Client, url: &str, body: &Value, repo
         let chunk = match response.chunk().await {
             Ok(Some(chunk)) => chunk,
             Ok(None) => break,
-            Err(e) => {
-                return report(Report::Failed(fail(Outcome::Failed, format!("the upstream's stream broke: {e}"))))
-            }
+            Err(e) => return report(Said::Failed(fail(Outcome::Failed, format!("the upstream's stream broke: {e}")))),
         };
         buffer.extend_from_slice(&chunk);
         while let Some(at) = find_event_end(&buffer) {
@@ -568,15 +416,15 @@ async fn stream_upstream(client: &reqwest::Client, url: &str, body: &Value, repo
             for line in text.lines() {
                 let Some(data) = line.strip_prefix("data:").map(str::trim) else { continue };
                 if data == "[DONE]" {
-                    return report(Report::Done(reason.unwrap_or(FinishReason::Length)));
+                    return report(Said::Done(reason.unwrap_or(FinishReason::Length)));
                 }
                 let Ok(value) = serde_json::from_str::<Value>(data) else { continue };
                 if let Some(error) = value.get("error") {
                     let message = error["message"].as_str().map_or_else(|| error.to_string(), str::to_owned);
-                    return report(Report::Failed(fail(Outcome::Failed, format!("the upstream failed: {message}"))));
+                    return report(Said::Failed(fail(Outcome::Failed, format!("the upstream failed: {message}"))));
                 }
                 if let Some(prompt_tokens) = value["usage"]["prompt_tokens"].as_u64() {
-                    report(Report::Usage {
+                    report(Said::Usage {
                         prompt_tokens,
                         completion_tokens: value["usage"]["completion_tokens"].as_u64(),
                     });
@@ -584,7 +432,7 @@ async fn stream_upstream(client: &reqwest::Client, url: &str, body: &Value, repo
                 let choice = &value["choices"][0];
                 let piece = choice["text"].as_str().or_else(|| choice["delta"]["content"].as_str());
                 if let Some(piece) = piece.filter(|p| !p.is_empty()) {
-                    report(Report::Text(piece.to_owned()));
+                    report(Said::Text(piece.to_owned()));
                 }
                 match choice["finish_reason"].as_str() {
                     Some("length") => reason = Some(FinishReason::Length),
@@ -594,7 +442,7 @@ async fn stream_upstream(client: &reqwest::Client, url: &str, body: &Value, repo
             }
         }
     }
-    report(Report::Failed(fail(Outcome::Failed, "the upstream closed its stream before the end".to_owned())))
+    report(Said::Failed(fail(Outcome::Failed, "the upstream closed its stream before the end".to_owned())))
 }
 
 /// The end of the first complete server-sent event in `buffer` (after its blank line).

@@ -1,47 +1,38 @@
-//! The async shell around one model version's generation [`Ledger`]: it keeps what the ledger
-//! must not hold — each sequence's tokens, its detokenizer and stop strings, its caller's stream
-//! — gathers the events of an instant, hands them to the ledger, and carries out its effects:
-//! one engine step at a time, each sequence's new text to its caller the moment the step ends,
-//! the ends, the metrics. Every decision (admission, the step rule, preemption, deadlines) is the
-//! ledger's.
+//! The one async shell of generation serving: a task that owns a model version's state (the
+//! step engine's [`Ledger`](ferry_core::generation::ledger::Ledger), or the relay's
+//! [`Window`](ferry_core::generation::window::Window)) and whatever that state does not hold —
+//! each request's caller, the engine's or the upstream's running work — gathers the events of an
+//! instant (submissions, cancellations, what the engine or upstream reported, its own timer's
+//! lateness), hands them to the state in one pass, and carries out the effects. What differs
+//! between the step engine and the relay is a [`Backend`]; the loop, the handle callers hold, the
+//! submission and a caller's timing are here once.
 //!
-//! One task owns all of this state; callers talk to it over a channel. A caller holds a
-//! [`Stream`]: dropping it (the client went away) frees the sequence and its KV blocks before the
-//! next step.
+//! One task owns all of this; callers talk to it over a channel. A caller holds a [`Stream`]:
+//! dropping it (the client went away) cancels its request before the next pass.
 
-use std::collections::HashMap;
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::engine::{Detokenizer, Sampling, SeqInput, StepEngine, StepInput};
-use super::stop::StopMatcher;
-use super::stream::{Control, Finished, Piece, Sent, Stream};
-use crate::engine::EngineError;
+use super::stream::{Control, Deadlines, Finished, Piece, Sent, Stream};
 use crate::metrics::GenerationMetrics;
 use crate::tally::Tally;
 use crate::task::{sleep_until, OldestArrival, Stopped};
-use ferry_core::generation::capacity::{self, Limits, RecentShape, Targets};
-use ferry_core::generation::ledger::{Effect, Event, Ledger};
-use ferry_core::generation::scheduler::StepPlan;
 use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
 use ferry_core::lockout::Lockout;
 use ferry_core::outcome::Outcome;
 use ferry_core::tenant::TenantId;
 use ferry_core::ticket::Priority;
 
-/// A generation request for the shell: its prompt's tokens and what admission needs.
-#[derive(Debug)]
-pub struct Submission {
-    pub prompt: Vec<u32>,
+/// A generation request for a shell: what admission needs, and the prompt as its backend takes
+/// it (`P`: token ids for the step engine, an OpenAI body for the relay).
+#[derive(Debug, Clone)]
+pub struct Submission<P> {
+    pub prompt: P,
     pub max_tokens: u32,
-    pub sampling: Sampling,
-    pub stop: Vec<String>,
     pub priority: Priority,
     /// Whose it is, and the tenant's weight.
     pub tenant: TenantId,
@@ -53,62 +44,129 @@ pub struct Submission {
     pub deadline: Instant,
 }
 
-enum Command {
-    Submit { id: SeqId, submission: Submission, stream: mpsc::UnboundedSender<Sent> },
+/// A prompt's size in tokens, as admission counts it.
+pub trait PromptTokens {
+    fn prompt_tokens(&self) -> u32;
+}
+
+impl<P: PromptTokens> Submission<P> {
+    /// What the ledger or window admits.
+    pub fn request(&self, id: SeqId) -> Request {
+        Request {
+            id,
+            arrival: self.arrival,
+            priority: self.priority,
+            tenant: self.tenant,
+            weight: self.weight,
+            prompt: self.prompt.prompt_tokens(),
+            max_tokens: self.max_tokens,
+            bytes: self.bytes,
+            ttft_deadline: self.ttft_deadline,
+            itl: self.itl,
+            deadline: self.deadline,
+        }
+    }
+}
+
+impl<P> Deadlines for Submission<P> {
+    fn arrival(&self) -> Instant {
+        self.arrival
+    }
+
+    fn ttft_deadline(&self) -> Instant {
+        self.ttft_deadline
+    }
+
+    fn deadline(&self) -> Instant {
+        self.deadline
+    }
+}
+
+/// What a shell's task hears from its handles.
+pub(super) enum Command<P> {
+    Submit { id: SeqId, submission: Submission<P>, stream: mpsc::UnboundedSender<Sent> },
     Control(Control),
     Drain(oneshot::Sender<()>),
 }
 
-/// A handle to one model version's generation task. Cheap to clone.
-#[derive(Clone)]
-pub struct Generator {
-    commands: mpsc::UnboundedSender<Command>,
+/// What differs between the step engine's shell and the relay's: the state it drives, what its
+/// running work reports, and how each effect is carried out.
+pub(super) trait Backend: Send + 'static {
+    type Prompt: PromptTokens + Send + 'static;
+    /// What the engine's or the upstream's running work sends back to the task.
+    type Report: Send + 'static;
+    type Event: Send;
+    /// Submissions one pass takes: each may cost an admission forecast, and work that ends
+    /// meanwhile waits for the pass. The rest wait in the channel for the next pass.
+    const ADMISSIONS_PER_PASS: usize;
+
+    fn is_admission(event: &Self::Event) -> bool;
+    /// The task's timer woke it `late` after it was due.
+    fn woke(&mut self, now: Instant, late: Duration, events: &mut Vec<Self::Event>);
+    /// A request arrives: its caller is `reply`.
+    fn submit(&mut self, request: Request, prompt: Self::Prompt, reply: Reply, events: &mut Vec<Self::Event>);
+    fn control(&mut self, control: Control, events: &mut Vec<Self::Event>);
+    fn report(&mut self, report: Self::Report, events: &mut Vec<Self::Event>);
+    /// Why the backend can no longer serve, if it cannot (the task then ends, and with it the
+    /// pod's readiness).
+    fn broken(&self, _now: Instant) -> Option<String> {
+        None
+    }
+    /// Fails every request, saying `why`.
+    fn abandon(&mut self, _why: &str, _now: Instant) {}
+    /// Hands the events to the state and carries out its effects; publishes the gauges.
+    fn pass(&mut self, now: Instant, events: Vec<Self::Event>);
+    fn is_idle(&self) -> bool;
+    /// When the task must wake if nothing comes.
+    fn next_wake(&self) -> Option<Instant>;
+}
+
+/// The task wakes at least this often while it serves, so that its timer's lateness (part of the
+/// deadline margin) is measured whatever the load.
+const TIMER_PROBE: Duration = Duration::from_millis(50);
+
+/// A handle to one model version's shell. Cheap to clone.
+pub struct Handle<P> {
+    commands: mpsc::UnboundedSender<Command<P>>,
     next_id: Arc<AtomicU64>,
     oldest: OldestArrival,
     metrics: GenerationMetrics,
     stopped: watch::Receiver<bool>,
 }
 
-impl Generator {
-    /// Starts the task on the current tokio runtime; `targets` are the service's (its default
-    /// deadlines), which the capacity it exports keeps.
-    pub fn spawn(
-        ledger: Ledger,
-        engine: Arc<dyn StepEngine>,
+impl<P> Clone for Handle<P> {
+    fn clone(&self) -> Self {
+        Handle {
+            commands: self.commands.clone(),
+            next_id: self.next_id.clone(),
+            oldest: self.oldest.clone(),
+            metrics: self.metrics.clone(),
+            stopped: self.stopped.clone(),
+        }
+    }
+}
+
+impl<P: PromptTokens + Send + 'static> Handle<P> {
+    /// Starts `backend`'s task on the current tokio runtime; its running work reports on
+    /// `reports`.
+    pub(super) fn spawn<B: Backend<Prompt = P>>(
+        backend: B,
+        reports: mpsc::UnboundedReceiver<B::Report>,
+        oldest: OldestArrival,
         metrics: GenerationMetrics,
-        targets: Targets,
-    ) -> Generator {
+    ) -> Handle<P> {
         let (commands, rx) = mpsc::unbounded_channel();
-        let (done_tx, done_rx) = mpsc::unbounded_channel();
-        let oldest = OldestArrival::new();
-        let task = Task {
-            lockout: Lockout::default(),
-            ledger,
-            engine,
-            metrics: metrics.clone(),
-            callers: HashMap::new(),
-            sampled: HashMap::new(),
-            running: None,
-            done_tx,
-            drains: Vec::new(),
-            oldest: oldest.clone(),
-            watchdog: None,
-            failed_steps: 0,
-            targets,
-            shape: RecentShape::default(),
-            capacity_due: None,
-        };
         let (stopped_tx, stopped) = watch::channel(false);
         tokio::spawn(async move {
             let _stopped = Stopped(stopped_tx);
-            task.run(rx, done_rx).await;
+            run(backend, rx, reports).await;
         });
-        Generator { commands, next_id: Arc::new(AtomicU64::new(0)), oldest, metrics, stopped }
+        Handle { commands, next_id: Arc::new(AtomicU64::new(0)), oldest, metrics, stopped }
     }
 
-    /// Hands a request to the ledger; the [`Stream`] gives its text and its end, and counts how it
+    /// Hands a request to the shell; the [`Stream`] gives its text and its end, and counts how it
     /// ended in `tally` (`cancelled` if it is dropped before).
-    pub fn submit(&self, submission: Submission, tally: Tally) -> Stream {
+    pub fn submit(&self, submission: Submission<P>, tally: Tally) -> Stream {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         let commands = self.commands.clone();
@@ -117,13 +175,13 @@ impl Generator {
         });
         let mut stream = Stream::new(id, rx, control, tally, self.metrics.late_results.clone(), &submission);
         if self.commands.send(Command::Submit { id, submission, stream: tx }).is_err() {
-            // The task is gone (a bug stopped it): the request fails here.
+            // The task is gone (its backend broke): the request fails here.
             stream.fail_now();
         }
         stream
     }
 
-    /// Resolves once every sequence has ended.
+    /// Resolves once every request has ended.
     pub async fn drain(&self) {
         let (tx, rx) = oneshot::channel();
         if self.commands.send(Command::Drain(tx)).is_ok() {
@@ -139,6 +197,7 @@ impl Generator {
         !*self.stopped.borrow()
     }
 
+    /// Resolves when the task has stopped.
     pub async fn stopped(&self) {
         let mut stopped = self.stopped.clone();
         let _ = stopped.wait_for(|s| *s).await;
@@ -150,470 +209,172 @@ impl Generator {
     }
 }
 
-/// A sequence's caller and what the shell keeps for it.
-struct Caller {
+/// The task: one pass per instant, then wait for a report, a command or the next wake.
+async fn run<B: Backend>(
+    mut backend: B,
+    mut commands: mpsc::UnboundedReceiver<Command<B::Prompt>>,
+    mut reports: mpsc::UnboundedReceiver<B::Report>,
+) {
+    let mut open = true;
+    let mut drains: Vec<oneshot::Sender<()>> = Vec::new();
+    let mut probe = Instant::now() + TIMER_PROBE;
+    let mut waiting_for: Option<Instant> = None;
+    let mut events = Vec::new();
+    loop {
+        let now = Instant::now();
+        if let Some(due) = waiting_for.filter(|due| *due <= now) {
+            backend.woke(now, now - due, &mut events);
+        }
+        if now >= probe {
+            probe = now + TIMER_PROBE;
+        }
+        if let Some(why) = backend.broken(now) {
+            backend.abandon(&why, now);
+            drains.drain(..).for_each(|d| {
+                let _ = d.send(());
+            });
+            return;
+        }
+        backend.pass(now, std::mem::take(&mut events));
+        if backend.is_idle() {
+            drains.drain(..).for_each(|d| {
+                let _ = d.send(());
+            });
+            if !open {
+                return;
+            }
+        }
+        let wake = [backend.next_wake(), open.then_some(probe)].into_iter().flatten().min();
+        waiting_for = wake;
+        let mut command = |backend: &mut B, command, events: &mut Vec<B::Event>| match command {
+            Command::Submit { id, submission, stream } => {
+                let (request, reply) = (submission.request(id), Reply::new(stream, submission.arrival));
+                backend.submit(request, submission.prompt, reply, events)
+            }
+            Command::Control(control) => backend.control(control, events),
+            Command::Drain(tx) => drains.push(tx),
+        };
+        tokio::select! {
+            biased;
+            Some(report) = reports.recv() => backend.report(report, &mut events),
+            received = commands.recv(), if open => match received {
+                Some(c) => command(&mut backend, c, &mut events),
+                None => open = false,
+            },
+            () = sleep_until(wake) => {}
+        }
+        // Everything else ready at this instant joins the same pass (as in the batcher).
+        for _ in 0..64 {
+            tokio::task::yield_now().await;
+            let before = events.len();
+            while let Ok(report) = reports.try_recv() {
+                backend.report(report, &mut events);
+            }
+            while open && events.iter().filter(|e| B::is_admission(e)).count() < B::ADMISSIONS_PER_PASS {
+                match commands.try_recv() {
+                    Ok(c) => command(&mut backend, c, &mut events),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => open = false,
+                }
+            }
+            if events.len() == before || Instant::now() != now {
+                break;
+            }
+        }
+    }
+}
+
+/// A caller as every backend keeps it: its stream and the instants its timings are measured
+/// from.
+pub(super) struct Reply {
     stream: mpsc::UnboundedSender<Sent>,
-    /// Prompt and produced tokens.
-    tokens: Vec<u32>,
-    prompt: u32,
-    sampling: Sampling,
-    detokenizer: Box<dyn Detokenizer>,
-    stop: StopMatcher,
-    arrival: Instant,
+    pub arrival: Instant,
     started: Option<Instant>,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
 }
 
-impl Caller {
-    fn send(&self, piece: Piece, now: Instant) {
+impl Reply {
+    pub fn new(stream: mpsc::UnboundedSender<Sent>, arrival: Instant) -> Reply {
+        Reply { stream, arrival, started: None, first_token: None, last_token: None }
+    }
+
+    pub fn send(&self, piece: Piece, now: Instant) {
         let _ = self.stream.send(Sent { piece, at: now, queued: None });
     }
-}
 
-struct StepDone {
-    step: u64,
-    result: Result<Vec<u32>, EngineError>,
-}
-
-struct Task {
-    ledger: Ledger,
-    engine: Arc<dyn StepEngine>,
-    metrics: GenerationMetrics,
-    callers: HashMap<SeqId, Caller>,
-    /// The token and text each sequence got from the step that just ended, until the ledger
-    /// says whether it is sent.
-    sampled: HashMap<SeqId, (u32, String)>,
-    /// The step on the engine.
-    running: Option<(u64, StepPlan)>,
-    done_tx: mpsc::UnboundedSender<StepDone>,
-    drains: Vec<oneshot::Sender<()>>,
-    oldest: OldestArrival,
-    /// Whether it refuses every request while idle ([`ferry_core::lockout`]).
-    lockout: Lockout,
-    /// The running step's stall deadline.
-    watchdog: Option<Watchdog>,
-    /// Steps failed in a row.
-    failed_steps: u32,
-    /// The service's default deadlines, and the shape of the requests finished lately: what the
-    /// exported capacity is computed for.
-    targets: Targets,
-    shape: RecentShape,
-    /// When the capacity is next computed.
-    capacity_due: Option<Instant>,
-}
-
-/// The task wakes at least this often while it serves, so that its timer's lateness (part of the
-/// deadline margin) is measured whatever the load.
-const TIMER_PROBE: Duration = Duration::from_millis(50);
-
-/// How often the exported capacity is computed (a bisection over queueing formulas: tens of
-/// microseconds, not for every step).
-const CAPACITY_PERIOD: Duration = Duration::from_secs(1);
-
-/// A step still running this long after it started, and this many times its estimate, has
-/// stalled: the engine is hung, and the pod must be restarted rather than keep its sequences
-/// (and its readiness) waiting on it for ever.
-const STALL_FLOOR: Duration = Duration::from_millis(1500);
-const STALL_FACTOR: u32 = 20;
-/// A watchdog that wakes this late did not see the engine stall: the whole process was stopped
-/// (SIGSTOP, a CPU quota, a page-cache stall), the engine with it; the step gets its time again.
-const PROCESS_PAUSED: Duration = Duration::from_millis(100);
-/// Steps failed in a row, none run between them, that make the engine broken (a poisoned
-/// cache fails every step): the pod restarts.
-const MAX_FAILED_STEPS: u32 = 5;
-/// Submissions taken into one pass of the ledger: each costs an admission forecast, and a step
-/// that ends meanwhile waits for the pass (the ledger sends the next step before the pass's
-/// admissions, so this bounds what a burst adds to one token's gap). The rest wait in the
-/// channel for the next pass, a moment later.
-const ADMISSIONS_PER_PASS: usize = 16;
-
-fn admissions(events: &[Event]) -> usize {
-    events.iter().filter(|e| matches!(e, Event::Submit(_))).count()
-}
-
-/// When the running step counts as stalled.
-#[derive(Debug, Clone, Copy)]
-struct Watchdog {
-    step: u64,
-    started: Instant,
-    expected: Duration,
-    due: Instant,
-}
-
-impl Watchdog {
-    fn new(step: u64, started: Instant, expected: Duration) -> Watchdog {
-        Watchdog { step, started, expected, due: started + Self::limit(expected) }
+    pub fn has_first_token(&self) -> bool {
+        self.first_token.is_some()
     }
 
-    fn limit(expected: Duration) -> Duration {
-        STALL_FLOOR.max(expected * STALL_FACTOR)
+    /// Its first step, or its release upstream.
+    pub fn started(&mut self, now: Instant) {
+        self.started = Some(now);
+    }
+
+    /// A token's text, sent even when empty (a token that ends mid-character): the caller checks
+    /// each token against its deadlines, the first against the TTFT deadline.
+    pub fn token(&mut self, text: String, now: Instant, metrics: &GenerationMetrics) {
+        metrics.generation_tokens.inc();
+        let first = self.first_token.is_none();
+        if first {
+            metrics.ttft.observe((now - self.arrival).as_secs_f64());
+            self.first_token = Some(now);
+        } else if let Some(last) = self.last_token {
+            metrics.itl.observe((now - last).as_secs_f64());
+        }
+        self.last_token = Some(now);
+        let queued = first.then(|| self.queued());
+        let _ = self.stream.send(Sent { piece: Piece::Text(text), at: now, queued });
+    }
+
+    fn queued(&self) -> Duration {
+        self.started.map_or(Duration::ZERO, |s| s - self.arrival)
+    }
+
+    /// How it finished, with its timings.
+    pub fn finished(&self, reason: FinishReason, prompt_tokens: u32, completion_tokens: u32) -> Finished {
+        Finished {
+            reason,
+            prompt_tokens,
+            completion_tokens,
+            queued: self.queued(),
+            ttft: self.first_token.map_or(Duration::ZERO, |f| f - self.arrival),
+        }
     }
 }
 
-impl Task {
-    async fn run(
-        mut self,
-        mut commands: mpsc::UnboundedReceiver<Command>,
-        mut done: mpsc::UnboundedReceiver<StepDone>,
-    ) {
-        let mut open = true;
-        let mut probe = Instant::now() + TIMER_PROBE;
-        let mut waiting_for: Option<Instant> = None;
-        let mut events = Vec::new();
-        let mut effects = Vec::new();
-        loop {
-            let now = Instant::now();
-            if let Some(due) = waiting_for.filter(|due| *due <= now) {
-                events.push(Event::Woke(now - due));
-                self.paused(now, now - due);
-            }
-            if now >= probe {
-                probe = now + TIMER_PROBE;
-            }
-            if let Some(why) = self.broken(now) {
-                self.abandon(&why, now);
-                return;
-            }
-            self.ledger.step(now, std::mem::take(&mut events), &mut effects);
-            for effect in effects.drain(..) {
-                self.carry_out(effect, now);
-            }
-            self.sampled.clear();
-            self.publish(now);
-            self.metrics.lockout.show(self.lockout.locked(now));
-            if self.ledger.is_idle() {
-                self.drains.drain(..).for_each(|d| {
-                    let _ = d.send(());
-                });
-                if !open {
-                    return;
-                }
-            }
-            let stall = self.watchdog.map(|w| w.due);
-            let wake = [self.ledger.next_wake(), open.then_some(probe), stall].into_iter().flatten().min();
-            waiting_for = wake;
-            tokio::select! {
-                biased;
-                Some(step) = done.recv() => self.step_done(step, &mut events),
-                command = commands.recv(), if open => match command {
-                    Some(command) => self.command(command, &mut events),
-                    None => open = false,
-                },
-                () = sleep_until(wake) => {}
-            }
-            // Everything else ready at this instant joins the same step (as in the batcher).
-            for _ in 0..64 {
-                tokio::task::yield_now().await;
-                let before = events.len();
-                while let Ok(step) = done.try_recv() {
-                    self.step_done(step, &mut events);
-                }
-                while open && admissions(&events) < ADMISSIONS_PER_PASS {
-                    match commands.try_recv() {
-                        Ok(command) => self.command(command, &mut events),
-                        Err(mpsc::error::TryRecvError::Empty) => break,
-                        Err(mpsc::error::TryRecvError::Disconnected) => open = false,
-                    }
-                }
-                if events.len() == before || Instant::now() != now {
-                    break;
-                }
-            }
+/// What every backend does when a request ends (`admitted`: or was refused at admission, while
+/// the state was `idle` or not), before its caller hears: a refusal at admission as infeasible
+/// teaches the lockout, an admitted request's duration is observed.
+pub(super) fn ended(
+    lockout: &mut Lockout,
+    metrics: &GenerationMetrics,
+    (end, admitted, idle): (&End, bool, bool),
+    reply: Option<&Reply>,
+    now: Instant,
+) {
+    if let (false, End::Refused(refusal)) = (admitted, end) {
+        if refusal.outcome == Outcome::Infeasible {
+            lockout.refused(now, idle, &refusal.message);
         }
     }
-
-    fn command(&mut self, command: Command, events: &mut Vec<Event>) {
-        match command {
-            Command::Submit { id, submission: s, stream } => {
-                let request = Request {
-                    id,
-                    arrival: s.arrival,
-                    priority: s.priority,
-                    tenant: s.tenant,
-                    weight: s.weight,
-                    prompt: s.prompt.len() as u32,
-                    max_tokens: s.max_tokens,
-                    bytes: s.bytes,
-                    ttft_deadline: s.ttft_deadline,
-                    itl: s.itl,
-                    deadline: s.deadline,
-                };
-                let caller = Caller {
-                    stream,
-                    prompt: s.prompt.len() as u32,
-                    tokens: s.prompt,
-                    sampling: s.sampling,
-                    detokenizer: self.engine.model().detokenizer(),
-                    stop: StopMatcher::new(s.stop),
-                    arrival: s.arrival,
-                    started: None,
-                    first_token: None,
-                    last_token: None,
-                };
-                self.callers.insert(id, caller);
-                events.push(Event::Submit(request));
-            }
-            Command::Control(Control::Cancel(id)) => {
-                self.callers.remove(&id);
-                events.push(Event::Cancel(id));
-            }
-            Command::Control(Control::Trip(trip)) => events.push(Event::Trip(trip)),
-            Command::Drain(tx) => self.drains.push(tx),
-        }
-    }
-
-    /// A wake `late` after it was due: past [`PROCESS_PAUSED`], the process did not run meanwhile
-    /// (SIGSTOP, a CPU quota, a page-cache stall), the engine with it, so the running step's stall
-    /// deadline moves by as much. The watchdog's own wake alone does not tell a stop that ends
-    /// just as the deadline falls due: a step 120 ms in when a 2 s stop began was declared hung
-    /// 3 ms after the process resumed. A stop that covered the deadline itself (the watchdog was
-    /// the task's next wake: no timer probe while draining) leaves the step's own time unknown:
-    /// it gets its whole limit again.
-    fn paused(&mut self, now: Instant, late: Duration) {
-        if let Some(w) = self.watchdog.as_mut().filter(|_| late > PROCESS_PAUSED) {
-            w.due += late;
-            if w.due <= now {
-                w.due = now + Watchdog::limit(w.expected);
-            }
-        }
-    }
-
-    /// Why the engine can no longer be trusted with steps, if it cannot: its step stalled while
-    /// this task kept time, or too many steps failed in a row.
-    fn broken(&self, now: Instant) -> Option<String> {
-        if self.failed_steps >= MAX_FAILED_STEPS {
-            return Some(format!("{} steps in a row failed", self.failed_steps));
-        }
-        // A wake late enough to be a stop of the process has moved the deadline past `now`
-        // ([`Task::paused`]): a deadline reached is the engine's.
-        let w = self.watchdog.filter(|w| now >= w.due)?;
-        Some(format!(
-            "step {} has run {} ms, estimated at {:.1} ms, and has not returned",
-            w.step,
-            (now - w.started).as_millis(),
-            w.expected.as_secs_f64() * 1e3
-        ))
-    }
-
-    /// The engine is broken: every sequence fails now, saying why (a retry goes to another pod),
-    /// and the task ends, which takes readiness away and makes the sidecar exit non-zero so that
-    /// Kubernetes restarts it. A stalled step's KV blocks are never handed to another step.
-    fn abandon(&mut self, why: &str, now: Instant) {
-        tracing::error!(sequences = self.callers.len(), "the engine is broken: {why}; this pod must restart");
-        let refusal = ferry_core::outcome::Refusal::new(
-            Outcome::Failed,
-            format!("the engine failed: {why}; the pod restarts (retry: another pod can answer)"),
-        );
-        for (_, caller) in self.callers.drain() {
-            caller.send(Piece::End(Err(refusal.clone())), now);
-        }
-        for drain in self.drains.drain(..) {
-            let _ = drain.send(());
-        }
-    }
-
-    fn step_done(&mut self, done: StepDone, events: &mut Vec<Event>) {
-        let Some((step, plan)) = self.running.take() else { return };
-        debug_assert_eq!(step, done.step);
-        self.watchdog = None;
-        let sampled = plan.members.iter().filter(|m| m.sample).count();
-        let result = match done.result {
-            Ok(tokens) if tokens.len() != sampled => Err(EngineError(format!(
-                "the engine returned {} tokens for a step that samples {sampled} sequences",
-                tokens.len()
-            ))),
-            other => other,
-        };
-        self.failed_steps = if result.is_ok() { 0 } else { self.failed_steps + 1 };
-        let result = match result {
-            Ok(tokens) => {
-                let model = self.engine.model();
-                let mut stopped = Vec::new();
-                let sampling = plan.members.iter().filter(|m| m.sample);
-                for (m, token) in sampling.zip(tokens) {
-                    let Some(caller) = self.callers.get_mut(&m.id) else { continue };
-                    let end = model.is_end(token);
-                    let released = if end {
-                        // The end of the sequence: what the detokenizer holds (a character's
-                        // first bytes) and what the stop matcher held back (a tail that could
-                        // have grown into a stop string) are the answer's last text.
-                        let mut released = caller.stop.push(&caller.detokenizer.finish());
-                        if !released.stopped {
-                            released.text.push_str(&caller.stop.finish());
-                        }
-                        released
-                    } else {
-                        caller.stop.push(&caller.detokenizer.push(token))
-                    };
-                    if end || released.stopped {
-                        stopped.push(m.id);
-                    }
-                    self.sampled.insert(m.id, (token, released.text));
-                }
-                Ok(stopped)
-            }
-            Err(e) => Err(e.0),
-        };
-        events.push(Event::StepDone { step, result });
-    }
-
-    fn carry_out(&mut self, effect: Effect, now: Instant) {
-        match effect {
-            Effect::Step { step, plan } => {
-                self.lockout.ran();
-                self.start(step, plan)
-            }
-            Effect::Token { id, first } => {
-                let (Some(caller), Some((token, text))) = (self.callers.get_mut(&id), self.sampled.remove(&id)) else {
-                    return;
-                };
-                caller.tokens.push(token);
-                self.metrics.generation_tokens.inc();
-                if first {
-                    self.metrics.ttft.observe((now - caller.arrival).as_secs_f64());
-                    caller.first_token = Some(now);
-                } else if let Some(last) = caller.last_token {
-                    self.metrics.itl.observe((now - last).as_secs_f64());
-                }
-                caller.last_token = Some(now);
-                // Sent even when empty (a token that ends mid-character): the caller checks each
-                // token against its deadlines, the first against the TTFT deadline.
-                let queued = first.then(|| caller.started.map_or(Duration::ZERO, |s| s - caller.arrival));
-                let _ = caller.stream.send(Sent { piece: Piece::Text(text), at: now, queued });
-            }
-            Effect::End { id, end, admitted } => {
-                if let (false, End::Refused(refusal)) = (admitted, &end) {
-                    if refusal.outcome == Outcome::Infeasible {
-                        self.lockout.refused(now, self.ledger.is_idle(), &refusal.message);
-                    }
-                }
-                let Some(mut caller) = self.callers.remove(&id) else { return };
-                if admitted {
-                    self.metrics.request_duration.observe((now - caller.arrival).as_secs_f64());
-                }
-                match end {
-                    End::Finished(reason) => {
-                        if reason == FinishReason::Length {
-                            // A character cut by max_tokens, then what the stop matcher held.
-                            let cut = caller.detokenizer.finish();
-                            let mut rest = caller.stop.push(&cut).text;
-                            rest.push_str(&caller.stop.finish());
-                            if !rest.is_empty() {
-                                caller.send(Piece::Text(rest), now);
-                            }
-                        }
-                        let completion_tokens = caller.tokens.len() as u32 - caller.prompt;
-                        self.shape.observe(caller.prompt, completion_tokens);
-                        let finished = Finished {
-                            reason,
-                            prompt_tokens: caller.prompt,
-                            completion_tokens,
-                            queued: caller.started.map_or(Duration::ZERO, |s| s - caller.arrival),
-                            ttft: caller.first_token.map_or(Duration::ZERO, |f| f - caller.arrival),
-                        };
-                        caller.send(Piece::End(Ok(finished)), now);
-                    }
-                    End::Refused(refusal) => caller.send(Piece::End(Err(refusal)), now),
-                }
-            }
-            Effect::Started { id, waited } => {
-                self.metrics.queue_wait.observe(waited.as_secs_f64());
-                if let Some(caller) = self.callers.get_mut(&id) {
-                    caller.started = Some(now);
-                    self.metrics.prompt_tokens.inc_by(u64::from(caller.prompt));
-                }
-            }
-            Effect::Preempted(_) => self.metrics.preemptions.inc(),
-            Effect::StepEnded { step, plan, took } => {
-                tracing::debug!(
-                    step,
-                    took_ms = took.as_secs_f64() * 1e3,
-                    expected_ms = plan.expected.as_secs_f64() * 1e3,
-                    tokens = plan.shape.tokens(),
-                    sequences = plan.members.len(),
-                    "step ended"
-                );
-                self.metrics.step_duration.observe(took.as_secs_f64());
-                self.metrics.step_tokens.observe(f64::from(plan.shape.tokens()));
-                self.metrics.step_sequences.observe(plan.members.len() as f64);
-            }
-            Effect::Late(n) => self.metrics.late_results.inc_by(n),
-        }
-    }
-
-    fn start(&mut self, step: u64, plan: StepPlan) {
-        let sequences = plan
-            .members
-            .iter()
-            .map(|m| {
-                // The ledger never plans a sequence whose caller went away.
-                let caller = &self.callers[&m.id];
-                SeqInput {
-                    id: m.id,
-                    tokens: caller.tokens[m.start as usize..(m.start + m.len) as usize].to_vec(),
-                    start: m.start,
-                    prompt: m.prompt,
-                    blocks: m.blocks.clone(),
-                    sample: m.sample.then_some(caller.sampling),
-                }
-            })
-            .collect();
-        let run = self.engine.step(StepInput { shape: plan.shape, sequences });
-        self.watchdog = Some(Watchdog::new(step, Instant::now(), plan.expected));
-        self.running = Some((step, plan));
-        let done = self.done_tx.clone();
-        tokio::spawn(async move {
-            let result = match AssertUnwindSafe(run).catch_unwind().await {
-                Ok(result) => result,
-                Err(_) => Err(EngineError("the engine panicked during a step".into())),
-            };
-            let _ = done.send(StepDone { step, result });
-        });
-    }
-
-    fn publish(&mut self, now: Instant) {
-        let s = self.ledger.scheduler();
-        self.metrics.queue_tokens.set(s.queued_tokens() as i64);
-        let cost = s.estimator().costs();
-        for (gauge, term) in self.metrics.step_cost.iter().zip(cost.terms()) {
-            gauge.set(term.as_secs_f64());
-        }
-        if self.capacity_due.is_none_or(|due| now >= due) {
-            self.capacity_due = Some(now + CAPACITY_PERIOD);
-            if let Some(shape) = self.shape.shape() {
-                let limits = Limits::of(s.policy(), s.pool());
-                let c = capacity::capacity(&cost, &shape, &self.targets, &limits);
-                self.metrics.capacity_requests.set(c.requests_per_second);
-                self.metrics.capacity_tokens.set(c.tokens_per_second);
-            }
-        }
-        self.metrics.running.set(s.running() as i64);
-        self.metrics.waiting.set(s.waiting() as i64);
-        self.metrics.queue_depth.set(s.waiting() as i64);
-        self.metrics.queue_bytes.set(s.queued_bytes() as i64);
-        let pool = s.pool();
-        self.metrics.kv_used.set(i64::from(pool.used()));
-        self.metrics.kv_free.set(i64::from(pool.free()));
-        self.metrics.kv_usage.set(if pool.total() == 0 {
-            0.0
-        } else {
-            f64::from(pool.used()) / f64::from(pool.total())
-        });
-        self.oldest.set(s.oldest_waiting());
+    if let Some(reply) = reply.filter(|_| admitted) {
+        metrics.request_duration.observe((now - reply.arrival).as_secs_f64());
     }
 }
 
-impl super::stream::Deadlines for Submission {
-    fn arrival(&self) -> Instant {
-        self.arrival
-    }
-
-    fn ttft_deadline(&self) -> Instant {
-        self.ttft_deadline
-    }
-
-    fn deadline(&self) -> Instant {
-        self.deadline
+/// A request's start: how long it waited, and the prompt tokens it brings.
+pub(super) fn started(
+    metrics: &GenerationMetrics,
+    reply: Option<&mut Reply>,
+    prompt: u32,
+    waited: Duration,
+    now: Instant,
+) {
+    metrics.queue_wait.observe(waited.as_secs_f64());
+    if let Some(reply) = reply {
+        reply.started(now);
+        metrics.prompt_tokens.inc_by(u64::from(prompt));
     }
 }
