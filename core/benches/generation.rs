@@ -18,7 +18,7 @@ use ferry_core::generation::scheduler::{Discipline, Policy, Scheduler};
 use ferry_core::generation::sequence::Request;
 use ferry_core::generation::step::{StepCost, StepEstimator};
 use ferry_core::ticket::Priority;
-use tokio::time::Instant;
+use std::time::Instant;
 
 const RUNNING: u64 = 1000;
 const WAITING: u64 = 1000;

@@ -11,7 +11,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use ferry_core::estimate::Estimator;
 use ferry_core::scheduler::{Policy, Scheduler};
 use ferry_core::ticket::{Priority, Ticket, Tokens};
-use tokio::time::Instant;
+use std::time::Instant;
 
 const QUEUED: u64 = 10_000;
 

@@ -27,7 +27,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 /// Samples within this span before the newest one are recent (rule 2).
 pub const RECENT_SPAN: Duration = Duration::from_secs(1);

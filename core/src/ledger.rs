@@ -25,7 +25,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use crate::estimate::CostModel;
 use crate::outcome::{Outcome, Refusal};

@@ -26,7 +26,13 @@
 //! - [`duration`]: the Gateway API duration format.
 //! - [`spec`]: the `InferenceService` resource's spec, which the sidecar's `--config` reads and
 //!   the operator's CRD is generated from (feature `kube` adds the schema and the CRD derive).
+//!
+//! Every instant here is a `std::time::Instant` given by the caller; nothing in these modules
+//! reads a clock or needs an async runtime. The one clock of the async crates is [`clock`]
+//! (feature `clock`, which alone links tokio): tokio's, which their paused-clock tests move.
 
+#[cfg(feature = "clock")]
+pub mod clock;
 pub mod duration;
 pub mod estimate;
 pub mod evidence;

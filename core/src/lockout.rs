@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 /// How long every request must have been refused while idle before it shows.
 pub const LOCKED_AFTER: Duration = Duration::from_secs(5);

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use crate::tenant::TenantId;
 use crate::ticket::{Priority, RequestId, Ticket};

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 /// A token bucket: `rate` units a second, at most `burst` held; it starts full.
 #[derive(Debug, Clone, PartialEq)]

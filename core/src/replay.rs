@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use crate::ledger::{Effect, Event, Ledger, RetryPolicy};
 use crate::outcome::Outcome;

@@ -18,7 +18,7 @@ mod tests;
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use crate::estimate::{CostModel, Estimator, Shape};
 use crate::margin::Margin;

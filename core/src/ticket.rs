@@ -1,6 +1,6 @@
 //! What the scheduler knows of a request: its timing and size, never its payload or connection.
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use crate::estimate::Shape;
 use crate::tenant::TenantId;

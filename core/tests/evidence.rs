@@ -468,7 +468,7 @@ fn window(c: &WindowCase) -> Result<(), TestCaseError> {
     let mut wakes = h.wakes(horizon + period);
     wakes.sort();
 
-    let start = tokio::time::Instant::now();
+    let start = std::time::Instant::now();
     let at_ms = |ms: u64| start + MS * ms as u32;
     let mut turn = 0usize;
     let mut slowed = |at: u64, d: Duration| {

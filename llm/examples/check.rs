@@ -9,7 +9,7 @@
 //! 64, and of a 512-token prefill.
 
 // No tokio here, so no paused clock to follow: the wall clock is what is measured.
-#![allow(clippy::disallowed_types)]
+#![allow(clippy::disallowed_methods)]
 
 use std::time::{Duration, Instant};
 

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use ferry_core::clock::sleep_until;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinSet;
-use tokio::time::{sleep_until, Instant};
 
 use crate::record::Sample;
 use crate::schedule::{schedule, Arrivals};
@@ -109,13 +109,13 @@ pub async fn run(spec: &LoadSpec, progress: bool) -> anyhow::Result<Vec<Sample>>
     let offsets = schedule(spec.arrivals, spec.rate, spec.duration, spec.seed);
     let mut rng = StdRng::seed_from_u64(spec.seed ^ 0x5eed);
     let counters = Arc::new(Progress::default());
-    let start = Instant::now() + Duration::from_millis(50);
+    let start = ferry_core::clock::now() + Duration::from_millis(50);
     let ticker = (progress && std::io::stderr().is_terminal()).then(|| {
         let (counters, total) = (counters.clone(), spec.duration);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                let elapsed = start.elapsed().min(total).as_secs();
+                let elapsed = ferry_core::clock::elapsed(start).min(total).as_secs();
                 eprint!(
                     "\r[{elapsed:>3}/{} s] sent {:>7}  ok {:>7}  other {:>6}   ",
                     total.as_secs(),
@@ -158,7 +158,7 @@ pub async fn run(spec: &LoadSpec, progress: bool) -> anyhow::Result<Vec<Sample>>
                     let answered = response.bytes().await.is_ok();
                     Sample {
                         scheduled: offset,
-                        latency: scheduled.elapsed(),
+                        latency: ferry_core::clock::elapsed(scheduled),
                         status: answered.then_some(status),
                         deadline,
                         batch_rows,
@@ -168,7 +168,7 @@ pub async fn run(spec: &LoadSpec, progress: bool) -> anyhow::Result<Vec<Sample>>
                 }
                 Err(_) => Sample {
                     scheduled: offset,
-                    latency: scheduled.elapsed(),
+                    latency: ferry_core::clock::elapsed(scheduled),
                     status: None,
                     deadline,
                     batch_rows: None,
@@ -224,13 +224,13 @@ pub fn total_ms(header: &str) -> Option<f64> {
 pub async fn max_throughput(url: &str, concurrency: usize, duration: Duration) -> anyhow::Result<f64> {
     let clients = clients(8)?;
     let body = bodies(1, 4, 3).remove(0);
-    let end = Instant::now() + duration;
+    let end = ferry_core::clock::now() + duration;
     let mut tasks = JoinSet::new();
     for i in 0..concurrency {
         let (client, url, body) = (clients[i % clients.len()].clone(), url.to_owned(), body.clone());
         tasks.spawn(async move {
             let mut ok = 0u64;
-            while Instant::now() < end {
+            while ferry_core::clock::now() < end {
                 if let Ok(r) =
                     client.post(&url).header("content-type", "application/json").body(body.clone()).send().await
                 {

@@ -25,8 +25,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::Api;
+use std::time::Instant;
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseConfig {
@@ -174,11 +174,11 @@ pub fn next_spec(current: Option<&LeaseSpec>, config: &LeaseConfig, now: Timesta
 
 /// One look at the Lease: acquires or renews it if it may, and says whether we lead now.
 pub async fn step(api: &Api<Lease>, candidate: &mut Candidate) -> Result<bool, kube::Error> {
-    let started = Instant::now();
+    let started = ferry_core::clock::now();
     let config = candidate.config().clone();
     let current = api.get_opt(&config.name).await?;
-    candidate.observe(current.as_ref().and_then(|l| l.spec.as_ref()), Instant::now());
-    let acquire = match candidate.decide(Instant::now()) {
+    candidate.observe(current.as_ref().and_then(|l| l.spec.as_ref()), ferry_core::clock::now());
+    let acquire = match candidate.decide(ferry_core::clock::now()) {
         Decision::Follow { .. } => {
             candidate.lost();
             return Ok(false);
@@ -203,7 +203,7 @@ pub async fn step(api: &Api<Lease>, candidate: &mut Candidate) -> Result<bool, k
     match written {
         Ok(lease) => {
             candidate.renewed(started);
-            candidate.observe(lease.spec.as_ref(), Instant::now());
+            candidate.observe(lease.spec.as_ref(), ferry_core::clock::now());
             Ok(true)
         }
         // Someone else wrote first (409 Conflict, or 409 AlreadyExists on create).
@@ -221,7 +221,7 @@ pub async fn hold(api: Api<Lease>, config: LeaseConfig, leading: watch::Sender<b
     let retry = config.retry;
     let mut candidate = Candidate::new(config);
     loop {
-        let now = Instant::now();
+        let now = ferry_core::clock::now();
         // A leader's look may not outlast its deadline; anyone's, the retry period.
         let limit = candidate.deadline().filter(|d| *d > now).map_or(retry, |d| (d - now).min(retry));
         let limit = limit.max(Duration::from_millis(1));
@@ -230,7 +230,7 @@ pub async fn hold(api: Api<Lease>, config: LeaseConfig, leading: watch::Sender<b
             Ok(Err(e)) => tracing::warn!(error = %e, "could not read or write the leader Lease"),
             Err(_) => tracing::warn!(timeout = ?limit, "the leader Lease did not answer in time"),
         }
-        let lead = candidate.leading(Instant::now());
+        let lead = candidate.leading(ferry_core::clock::now());
         if lead && !*leading.borrow() {
             let c = candidate.config();
             tracing::info!(lease = %c.name, identity = %c.identity, "became the leader");
@@ -244,8 +244,8 @@ pub async fn hold(api: Api<Lease>, config: LeaseConfig, leading: watch::Sender<b
         if let Some(deadline) = candidate.deadline().filter(|_| lead) {
             wake = wake.min(deadline);
         }
-        tokio::time::sleep_until(wake).await;
-        if !candidate.leading(Instant::now()) && *leading.borrow() {
+        ferry_core::clock::sleep_until(wake).await;
+        if !candidate.leading(ferry_core::clock::now()) && *leading.borrow() {
             let _ = leading.send(false);
         }
     }
@@ -294,7 +294,7 @@ mod tests {
 
     #[test]
     fn a_missing_or_empty_lease_is_acquired() {
-        let now = Instant::now();
+        let now = ferry_core::clock::now();
         let mut c = Candidate::new(config("a"));
         c.observe(None, now);
         assert_eq!(c.decide(now), Decision::Acquire);
@@ -304,7 +304,7 @@ mod tests {
 
     #[test]
     fn a_lease_is_timed_from_when_it_was_seen_not_by_its_renew_time() {
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         let mut c = Candidate::new(config("a"));
         // Renewed an hour ago by the holder's clock: a follower whose clock runs an hour ahead
         // would take it at once. Seen for the first time now, it is waited out.
@@ -323,7 +323,7 @@ mod tests {
 
     #[test]
     fn a_leader_that_cannot_renew_stops_before_a_follower_may_take_over() {
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         let mut leader = Candidate::new(config("a"));
         let mut follower = Candidate::new(config("b"));
         // The leader's renewal starts at 0 and lands at 0.3 s, where the follower sees it.

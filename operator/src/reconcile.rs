@@ -14,7 +14,6 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource, ResourceExt};
-use tokio::time::Instant;
 
 use crate::desired::{self, Images, FIELD_MANAGER, REPLICAS_MANAGER};
 use crate::metrics::OperatorMetrics;
@@ -78,10 +77,10 @@ fn key(isvc: &InferenceService) -> String {
 }
 
 pub async fn reconcile(isvc: Arc<InferenceService>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let started = Instant::now();
+    let started = ferry_core::clock::now();
     ctx.metrics.reconciles.inc();
     let result = apply(&isvc, &ctx).await;
-    ctx.metrics.duration.observe(started.elapsed().as_secs_f64());
+    ctx.metrics.duration.observe(ferry_core::clock::elapsed(started).as_secs_f64());
     match &result {
         Ok(_) => {
             ctx.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(&key(&isvc));

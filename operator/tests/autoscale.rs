@@ -19,7 +19,6 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::Client;
 use serde_json::{json, Value};
-use tokio::time::Instant;
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
@@ -127,7 +126,7 @@ async fn more_load_patches_replicas_as_the_autoscaler_and_says_why() {
     let stored = serde_json::to_value(isvc()).unwrap();
     let pods = vec![ready_pod("a", 1.0), ready_pod("b", 2.0)];
     let run = tokio::spawn(async move {
-        scaler.act(&isvc(), &deployment(2), &pods, load(1000.0), Some(0.9), Instant::now()).await
+        scaler.act(&isvc(), &deployment(2), &pods, load(1000.0), Some(0.9), ferry_core::clock::now()).await
     });
     let reply = serde_json::to_value(deployment(5)).unwrap();
     let patch = expect(&mut api, "PATCH", DEPLOYMENT, "fieldManager=ferry-autoscaler", 200, Some(reply)).await;
@@ -158,10 +157,9 @@ async fn a_steady_count_only_updates_the_status() {
     let stored = serde_json::to_value(isvc()).unwrap();
     // 300 req/s needs 2 (at 256 usable each), plus 1 warm: the 3 there are.
     let pods = vec![ready_pod("a", 0.0), ready_pod("b", 0.0), ready_pod("c", 0.0)];
-    let run =
-        tokio::spawn(
-            async move { scaler.act(&isvc(), &deployment(3), &pods, load(300.0), None, Instant::now()).await },
-        );
+    let run = tokio::spawn(async move {
+        scaler.act(&isvc(), &deployment(3), &pods, load(300.0), None, ferry_core::clock::now()).await
+    });
     let status = expect(&mut api, "PATCH", STATUS, "", 200, Some(stored)).await;
     assert_eq!(status["status"]["desiredReplicas"], 3);
     assert!(status["status"].get("lastScaleTime").is_none(), "nothing changed");
@@ -181,7 +179,7 @@ async fn a_scale_down_first_marks_the_pods_with_the_least_work_as_cheapest_to_de
     let pods = vec![ready_pod("a", 7.4), ready_pod("b", 2.0), idle];
     let run = tokio::spawn(async move {
         let idle = Observed { queue_depth: 9.4, ..load(0.0) };
-        scaler.act(&quick, &deployment(3), &pods, idle, None, Instant::now()).await
+        scaler.act(&quick, &deployment(3), &pods, idle, None, ferry_core::clock::now()).await
     });
     let a = expect(&mut api, "PATCH", "/api/v1/namespaces/ml/pods/a", "", 200, Some(json!({}))).await;
     assert_eq!(a, json!({"metadata": {"annotations": {DELETION_COST: "7"}}}));
@@ -205,8 +203,9 @@ async fn a_starting_pod_holds_a_scale_down_back() {
     let stored = serde_json::to_value(&quick).unwrap();
     let warming = WorkerPod { ip: None, ready_for: None, age: Some(Duration::from_secs(20)), ..ready_pod("c", 0.0) };
     let pods = vec![ready_pod("a", 0.0), ready_pod("b", 0.0), warming];
-    let run =
-        tokio::spawn(async move { scaler.act(&quick, &deployment(3), &pods, load(0.0), None, Instant::now()).await });
+    let run = tokio::spawn(async move {
+        scaler.act(&quick, &deployment(3), &pods, load(0.0), None, ferry_core::clock::now()).await
+    });
     // No deletion costs, no replicas patch: only the status.
     let status = expect(&mut api, "PATCH", STATUS, "", 200, Some(stored)).await;
     assert_eq!(status["status"]["desiredReplicas"], 3);
@@ -222,8 +221,9 @@ async fn a_pod_unready_for_far_longer_than_a_start_up_is_stuck_not_starting() {
     // Unschedulable for 10 minutes (startupTime 60 s): it holds the scale-down back no longer.
     let stuck = WorkerPod { ip: None, ready_for: None, age: Some(Duration::from_secs(600)), ..ready_pod("c", 0.0) };
     let pods = vec![ready_pod("a", 0.0), ready_pod("b", 0.0), stuck];
-    let run =
-        tokio::spawn(async move { scaler.act(&quick, &deployment(3), &pods, load(0.0), None, Instant::now()).await });
+    let run = tokio::spawn(async move {
+        scaler.act(&quick, &deployment(3), &pods, load(0.0), None, ferry_core::clock::now()).await
+    });
     for pod in ["a", "b"] {
         expect(&mut api, "PATCH", &format!("/api/v1/namespaces/ml/pods/{pod}"), "", 200, Some(json!({}))).await;
     }
@@ -273,7 +273,7 @@ async fn a_tick_scrapes_the_ready_pods_of_each_service_from_its_stores_and_scale
         deployments: store(vec![deployment(1)]),
         pods: store(vec![pod("quick-a", "uid-a", "True", "127.0.0.1"), pod("quick-b", "uid-b", "False", "192.0.2.1")]),
     };
-    let t0 = Instant::now();
+    let t0 = ferry_core::clock::now();
     let wall: Timestamp = "2026-12-02T08:02:00Z".parse().unwrap();
     let mut statuses = Vec::new();
     for round in 0..2u32 {
@@ -322,13 +322,13 @@ async fn a_service_without_its_deployment_yet_is_left_alone_and_a_deleted_one_fo
     let metrics = OperatorMetrics::new();
     let mut scaler = Autoscaler::new(client, recorder, Duration::from_secs(10), metrics.clone());
     let stores = Stores { services: store(vec![isvc()]), deployments: store(vec![]), pods: store(vec![]) };
-    scaler.tick(&stores, Instant::now(), Timestamp::now()).await;
+    scaler.tick(&stores, ferry_core::clock::now(), Timestamp::now()).await;
     assert!(tokio::time::timeout(Duration::from_millis(50), api.next_request()).await.is_err(), "no API call");
     assert_eq!(scaler.remembered(), vec!["ml/quick".to_owned()]);
     assert!(!metrics.render().contains("ferry_operator_scale_decisions_total{"), "no decision without a Deployment");
     // The service is deleted: its history goes with it.
     let gone = Stores { services: store(vec![]), ..stores };
-    scaler.tick(&gone, Instant::now(), Timestamp::now()).await;
+    scaler.tick(&gone, ferry_core::clock::now(), Timestamp::now()).await;
     assert!(scaler.remembered().is_empty());
 }
 
@@ -342,7 +342,7 @@ async fn decisions_are_counted_by_reason() {
     let stored = serde_json::to_value(isvc()).unwrap();
     let pods = vec![ready_pod("a", 0.0), ready_pod("b", 0.0), ready_pod("c", 0.0)];
     let run = tokio::spawn(async move {
-        let decided = scaler.act(&isvc(), &deployment(3), &pods, load(300.0), None, Instant::now()).await;
+        let decided = scaler.act(&isvc(), &deployment(3), &pods, load(300.0), None, ferry_core::clock::now()).await;
         (scaler, decided)
     });
     expect(&mut api, "PATCH", STATUS, "", 200, Some(stored)).await;
@@ -368,7 +368,7 @@ async fn decisions_are_counted_by_reason() {
     }
     // The service is deleted: its series go with it.
     let gone = Stores { services: store(vec![]), deployments: store(vec![]), pods: store(vec![]) };
-    scaler.tick(&gone, Instant::now(), Timestamp::now()).await;
+    scaler.tick(&gone, ferry_core::clock::now(), Timestamp::now()).await;
     let text = metrics.render();
     assert!(!text.contains("inferenceservice=\"quick\""), "{text}");
 }

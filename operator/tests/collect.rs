@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use ferry_operator::autoscale::collect::{scrape, Collector};
 use ferry_sidecar::server;
-use tokio::time::Instant;
 
 /// A sidecar; returns its infer URL and its metrics URL.
 async fn sidecar(args: &[&str]) -> (String, String) {
@@ -41,7 +40,7 @@ async fn rates_and_batch_time_are_read_from_a_real_sidecar() {
     let (infer, metrics) = sidecar(ARGS).await;
     let client = reqwest::Client::new();
     let mut c = Collector::new(Duration::from_secs(60));
-    let t0 = Instant::now();
+    let t0 = ferry_core::clock::now();
     c.observe("pod-a", t0, scrape(&client, &metrics).await.unwrap());
     send(&client, &infer, 40, 2).await;
     let t1 = t0 + Duration::from_secs(10); // the rate is taken over the times the collector was given
@@ -58,7 +57,7 @@ async fn rates_and_batch_time_are_read_from_a_real_sidecar() {
 async fn a_restarted_pod_is_a_counter_reset_not_a_negative_rate() {
     let client = reqwest::Client::new();
     let mut c = Collector::new(Duration::from_secs(60));
-    let t0 = Instant::now();
+    let t0 = ferry_core::clock::now();
     let (infer, metrics) = sidecar(ARGS).await;
     send(&client, &infer, 30, 1).await;
     c.observe("pod-a", t0, scrape(&client, &metrics).await.unwrap());

@@ -69,7 +69,7 @@ async fn a_missing_lease_is_created_and_held() {
     assert_eq!(created["spec"]["leaseDurationSeconds"], 15);
     let (led, candidate) = run.await.unwrap();
     assert!(led.unwrap(), "we lead");
-    assert!(candidate.leading(tokio::time::Instant::now()));
+    assert!(candidate.leading(ferry_core::clock::now()));
 }
 
 #[tokio::test(start_paused = true)]
@@ -116,7 +116,7 @@ async fn a_leader_whose_api_stops_answering_stops_leading_at_its_renew_deadline(
     let (api, mut server, _) = setup();
     let (tx, mut leading) = tokio::sync::watch::channel(false);
     tokio::spawn(hold(api, config(), tx));
-    let t0 = tokio::time::Instant::now();
+    let t0 = ferry_core::clock::now();
     answer(&mut server, "GET", &format!("{PATH}/ferry-operator"), 404, not_found()).await;
     answer(&mut server, "POST", PATH, 201, lease("pod-a", 0)).await;
     leading.wait_for(|l| *l).await.unwrap();
@@ -125,7 +125,7 @@ async fn a_leader_whose_api_stops_answering_stops_leading_at_its_renew_deadline(
         answer(&mut server, "GET", &format!("{PATH}/ferry-operator"), 200, lease("pod-a", 0)).await;
         answer(&mut server, "PUT", &format!("{PATH}/ferry-operator"), 200, lease("pod-a", 0)).await;
     }
-    let renewed = tokio::time::Instant::now();
+    let renewed = ferry_core::clock::now();
     assert!(renewed - t0 >= Duration::from_secs(12) && *leading.borrow(), "still leading after 6 renewals");
     // From now on every request hangs: the renewals time out, and leadership ends at the renew
     // deadline, 10 s after the last renewal began — 5 s before a follower that saw it may take over.
@@ -138,7 +138,7 @@ async fn a_leader_whose_api_stops_answering_stops_leading_at_its_renew_deadline(
     });
     leading.wait_for(|l| !*l).await.unwrap();
     // The last renewal began with its GET, just before `renewed`.
-    let lost = renewed.elapsed();
+    let lost = ferry_core::clock::elapsed(renewed);
     assert!(lost <= Duration::from_secs(10) && lost > Duration::from_millis(9_900), "{lost:?}");
     drain.abort();
 }

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
+use std::time::Instant;
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::time::Instant;
 
 use crate::engine::{BatchOutputs, Engine, EngineError, Inputs};
 use crate::metrics::ModelMetrics;
@@ -229,7 +229,7 @@ impl Pending {
         self.finished = true;
         let (reply, tally) = match delivery {
             Ok((Ok((answer, settle)), tally)) => {
-                let now = Instant::now();
+                let now = ferry_core::clock::now();
                 // `answered_at` is when the batcher sent it: the trip is part of the deadline margin.
                 let _ = self.commands.send(Command::Trip(now.saturating_duration_since(answer.answered_at)));
                 (settle.settle(now).map(|()| Answer { answered_at: now, ..answer }), tally)
@@ -294,12 +294,12 @@ impl Task {
         mut done: mpsc::UnboundedReceiver<BatchDone>,
     ) {
         let mut open = true;
-        let mut probe = Instant::now() + TIMER_PROBE;
+        let mut probe = ferry_core::clock::now() + TIMER_PROBE;
         let mut waiting_for: Option<Instant> = None;
         let mut events = Vec::new();
         let mut effects = Vec::new();
         loop {
-            let now = Instant::now();
+            let now = ferry_core::clock::now();
             // How late the loop got to the instant it slept for (the timer's lateness, or the
             // time spent on the events that came first): part of the deadline margin.
             if let Some(due) = waiting_for.filter(|due| *due <= now) {
@@ -493,9 +493,9 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 pub async fn measure_timer_lateness() -> Vec<Duration> {
     let mut samples = Vec::with_capacity(8);
     for _ in 0..8 {
-        let due = Instant::now() + Duration::from_millis(1);
-        tokio::time::sleep_until(due).await;
-        samples.push(Instant::now().saturating_duration_since(due));
+        let due = ferry_core::clock::now() + Duration::from_millis(1);
+        ferry_core::clock::sleep_until(due).await;
+        samples.push(ferry_core::clock::now().saturating_duration_since(due));
     }
     samples
 }

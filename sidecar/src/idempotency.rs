@@ -17,8 +17,8 @@ use std::time::Duration;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
+use std::time::Instant;
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 pub const KEY_HEADER: &str = "idempotency-key";
 /// Marks a response that was not produced for this request but saved from the first one.
@@ -216,7 +216,7 @@ mod tests {
     #[test]
     fn the_same_request_joins_then_replays_and_another_body_conflicts() {
         let mut store = Store::new(LIMITS);
-        let now = Instant::now();
+        let now = ferry_core::clock::now();
         let (a, b) = (fingerprint("POST", "/p", b"a"), fingerprint("POST", "/p", b"b"));
         assert!(matches!(store.claim(key("k"), a, now), Claim::Execute(_)));
         let Claim::Join(mut joiner) = store.claim(key("k"), a, now) else { panic!("joins") };
@@ -230,7 +230,7 @@ mod tests {
     #[test]
     fn keys_are_scoped_per_tenant() {
         let mut store = Store::new(LIMITS);
-        let now = Instant::now();
+        let now = ferry_core::clock::now();
         let f = fingerprint("POST", "/p", b"a");
         assert!(matches!(store.claim(key("k"), f, now), Claim::Execute(_)));
         let other = Key { scope: "tenant-b".into(), key: "k".into() };
@@ -240,7 +240,7 @@ mod tests {
     #[test]
     fn a_retryable_outcome_is_not_kept() {
         let mut store = Store::new(LIMITS);
-        let now = Instant::now();
+        let now = ferry_core::clock::now();
         let f = fingerprint("POST", "/p", b"a");
         store.claim(key("k"), f, now);
         store.finish(&key("k"), saved(503, "queue full"));
@@ -251,7 +251,7 @@ mod tests {
     #[test]
     fn records_expire_after_the_ttl() {
         let mut store = Store::new(LIMITS);
-        let now = Instant::now();
+        let now = ferry_core::clock::now();
         let f = fingerprint("POST", "/p", b"a");
         store.claim(key("k"), f, now);
         store.finish(&key("k"), saved(200, "x"));
@@ -262,7 +262,7 @@ mod tests {
     #[test]
     fn the_oldest_completed_records_are_evicted_first() {
         let mut store = Store::new(LIMITS);
-        let t = Instant::now();
+        let t = ferry_core::clock::now();
         let f = fingerprint("POST", "/p", b"a");
         for (i, k) in ["a", "b", "c"].into_iter().enumerate() {
             store.claim(key(k), f, t + Duration::from_millis(i as u64));
@@ -279,7 +279,7 @@ mod tests {
     #[test]
     fn the_byte_bound_holds() {
         let mut store = Store::new(Limits { max_entries: 100, max_bytes: 1000, ..LIMITS });
-        let t = Instant::now();
+        let t = ferry_core::clock::now();
         let f = fingerprint("POST", "/p", b"a");
         for i in 0..10 {
             let k = key(&i.to_string());

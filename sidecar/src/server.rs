@@ -138,7 +138,7 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading),
         Some((engine, loaded)) => {
             let source = settings.engine.clone();
             Box::pin(async move {
-                let started = tokio::time::Instant::now();
+                let started = ferry_core::clock::now();
                 match loaded.await {
                     Ok(Ok((model, cost))) => {
                         let (device, dim, max_tokens) = (model.device(), model.dim(), model.encoder.max_tokens());
@@ -152,7 +152,7 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading),
                             %device,
                             dim,
                             max_tokens,
-                            load_time = ?started.elapsed(),
+                            load_time = ?ferry_core::clock::elapsed(started),
                             fixed = ?cost.fixed,
                             per_token = ?cost.per_token,
                             "model loaded; ready"
@@ -181,7 +181,7 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, Str
                 .with_slow_spell(*slow),
         )),
         EngineSettings::Llm { source, device, kv_cache_memory } => {
-            let started = tokio::time::Instant::now();
+            let started = ferry_core::clock::now();
             let engine = LlmEngine::load(source, *device, g.kv_blocks, *kv_cache_memory, g.kv_block_size)
                 .map_err(|e| format!("the llm engine cannot start: {e}"))?;
             let cost = engine.cost();
@@ -191,7 +191,7 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, Str
                 kv_blocks = engine.kv().blocks,
                 kv_block_size = engine.kv().block_size,
                 context = engine.model().context_length(),
-                load_time = ?started.elapsed(),
+                load_time = ?ferry_core::clock::elapsed(started),
                 decode = ?(cost.fixed + cost.per_decode),
                 prefill_per_token = ?cost.per_prefill_token,
                 attention_per_slot = ?cost.per_attended_slot,

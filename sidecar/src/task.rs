@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::time::Instant;
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 /// Marks a task stopped when it ends, however it ends (a panic included).
 pub(crate) struct Stopped(pub(crate) watch::Sender<bool>);
@@ -21,7 +21,7 @@ impl Drop for Stopped {
 /// Sleeps until `wake`, or forever when there is nothing to wake for.
 pub(crate) async fn sleep_until(wake: Option<Instant>) {
     match wake {
-        Some(at) => tokio::time::sleep_until(at).await,
+        Some(at) => ferry_core::clock::sleep_until(at).await,
         None => std::future::pending().await,
     }
 }
@@ -37,7 +37,7 @@ pub(crate) struct OldestArrival {
 
 impl OldestArrival {
     pub(crate) fn new() -> Self {
-        OldestArrival { ns: Arc::new(AtomicU64::new(u64::MAX)), epoch: Instant::now() }
+        OldestArrival { ns: Arc::new(AtomicU64::new(u64::MAX)), epoch: ferry_core::clock::now() }
     }
 
     pub(crate) fn set(&self, oldest: Option<Instant>) {
@@ -49,7 +49,9 @@ impl OldestArrival {
     pub(crate) fn age(&self) -> f64 {
         match self.ns.load(Ordering::Relaxed) {
             u64::MAX => 0.0,
-            ns => Instant::now().saturating_duration_since(self.epoch + Duration::from_nanos(ns)).as_secs_f64(),
+            ns => {
+                ferry_core::clock::now().saturating_duration_since(self.epoch + Duration::from_nanos(ns)).as_secs_f64()
+            }
         }
     }
 }

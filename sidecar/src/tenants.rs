@@ -19,8 +19,8 @@ use std::time::Duration;
 use axum::http::{header, HeaderMap};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
+use std::time::Instant;
 use subtle::ConstantTimeEq;
-use tokio::time::Instant;
 
 use ferry_core::outcome::{Outcome, Refusal};
 use ferry_core::quota::Bucket;
@@ -376,7 +376,7 @@ impl Tenants {
     fn apply(&self, text: &str) -> Result<usize, String> {
         let path = self.path.as_deref().unwrap_or(Path::new("tenants"));
         let specs = parse(text, path)?;
-        let now = Instant::now();
+        let now = ferry_core::clock::now();
         let mut ids = self.ids.lock().expect("ids lock");
         let new_names = specs.iter().filter(|s| !ids.contains_key(&s.name)).count();
         if ids.len() + new_names >= usize::from(TenantId::MAX) {
@@ -525,7 +525,7 @@ mod tests {
     #[test]
     fn quotas_refuse_with_the_wait_their_bucket_needs() {
         let t = loaded(FILE);
-        let now = Instant::now();
+        let now = ferry_core::clock::now();
         let gold = t.authenticate(&headers(Some("gold-secret-1"))).unwrap();
         let _a = gold.take(1, 0, now).unwrap();
         let _b = gold.take(1, 0, now).unwrap();
@@ -558,7 +558,7 @@ mod tests {
     #[test]
     fn a_reload_keeps_numbers_buckets_and_held_rows() {
         let t = loaded(FILE);
-        let now = Instant::now();
+        let now = ferry_core::clock::now();
         let gold = t.authenticate(&headers(Some("gold-secret-1"))).unwrap();
         let _a = gold.take(1, 0, now).unwrap();
         let _b = gold.take(1, 0, now).unwrap();

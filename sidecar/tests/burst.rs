@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::{metric_value, Sidecar};
-use tokio::time::{sleep, Instant};
+use tokio::time::sleep;
 
 /// The running streams, and the burst that arrives among them within 100 ms.
 const RUNNING: usize = 500;
@@ -101,13 +101,13 @@ async fn a_burst_of_arrivals_does_not_stretch_running_streams_past_their_target(
     }
     let (before, _) = gaps(&s.metrics().await, "0.1");
     // The burst: 500 requests within 100 ms.
-    let start = Instant::now();
+    let start = ferry_core::clock::now();
     let burst: Vec<_> = (0..BURST)
         .map(|i| {
             let s = s.clone();
             let at = start + Duration::from_micros(200 * i as u64);
             tokio::spawn(async move {
-                tokio::time::sleep_until(at).await;
+                ferry_core::clock::sleep_until(at).await;
                 complete(&s, &format!("b{i} h i j"), 40).await
             })
         })

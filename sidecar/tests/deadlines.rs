@@ -7,7 +7,6 @@ mod support;
 use std::time::Duration;
 
 use support::{body, metric_value, timing, Sidecar};
-use tokio::time::Instant;
 
 /// A lone request whose deadline is the batch time + 30 ms, with `maxWait` far beyond it, so
 /// that the deadline rule (and its margin) alone decides when the batch leaves: 50 times in a
@@ -41,9 +40,9 @@ async fn a_lone_deadline_driven_request_is_answered_in_time_every_time() {
     assert_eq!(warm.status(), 200);
     let mut on_its_way = Vec::new();
     for run in 0..50 {
-        let sent = Instant::now();
+        let sent = ferry_core::clock::now();
         let r = s.infer("m", &body(&[vec![run as f32]]), &[]).await;
-        let elapsed = sent.elapsed();
+        let elapsed = ferry_core::clock::elapsed(sent);
         let status = r.status();
         let queued = if status == 200 { timing(&r, "queue") } else { f64::NAN };
         let text = r.text().await.unwrap();

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_core::clock::sleep_until;
 use ferry_core::estimate::Estimator;
 use ferry_core::outcome::Outcome;
 use ferry_core::scheduler::{Policy, Scheduler};
@@ -13,8 +14,8 @@ use ferry_sidecar::engine::sim::SimEngine;
 use ferry_sidecar::metrics::{Metrics, ModelMetrics};
 use ferry_sidecar::tally::Tally;
 use ferry_sidecar::tensor::{DataType, Tensor, TensorData};
+use std::time::Instant;
 use tokio::task::JoinHandle;
-use tokio::time::{sleep_until, Instant};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -41,7 +42,7 @@ fn service(workers: usize, engine_ms: u64, estimate_ms: u64) -> Service {
     Service {
         batcher: Batcher::spawn(scheduler, engine, metrics.clone(), RetryPolicy::default()),
         metrics,
-        start: Instant::now(),
+        start: ferry_core::clock::now(),
     }
 }
 
@@ -68,7 +69,7 @@ impl Service {
         let tally = Tally::new(self.metrics.outcomes().clone());
         tokio::spawn(async move {
             sleep_until(start + ms(at_ms)).await;
-            let now = Instant::now();
+            let now = ferry_core::clock::now();
             let data: Vec<f64> = (0..rows).map(|r| value + f64::from(r)).collect();
             let submission = Submission {
                 inputs: vec![Tensor {
@@ -88,7 +89,7 @@ impl Service {
                 tally,
             };
             let reply = batcher.submit(submission).reply().await;
-            Seen { reply, at: Instant::now() - start }
+            Seen { reply, at: ferry_core::clock::now() - start }
         })
     }
 
@@ -248,7 +249,7 @@ async fn drain_waits_for_everything_admitted() {
     let calls: Vec<_> = (0..6).map(|i| s.call(0, 300, f64::from(i), 1)).collect();
     sleep_until(s.start + ms(1)).await;
     s.batcher.drain().await;
-    assert_eq!(Instant::now() - s.start, ms(200));
+    assert_eq!(ferry_core::clock::now() - s.start, ms(200));
     let seen = all(calls).await;
     assert!(seen.iter().all(|s| s.reply.is_ok()));
     s.assert_conservation(6);

@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ferry_core::clock::sleep_until;
 use ferry_core::estimate::Estimator;
 use ferry_core::outcome::Outcome;
 use ferry_core::scheduler::{Policy, Scheduler};
@@ -15,8 +16,8 @@ use ferry_sidecar::engine::{BatchOutputs, BoxFuture, Engine, EngineError, Inputs
 use ferry_sidecar::metrics::{Metrics, ModelMetrics};
 use ferry_sidecar::tally::Tally;
 use ferry_sidecar::tensor::{DataType, Tensor, TensorData};
+use std::time::Instant;
 use tokio::task::JoinHandle;
-use tokio::time::{sleep_until, Instant};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -104,7 +105,7 @@ fn service(engine: Arc<dyn Engine>) -> Service {
     let metrics = Metrics::new().model("m", "1");
     let retry = RetryPolicy { watchdog_grace: ms(10), ..RetryPolicy::default() };
     let batcher = Batcher::spawn(scheduler, engine, metrics.clone(), retry);
-    Service { batcher, metrics, start: Instant::now() }
+    Service { batcher, metrics, start: ferry_core::clock::now() }
 }
 
 struct Seen {
@@ -118,7 +119,7 @@ impl Service {
         let tally = Tally::new(self.metrics.outcomes().clone());
         tokio::spawn(async move {
             sleep_until(start + ms(at_ms)).await;
-            let now = Instant::now();
+            let now = ferry_core::clock::now();
             let inputs = vec![Tensor {
                 name: "INPUT0".into(),
                 datatype: DataType::Fp64,
@@ -138,7 +139,7 @@ impl Service {
                 tally,
             };
             let reply = batcher.submit(submission).reply().await;
-            Seen { reply, at: Instant::now() - start }
+            Seen { reply, at: ferry_core::clock::now() - start }
         })
     }
 

@@ -22,9 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use std::time::Instant;
 use support::{body, Sidecar};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::time::Instant;
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -108,13 +108,13 @@ struct Sent {
 
 /// Waits for `/v2/health/ready` to say 200 (the engine built and ready).
 async fn ready(s: &Sidecar) {
-    let until = Instant::now() + Duration::from_secs(120);
+    let until = ferry_core::clock::now() + Duration::from_secs(120);
     loop {
         let r = s.http.get(s.url("/v2/health/ready")).timeout(Duration::from_secs(5)).send().await;
         if r.is_ok_and(|r| r.status() == 200) {
             return;
         }
-        assert!(Instant::now() < until, "the sidecar is not ready after 2 minutes");
+        assert!(ferry_core::clock::now() < until, "the sidecar is not ready after 2 minutes");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -138,13 +138,13 @@ fn hog() -> Vec<std::process::Child> {
 
 /// Runs `plan` against `s` and checks what the module's doc says.
 async fn run(s: &Sidecar, plan: Plan) {
-    let start = Instant::now();
+    let start = ferry_core::clock::now();
     let mut actions: Vec<(Duration, Action)> = plan.faults.iter().flat_map(|f| f.actions.clone()).collect();
     actions.sort_by_key(|a| a.0);
     let faults = tokio::spawn(async move {
         let mut hogs = Vec::new();
         for (at, action) in actions {
-            tokio::time::sleep_until(start + at).await;
+            ferry_core::clock::sleep_until(start + at).await;
             match action {
                 Action::Stop(pid) => signal(pid, "-STOP"),
                 Action::Resume(pid) => signal(pid, "-CONT"),
@@ -158,12 +158,12 @@ async fn run(s: &Sidecar, plan: Plan) {
     });
 
     let period = Duration::from_secs_f64(1.0 / plan.rate);
-    let mut tick = tokio::time::interval_at(start, period);
+    let mut tick = tokio::time::interval_at(start.into(), period);
     let mut tasks = tokio::task::JoinSet::new();
     let (http, deadline) = (s.http.clone(), plan.deadline);
     let (infer, complete) = (Arc::new(s.url("/v2/models/m/infer")), Arc::new(s.url("/v1/completions")));
     loop {
-        let scheduled = tick.tick().await;
+        let scheduled = tick.tick().await.into_std();
         let at = scheduled.duration_since(start);
         if at >= plan.end {
             break;
@@ -187,7 +187,7 @@ async fn run(s: &Sidecar, plan: Plan) {
                     .and_then(|h| h.split(", ").find_map(|p| p.strip_prefix("total;dur=")))
                     .and_then(|ms| ms.parse().ok());
                 let bytes = r.bytes().await;
-                in_time = status == Some(200) && bytes.is_ok() && scheduled.elapsed() <= deadline;
+                in_time = status == Some(200) && bytes.is_ok() && ferry_core::clock::elapsed(scheduled) <= deadline;
                 if status != Some(200) {
                     refusal = bytes.ok().map(|b| String::from_utf8_lossy(&b).chars().take(300).collect());
                 }
@@ -309,7 +309,7 @@ fn gap(span: Duration, deadline: Duration) -> Duration {
 /// begins no earlier than `at` less that time and ends no later than `at` + 3 s: the fault covers
 /// both, and must come after the timeline's `next`.
 fn engine_spell(name: &str, spawned: Instant, at: Duration, next: Duration) -> Fault {
-    let early = spawned.elapsed();
+    let early = ferry_core::clock::elapsed(spawned);
     let from = at.saturating_sub(early);
     assert!(
         from >= next,
@@ -321,7 +321,7 @@ fn engine_spell(name: &str, spawned: Instant, at: Duration, next: Duration) -> F
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_request_level_batcher_recovers_from_stops_and_a_slow_engine() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let spawned = Instant::now();
+    let spawned = ferry_core::clock::now();
     let s = Sidecar::start(&[
         "--model",
         "m",
@@ -347,7 +347,7 @@ async fn the_request_level_batcher_recovers_from_stops_and_a_slow_engine() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_step_scheduler_recovers_from_stops_and_a_slow_engine() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let spawned = Instant::now();
+    let spawned = ferry_core::clock::now();
     let s = Sidecar::start(&[
         "--engine",
         "sim-llm",

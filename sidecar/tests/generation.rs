@@ -22,7 +22,7 @@ use ferry_sidecar::generation::steps::{self, Generator, Prompt};
 use ferry_sidecar::generation::stream::{Piece, Stream};
 use ferry_sidecar::metrics::{GenerationMetrics, Metrics};
 use ferry_sidecar::tally::Tally;
-use tokio::time::Instant;
+use std::time::Instant;
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -50,7 +50,7 @@ fn service(blocks: u32, prior: Option<StepCost>) -> Service {
     let engine = Arc::new(SimLlm::new(times(), KvLayout { blocks, block_size: 4 }));
     let cost = prior.unwrap_or_else(|| engine.cost());
     let (generator, metrics) = spawn(engine.clone(), POLICY, cost, Duration::ZERO);
-    Service { generator, engine, metrics, start: Instant::now() }
+    Service { generator, engine, metrics, start: ferry_core::clock::now() }
 }
 
 /// These tests' knobs: 8 sequences, a 4096-token context, room in the queue.
@@ -95,7 +95,7 @@ impl Service {
 
     /// With each of the three promises: first token, inter-token target, whole answer.
     fn submit_with(&self, prompt: &str, max_tokens: u32, ttft: Duration, itl: Duration, timeout: Duration) -> Stream {
-        let now = Instant::now();
+        let now = ferry_core::clock::now();
         let submission = Submission {
             prompt: Prompt {
                 tokens: self.engine.encode(prompt).unwrap(),
@@ -116,7 +116,7 @@ impl Service {
     }
 
     fn ms(&self) -> f64 {
-        (Instant::now() - self.start).as_secs_f64() * 1e3
+        (ferry_core::clock::now() - self.start).as_secs_f64() * 1e3
     }
 }
 
@@ -261,7 +261,7 @@ async fn a_long_prompt_prefills_beside_decodes_without_stretching_their_steps() 
     let policy = Policy { max_sequences: 64, max_context: 32_768, ..POLICY };
     // The deadline margin's floor at its default, 2 ms: steps beside decodes keep it free.
     let (generator, metrics) = spawn(engine.clone(), policy, engine.cost(), 2 * MS);
-    let s = Service { generator, engine, metrics, start: Instant::now() };
+    let s = Service { generator, engine, metrics, start: ferry_core::clock::now() };
     let target = 50 * MS;
 
     // 32 streams decoding, each promised 50 ms between tokens. (They arrive together: streams
@@ -378,7 +378,7 @@ async fn an_answer_that_ends_keeps_the_text_a_stop_string_held_back() {
     let engine = Arc::new(WithEnd { sim, end });
     let (generator, metrics) = spawn(engine.clone(), POLICY, engine.cost(), Duration::ZERO);
     let answer = |stop: &[&str]| {
-        let now = Instant::now();
+        let now = ferry_core::clock::now();
         let submission = Submission {
             prompt: Prompt {
                 tokens: engine.encode("a b </s>").unwrap(),
@@ -456,7 +456,7 @@ fn breaking(after: u32, how: Break) -> Service {
     let sim = Arc::new(SimLlm::new(times(), KvLayout { blocks: 1000, block_size: 4 }));
     let engine = Arc::new(Breaks { sim: sim.clone(), after, how, steps: 0.into() });
     let (generator, metrics) = spawn(engine, POLICY, sim.cost(), Duration::ZERO);
-    Service { generator, engine: sim, metrics, start: Instant::now() }
+    Service { generator, engine: sim, metrics, start: ferry_core::clock::now() }
 }
 
 #[tokio::test(start_paused = true)]
@@ -526,7 +526,7 @@ async fn a_stop_of_the_process_that_ends_as_a_step_falls_due_is_not_a_stall() {
         let s = s.clone();
         async move { collect(&s, s.submit("a b c d e f g h i j", 20, HOUR)).await }
     });
-    tokio::time::sleep_until(s.start + Duration::from_millis(1400)).await;
+    ferry_core::clock::sleep_until(s.start + Duration::from_millis(1400)).await;
     tokio::time::advance(Duration::from_millis(200)).await;
     let (pieces, end) = collecting.await.unwrap();
     assert_eq!(pieces.len(), 5, "the tokens of the steps that ran");

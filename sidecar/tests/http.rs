@@ -10,7 +10,7 @@ use futures::future::join_all as futures_join;
 use rand::Rng;
 use serde_json::{json, Value};
 use support::{body, metric_value, timing, Sidecar};
-use tokio::time::{sleep, Instant};
+use tokio::time::sleep;
 
 /// The exercise's service, with the latency budget raised so that noise cannot expire anyone.
 const EXERCISE: &[&str] = &[
@@ -50,10 +50,10 @@ async fn call_at(
     headers: Vec<(&'static str, String)>,
 ) -> (reqwest::Response, Duration) {
     sleep(after).await;
-    let sent = Instant::now();
+    let sent = ferry_core::clock::now();
     let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let response = s.infer("m", &body(&[vec![value]]), &headers).await;
-    (response, sent.elapsed())
+    (response, ferry_core::clock::elapsed(sent))
 }
 
 async fn doubled(response: reqwest::Response) -> Vec<f64> {
@@ -252,11 +252,11 @@ async fn a_request_whose_batch_hangs_gets_504_at_its_deadline() {
     let s =
         Sidecar::start(&["--model", "m", "--sim-hang-rate", "1", "--sim-batch-time", "50ms", "--max-timeout", "1s"])
             .await;
-    let sent = Instant::now();
+    let sent = ferry_core::clock::now();
     // The watchdog gives up on the first run at 10 + 3 × 50 + 100 = 260 ms; the retry hangs too,
     // and its watchdog (at 520) comes after the deadline: the 504 comes at the deadline, 500.
     let response = s.infer("m", &body(&[vec![1.0]]), &[("x-ferry-timeout-ms", "500")]).await;
-    let took = sent.elapsed();
+    let took = ferry_core::clock::elapsed(sent);
     assert_eq!(response.status(), 504);
     assert!((490.0..900.0).contains(&ms(took)), "answered at its deadline: {took:?}");
     let v: Value = response.json().await.unwrap();
@@ -341,18 +341,25 @@ async fn a_sidecar_that_refuses_every_request_while_idle_says_so() {
     let s = Sidecar::start(&["--model", "m", "--sim-batch-time", "100ms"]).await;
     let locked = |m: &str| metric_value(m, "ferry_admission_locked", "model=\"m\"");
     assert_eq!(locked(&s.metrics().await), 0.0);
-    let started = Instant::now();
+    let started = ferry_core::clock::now();
     // The offered load's pace (one request a tenth of a second), not a synchronisation.
     let mut pace = tokio::time::interval(Duration::from_millis(100));
     let mut refused = 0;
     while locked(&s.metrics().await) == 0.0 {
-        assert!(started.elapsed() < Duration::from_secs(30), "never shown as locked after {refused} refusals");
+        assert!(
+            ferry_core::clock::elapsed(started) < Duration::from_secs(30),
+            "never shown as locked after {refused} refusals"
+        );
         pace.tick().await;
         let r = s.infer("m", &body(&[vec![1.0]]), &[("x-ferry-timeout-ms", "20")]).await;
         assert_eq!(r.status(), 503);
         refused += 1;
     }
-    assert!(started.elapsed() >= Duration::from_secs(5), "shown after {:?}", started.elapsed());
+    assert!(
+        ferry_core::clock::elapsed(started) >= Duration::from_secs(5),
+        "shown after {:?}",
+        ferry_core::clock::elapsed(started)
+    );
     let ready = s.http.get(s.url("/v2/health/ready")).send().await.unwrap();
     assert_eq!(ready.status(), 200, "still ready: taking the pod out would not mend it");
     let ready: Value = ready.json().await.unwrap();
@@ -381,7 +388,7 @@ async fn a_hung_engine_makes_the_sidecar_exit_non_zero() {
     let mut s = Sidecar::start(&args).await;
     let ready = s.http.get(s.url("/v2/health/ready")).send().await.unwrap();
     assert_eq!(ready.status(), 200, "ready: no step has run");
-    let sent = Instant::now();
+    let sent = ferry_core::clock::now();
     let answer = s
         .http
         .post(s.url("/v1/completions"))
@@ -396,7 +403,7 @@ async fn a_hung_engine_makes_the_sidecar_exit_non_zero() {
     let error: Value = answer.json().await.unwrap();
     let message = error["error"]["message"].as_str().unwrap_or_default().to_owned();
     assert!(message.contains("the engine failed: step 0 has run"), "{error}");
-    let failed_after = sent.elapsed();
+    let failed_after = ferry_core::clock::elapsed(sent);
     assert!(failed_after >= Duration::from_millis(1500) && failed_after < Duration::from_secs(5), "{failed_after:?}");
     let status =
         tokio::time::timeout(Duration::from_secs(30), s.child.wait()).await.expect("the sidecar exits").unwrap();

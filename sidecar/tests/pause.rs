@@ -6,7 +6,6 @@ mod support;
 use std::time::Duration;
 
 use support::{body, Sidecar};
-use tokio::time::Instant;
 
 /// One request's fate as the client saw it.
 struct Sent {
@@ -33,7 +32,7 @@ async fn goodput_comes_back_after_the_process_was_stopped() {
     .await;
     let pid = s.child.id().unwrap().to_string();
     let deadline = Duration::from_millis(200);
-    let start = Instant::now();
+    let start = ferry_core::clock::now();
     let (stop_at, resume_at, end) =
         (Duration::from_millis(1500), Duration::from_millis(1800), Duration::from_millis(4800));
     let mut tick = tokio::time::interval(Duration::from_millis(10));
@@ -41,7 +40,7 @@ async fn goodput_comes_back_after_the_process_was_stopped() {
     let mut stopped = false;
     let mut resumed = false;
     loop {
-        let now = tick.tick().await.duration_since(start);
+        let now = tick.tick().await.into_std().duration_since(start);
         if now >= end {
             break;
         }
@@ -55,12 +54,12 @@ async fn goodput_comes_back_after_the_process_was_stopped() {
         }
         let (http, url) = (s.http.clone(), s.url("/v2/models/m/infer"));
         tasks.spawn(async move {
-            let sent = Instant::now();
+            let sent = ferry_core::clock::now();
             let ok = match http.post(url).json(&body(&[vec![1.0]])).timeout(Duration::from_secs(5)).send().await {
                 Ok(r) => r.status() == 200 && r.bytes().await.is_ok(),
                 Err(_) => false,
             };
-            Sent { at: sent.duration_since(start), in_time: ok && sent.elapsed() <= deadline }
+            Sent { at: sent.duration_since(start), in_time: ok && ferry_core::clock::elapsed(sent) <= deadline }
         });
     }
     let mut sent = Vec::new();

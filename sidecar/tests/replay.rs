@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_core::clock::sleep_until;
 use ferry_core::estimate::Estimator;
 use ferry_core::ledger::{Ledger, RetryPolicy};
 use ferry_core::outcome::Outcome;
@@ -18,7 +19,6 @@ use ferry_sidecar::metrics::Metrics;
 use ferry_sidecar::tally::Tally;
 use ferry_sidecar::tensor::{DataType, Tensor, TensorData};
 use proptest::prelude::*;
-use tokio::time::{sleep_until, Instant};
 
 #[derive(Debug, Clone)]
 struct Case {
@@ -74,7 +74,7 @@ fn through_the_batcher(c: &Case) -> Vec<Fate> {
         let engine = Arc::new(SimEngine::new(c.batch, c.per_row));
         let metrics = Metrics::new().model("m", "1");
         let batcher = Batcher::spawn(scheduler(c), engine, metrics.clone(), RetryPolicy::default());
-        let start = Instant::now();
+        let start = ferry_core::clock::now();
         let calls: Vec<_> = c
             .arrivals
             .iter()
@@ -83,7 +83,7 @@ fn through_the_batcher(c: &Case) -> Vec<Fate> {
                 let tally = Tally::new(metrics.outcomes().clone());
                 tokio::spawn(async move {
                     sleep_until(start + a.at).await;
-                    let now = Instant::now();
+                    let now = ferry_core::clock::now();
                     let submission = Submission {
                         inputs: vec![Tensor {
                             name: "INPUT0".into(),
@@ -102,7 +102,7 @@ fn through_the_batcher(c: &Case) -> Vec<Fate> {
                         tally,
                     };
                     let reply = batcher.submit(submission).reply().await;
-                    let at = Instant::now() - start;
+                    let at = ferry_core::clock::now() - start;
                     match reply {
                         Ok(answer) => Fate::Done {
                             dispatched: a.at + answer.queued,

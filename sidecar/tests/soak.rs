@@ -7,10 +7,10 @@ mod support;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use ferry_core::clock::sleep_until;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use support::{body, metric_value, timing, Sidecar};
-use tokio::time::{sleep_until, Instant};
 
 const RATE: u64 = 150;
 const SECONDS: u64 = 15;
@@ -63,7 +63,7 @@ async fn soak_with_failures_hangs_and_disconnects() {
     let before = rss_kib(pid);
 
     let mut rng = StdRng::seed_from_u64(11);
-    let start = Instant::now();
+    let start = ferry_core::clock::now();
     let total = RATE * SECONDS;
     let mut tasks = Vec::with_capacity(total as usize);
     for i in 0..total {

@@ -155,7 +155,7 @@ mod tests {
     use std::time::Duration;
 
     use proptest::prelude::*;
-    use tokio::time::Instant;
+    use std::time::Instant;
 
     use super::*;
     use crate::generation::step::StepCost;

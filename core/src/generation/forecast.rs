@@ -20,7 +20,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::scheduler::{Progress, Scheduler, StepPlan};
 use super::sequence::{Request, SeqId};

@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::forecast::{self, InFlight};
 use super::scheduler::{Discipline, Progress, Scheduler, StepPlan};

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::kv::BlockPool;
 use super::ledger::{Effect, Event, Ledger};

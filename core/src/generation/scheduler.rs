@@ -21,7 +21,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::kv::{Block, BlockPool};
 use super::sequence::{FinishReason, Queued, Request, SeqId};

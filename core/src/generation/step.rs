@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use crate::estimate::{Linear, Lines};
 

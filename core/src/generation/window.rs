@@ -20,7 +20,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::sequence::{End, FinishReason, Queued, Request, SeqId};
 use crate::estimate::Linear;

@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::iter::Peekable;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use crate::estimate::Shape;
 use crate::tenant::{Shares, TenantId};

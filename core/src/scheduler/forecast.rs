@@ -10,7 +10,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::cut::Cutter;
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::*;
 use crate::replay::{replay, Arrival, Fate, Trace};

@@ -6,9 +6,10 @@
 
 use std::time::Duration;
 
+use ferry_core::clock::sleep_until;
 use serde_json::{json, Value};
+use std::time::Instant;
 use tokio::task::JoinSet;
-use tokio::time::{sleep_until, Instant};
 
 use super::summary::Sample;
 use super::trace::{prompt_text, Request};
@@ -33,7 +34,7 @@ pub async fn run(target: &Target, trace: &[Request], drain: Duration) -> anyhow:
         .tcp_nodelay(true)
         .timeout(trace.iter().map(|r| r.timeout).max().unwrap_or_default() + drain)
         .build()?;
-    let start = Instant::now();
+    let start = ferry_core::clock::now();
     let mut tasks = JoinSet::new();
     for (i, request) in trace.iter().copied().enumerate() {
         sleep_until(start + request.at).await;
@@ -82,7 +83,7 @@ async fn one(client: &reqwest::Client, target: &Target, index: usize, request: R
     };
     sample.status = Some(response.status().as_u16());
     if !response.status().is_success() {
-        sample.end = Some(scheduled.elapsed());
+        sample.end = Some(ferry_core::clock::elapsed(scheduled));
         return sample;
     }
     let (mut buffer, mut last, mut finished, mut usage) = (Vec::<u8>::new(), None::<Instant>, false, None);
@@ -111,7 +112,7 @@ async fn one(client: &reqwest::Client, target: &Target, index: usize, request: R
             let choice = &value["choices"][0];
             let text = choice["text"].as_str().or_else(|| choice["delta"]["content"].as_str()).unwrap_or("");
             if !text.is_empty() {
-                let now = Instant::now();
+                let now = ferry_core::clock::now();
                 match last {
                     None => sample.first = Some(now - scheduled),
                     Some(prev) => sample.gaps.push(now - prev),
@@ -122,7 +123,7 @@ async fn one(client: &reqwest::Client, target: &Target, index: usize, request: R
             finished |= !choice["finish_reason"].is_null();
         }
     }
-    sample.end = Some(scheduled.elapsed());
+    sample.end = Some(ferry_core::clock::elapsed(scheduled));
     if let Some(u) = usage {
         sample.tokens = u;
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use ferry_core::metric;
 use ferry_core::outcome::Outcome;
 use prometheus_parse::{Scrape, Value};
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::decide::Observed;
 
@@ -387,7 +387,7 @@ mod tests {
 
     #[test]
     fn counters_become_rates_over_the_window() {
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         let mut c = Collector::new(10 * S);
         for i in 0..=10 {
             let n = f64::from(i) * 100.0;
@@ -404,7 +404,7 @@ mod tests {
 
     #[test]
     fn a_restarted_pod_counts_from_zero_without_a_negative_rate() {
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         let mut c = Collector::new(60 * S);
         c.observe("a", t0, sample(1000.0, 1000.0, 5.0, 100.0, 1000.0));
         c.observe("a", t0 + 10 * S, sample(1500.0, 1500.0, 5.0, 150.0, 1500.0));
@@ -418,7 +418,7 @@ mod tests {
     fn a_locked_pod_is_capacity_whose_refusals_are_not_pressure() {
         // Pod a serves 100 requests in 10 s, 1 refused; pod b refuses all 100 and says it is
         // locked. Its refusals are no sign of too little capacity: the pressure is a's 1 in 200.
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         let mut c = Collector::new(60 * S);
         for pod in ["a", "b"] {
             c.observe(pod, t0, sample(0.0, 0.0, 0.0, 0.0, 0.0));
@@ -439,7 +439,7 @@ mod tests {
 
     #[test]
     fn pods_add_up_and_gone_pods_are_forgotten() {
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         let mut c = Collector::new(60 * S);
         for pod in ["a", "b"] {
             c.observe(pod, t0, PodSample { queue_depth: 3.0, oldest_age: 0.5, ..sample(0.0, 0.0, 0.0, 0.0, 0.0) });
@@ -465,7 +465,7 @@ mod tests {
     #[test]
     fn every_pod_is_read_over_one_window_and_a_new_pod_from_zero() {
         // 60 req/s throughout; pod b is ready at 16 s and from then on takes half.
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         let mut c = Collector::new(10 * S);
         for i in 0..=10u32 {
             let t = f64::from(2 * i);
@@ -496,7 +496,7 @@ mod tests {
     #[test]
     fn a_pod_whose_scrapes_paused_does_not_stretch_the_window() {
         // 30 req/s on each of two pods; b's scrapes failed from 4 s to 16 s.
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         let mut c = Collector::new(10 * S);
         for i in 0..=10u32 {
             let n = 60.0 * f64::from(i);
@@ -564,7 +564,7 @@ mod tests {
             ferry_step_cost_seconds{model=\"m\",term=\"prefill_token\",version=\"1\"} 0.00005\n";
         let s = parse(costs).unwrap();
         assert_eq!((s.queue_tokens, s.prefill_cost), (3000.0, Some(0.00005)));
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         let mut c = Collector::new(10 * S);
         c.observe("a", t0, s);
         let o = c.observed(&["a".to_owned()], &[], t0 + S);
@@ -590,7 +590,7 @@ mod tests {
         // No request finished yet, or no rate keeps the targets: no figure to size by.
         assert_eq!(parse(&text("NaN")).unwrap().capacity, None);
         assert_eq!(parse(&text("0")).unwrap().capacity, None);
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         let mut c = Collector::new(10 * S);
         for (pod, capacity) in [("a", Some(9.0)), ("b", Some(11.0)), ("c", None)] {
             c.observe(pod, t0, PodSample { capacity, ..PodSample::default() });
@@ -602,7 +602,7 @@ mod tests {
 
     #[test]
     fn a_settling_pods_prior_stays_out_of_the_capacity_while_a_settled_pod_has_a_figure() {
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         let mut c = Collector::new(10 * S);
         // a has served for a while (its learned figure, 9); b just became ready and exports the
         // prior it took at load (30), far from what it will learn.

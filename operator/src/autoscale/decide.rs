@@ -31,7 +31,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 /// What the sidecars' metrics say, summed (or maxed) over the service's pods, over one window.
 #[derive(Debug, Clone, PartialEq)]
@@ -641,7 +641,7 @@ mod tests {
     /// `look_ahead` after one reading a second rising by `per_second` from 20 req/s for 30 s,
     /// each counted over a 6 s window (or exactly).
     fn looked_ahead(per_second: f64, window_seconds: f64) -> Rate {
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         let mut rates: VecDeque<(Instant, f64)> =
             (0..29).map(|i| (t0 + i * S, 20.0 + per_second * f64::from(i))).collect();
         let now = 20.0 + per_second * 29.0;
@@ -659,7 +659,7 @@ mod tests {
             latest_seconds: seconds,
             ..load(20.0)
         };
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         let now = |o: &Observed| look_ahead(o, &target(), &mut VecDeque::new(), t0).now;
         assert_eq!(now(&steady(25.0, 1.0)), 20.0);
         assert_eq!(now(&steady(45.0, 1.0)), 45.0);
@@ -720,7 +720,7 @@ mod tests {
     }
 
     fn once(o: &Observed, t: &Target, current: u32) -> ScaleDecision {
-        decide(o, t, current, &History::default(), Instant::now())
+        decide(o, t, current, &History::default(), ferry_core::clock::now())
     }
 
     #[test]
@@ -778,7 +778,7 @@ mod tests {
 
     #[test]
     fn a_rising_rate_is_sized_one_time_to_ready_ahead_and_at_most_doubled() {
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         let mut h = History::default();
         // 5 req/s more every second, for 30 s: 150 → 300 req/s.
         let mut d = None;
@@ -826,7 +826,7 @@ mod tests {
 
     #[test]
     fn deadline_pressure_on_busy_replicas_scales_up_at_once_and_blocks_scale_down() {
-        let now = Instant::now();
+        let now = ferry_core::clock::now();
         // 900 req/s on 5 replicas (1600 req/s at full batches) is busy; the rate alone needs 4 + 1 warm.
         let o = Observed { pressure: 0.05, ..load(900.0) };
         let d = once(&o, &target(), 5);
@@ -875,7 +875,7 @@ mod tests {
 
     #[test]
     fn pressure_stops_scaling_once_added_replicas_stop_helping() {
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         let t = target();
         let strained = Observed { pressure: 0.04, ..load(1000.0) };
         // Busy and pressured on 5: one more.
@@ -940,7 +940,7 @@ mod tests {
 
     #[test]
     fn scale_down_waits_for_the_delay_then_goes_to_the_peak_need() {
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         let target = target();
         let first = decide(&load(300.0), &target, 6, &History::default(), t0);
         assert_eq!((first.replicas, first.reason), (6, Reason::Cooling));
@@ -961,7 +961,7 @@ mod tests {
 
     #[test]
     fn no_scale_down_while_a_pod_is_starting() {
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         let h = History { lower_since: Some((t0, 2)), ..History::default() };
         let warming = decide(&Observed { starting: 1, ..load(300.0) }, &target(), 6, &h, t0 + 400 * S);
         assert_eq!((warming.replicas, warming.reason), (6, Reason::Warming), "{}", warming.message);
@@ -973,7 +973,7 @@ mod tests {
 
     #[test]
     fn consolidation_is_refused_when_the_load_does_not_fit_on_one_fewer() {
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         // Need 3 now, but 4 was needed during the window: 4 replicas stay.
         let h = History { lower_since: Some((t0, 4)), ..History::default() };
         let d = decide(&load(300.0), &target(), 4, &h, t0 + 300 * S);
@@ -983,7 +983,7 @@ mod tests {
 
     #[test]
     fn replicas_stay_within_bounds() {
-        let now = Instant::now();
+        let now = ferry_core::clock::now();
         let t = Target { min_replicas: 2, max_replicas: 6, ..target() };
         assert_eq!(once(&load(10_000.0), &t, 3).replicas, 6);
         assert_eq!(once(&load(0.0), &t, 2).replicas, 2);

@@ -25,7 +25,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::collect::{scrape, Collector, PodSample};
 use super::decide::{decide, History, Observed, Reason, ScaleDecision, Target, PRESSURE_TOLERANCE};
@@ -216,7 +216,7 @@ impl Autoscaler {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
-            self.tick(&stores, Instant::now(), Timestamp::now()).await;
+            self.tick(&stores, ferry_core::clock::now(), Timestamp::now()).await;
         }
     }
 

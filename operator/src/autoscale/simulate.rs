@@ -17,7 +17,7 @@ use ferry_core::ticket::{Priority, Ticket, Tokens};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::decide::{decide, History, Observed, Target};
 
@@ -201,7 +201,7 @@ struct Counters {
 /// Runs `policy` on `scenario`.
 pub fn run(world: &World, scenario: Scenario, policy: PolicyKind) -> Outcome {
     let t = &world.target;
-    let start = Instant::now();
+    let start = ferry_core::clock::now();
     let end = start + scenario.duration();
     let secs = |at: Instant| (at - start).as_secs_f64();
     let capacity = world.capacity();

@@ -15,7 +15,6 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use ferry_sidecar::embed::{Device, Model, Overflow};
 use serde_json::json;
-use tokio::time::Instant;
 
 #[derive(Parser)]
 #[command(name = "ferry-embed", about = "Runs the embedding engine's model outside the server")]
@@ -199,13 +198,13 @@ fn bench(m: &Model, t: &[&str], rounds: usize, round_time: Duration) -> Result<f
     m.embed_texts(t)?;
     let mut rates = Vec::with_capacity(rounds);
     for _ in 0..rounds.max(1) {
-        let start = Instant::now();
+        let start = ferry_core::clock::now();
         let mut n = 0;
-        while n == 0 || start.elapsed() < round_time {
+        while n == 0 || ferry_core::clock::elapsed(start) < round_time {
             m.embed_texts(t)?;
             n += batch;
         }
-        rates.push(n as f64 / start.elapsed().as_secs_f64());
+        rates.push(n as f64 / ferry_core::clock::elapsed(start).as_secs_f64());
     }
     rates.sort_by(f64::total_cmp);
     Ok(rates[rates.len() / 2])

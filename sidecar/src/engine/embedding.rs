@@ -14,7 +14,6 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
-use tokio::time::Instant;
 
 use super::{BatchOutputs, BoxFuture, Engine, EngineError, Inputs, Signature, TensorSpec, Tokens};
 use crate::embed::{Config, Device, Model, Overflow, TokenBatch};
@@ -93,9 +92,9 @@ pub fn calibrate(model: &Model) -> Result<CostModel, String> {
         model.embed(&batch)?;
         let mut least = Duration::MAX;
         for _ in 0..3 {
-            let start = Instant::now();
+            let start = ferry_core::clock::now();
             model.embed(&batch)?;
-            least = least.min(start.elapsed());
+            least = least.min(ferry_core::clock::elapsed(start));
         }
         Ok((least, batch.tokens()))
     };

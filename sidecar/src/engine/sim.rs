@@ -14,7 +14,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::spell::SlowSpell;
 use super::{BatchOutputs, BoxFuture, Engine, EngineError, Inputs, Signature, TensorSpec, Tokens};
@@ -57,7 +57,7 @@ impl SimEngine {
             },
             faults: Faults::default(),
             rng: Mutex::new(StdRng::seed_from_u64(0)),
-            start: Instant::now(),
+            start: ferry_core::clock::now(),
         }
     }
 
@@ -84,7 +84,8 @@ impl Engine for SimEngine {
 
     fn infer(&self, batch: Vec<Inputs>) -> BoxFuture<Result<BatchOutputs, EngineError>> {
         let rows: u64 = batch.iter().map(|inputs| inputs[0].rows()).sum();
-        let took = SlowSpell::time(self.faults.slow.as_ref(), self.start, Instant::now(), self.batch_time(rows));
+        let took =
+            SlowSpell::time(self.faults.slow.as_ref(), self.start, ferry_core::clock::now(), self.batch_time(rows));
         let (fail, hang) = {
             let mut rng = self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             (rng.random_bool(self.faults.fail_rate), rng.random_bool(self.faults.hang_rate))
@@ -163,7 +164,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_batch_takes_its_configured_time_and_doubles_each_request() {
         let engine = SimEngine::new(Duration::from_millis(100), Duration::from_millis(2));
-        let start = tokio::time::Instant::now();
+        let start = ferry_core::clock::now();
         let out = engine
             .infer(vec![
                 tensor(DataType::Fp32, TensorData::Float(vec![1.5, -2.0])),
@@ -172,7 +173,7 @@ mod tests {
             ])
             .await
             .unwrap();
-        assert_eq!(start.elapsed(), Duration::from_millis(112));
+        assert_eq!(ferry_core::clock::elapsed(start), Duration::from_millis(112));
         assert_eq!(out[0][0].data, TensorData::Float(vec![3.0, -4.0]));
         assert_eq!(out[1][0].data, TensorData::Int(vec![-56, -6, 14])); // 200 wraps in INT8
         assert_eq!(out[2][0].data, TensorData::Bytes(vec!["hi".into()]));
@@ -184,10 +185,10 @@ mod tests {
     async fn injected_failures_are_errors_after_the_batch_time() {
         let faults = Faults { fail_rate: 1.0, seed: 7, ..Faults::default() };
         let engine = SimEngine::new(Duration::from_millis(50), Duration::ZERO).with_faults(faults);
-        let start = tokio::time::Instant::now();
+        let start = ferry_core::clock::now();
         let err = engine.infer(vec![tensor(DataType::Fp32, TensorData::Float(vec![1.0]))]).await.unwrap_err();
         assert!(err.0.contains("--sim-fail-rate"));
-        assert_eq!(start.elapsed(), Duration::from_millis(50));
+        assert_eq!(ferry_core::clock::elapsed(start), Duration::from_millis(50));
     }
 
     #[tokio::test(start_paused = true)]

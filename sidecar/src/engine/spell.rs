@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use ferry_core::duration;
-use tokio::time::Instant;
+use std::time::Instant;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SlowSpell {
@@ -53,7 +53,7 @@ mod tests {
     fn a_spell_reads_factor_start_and_length_and_slows_only_within_it() {
         let s = SlowSpell::parse("3x@5s+4s").unwrap();
         assert_eq!(s, SlowSpell { factor: 3.0, after: Duration::from_secs(5), lasting: Duration::from_secs(4) });
-        let t0 = Instant::now();
+        let t0 = ferry_core::clock::now();
         let ms = Duration::from_millis;
         assert_eq!(SlowSpell::time(Some(&s), t0, t0 + ms(4999), ms(10)), ms(10));
         assert_eq!(SlowSpell::time(Some(&s), t0, t0 + ms(5000), ms(10)), ms(30));

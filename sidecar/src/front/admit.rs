@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::Response;
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::{error, idempotent, oip, openai, Front, Served, Shared, BATCH_SIZE, PRIORITY, SERVER_TIMING};
 use crate::batcher::Submission;
@@ -182,7 +182,7 @@ async fn admit_and_wait(
     let tokens = tokens.map_err(Refusal::invalid)?;
     // The tenant's quotas: this request, its rows × tokens, its rows held until it ends.
     let weight = u64::from(rows) * u64::from(tokens.longest.max(1));
-    let mut held = tenant.take(u64::from(rows), weight, Instant::now())?;
+    let mut held = tenant.take(u64::from(rows), weight, ferry_core::clock::now())?;
 
     let submission = Submission {
         inputs,

@@ -17,7 +17,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::admit::read_body;
 use super::openai::error_body;
@@ -97,7 +97,7 @@ fn millis_header(headers: &HeaderMap, names: &[&str]) -> Result<Option<Duration>
 }
 
 async fn generate(front: Shared, headers: HeaderMap, body: Body, kind: Kind) -> Response {
-    let arrival = Instant::now();
+    let arrival = ferry_core::clock::now();
     let mut tally = front.tally();
     let bytes = match read_body(&front, &headers, body).await {
         Ok(bytes) => bytes,
@@ -265,7 +265,7 @@ async fn admit(
         Admitted::Steps(s) => u64::from(s.prompt.prompt_tokens()) + u64::from(s.max_tokens),
         Admitted::Relay(s) => u64::from(s.prompt.prompt_tokens()) + u64::from(s.max_tokens),
     };
-    let held = tenant.take(1, tokens, Instant::now())?;
+    let held = tenant.take(1, tokens, ferry_core::clock::now())?;
     Ok((admitted, call, held))
 }
 
@@ -444,7 +444,7 @@ fn whole(frame: &Frame, text: String, f: &Finished, stream: &Stream, arrival: In
         "queue;dur={}, ttft;dur={}, total;dur={}",
         millis(f.queued),
         millis(stream.first_token_at().map_or(f.ttft, |t| t - arrival)),
-        millis(arrival.elapsed())
+        millis(ferry_core::clock::elapsed(arrival))
     );
     response.headers_mut().insert(SERVER_TIMING, HeaderValue::from_str(&timing).expect("ASCII"));
     response

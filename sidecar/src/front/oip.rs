@@ -9,7 +9,6 @@ use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
-use tokio::time::Instant;
 
 use super::admit::{self, admits, read_body, refuse, Answer, Api, Incoming, Parsed};
 use super::{binary, Served, Shared};
@@ -41,7 +40,7 @@ pub(super) async fn infer_version(
 }
 
 async fn run(front: Shared, name: String, version: Option<String>, headers: HeaderMap, body: Body) -> Response {
-    let arrival = Instant::now();
+    let arrival = ferry_core::clock::now();
     let mut tally = front.tally();
     let served = match front.find(&name, version.as_deref()) {
         Ok(served) => served.clone(),

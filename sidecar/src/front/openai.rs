@@ -16,7 +16,6 @@ use axum::Json;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use tokio::time::Instant;
 
 use super::admit::{self, admits, read_body, refuse, Answer, Api, Incoming, Parsed};
 use super::{Served, Shared};
@@ -192,7 +191,7 @@ pub fn error_body(status: StatusCode, message: &str) -> Value {
 /// `POST /v1/embeddings`: the model is named in the body, so the body is read first. Errors are
 /// rewritten into OpenAI's shape at the end, replays included.
 pub(super) async fn embeddings(State(front): State<Shared>, headers: HeaderMap, body: Body) -> HttpResponse {
-    let arrival = Instant::now();
+    let arrival = ferry_core::clock::now();
     let mut tally = front.tally();
     let response = async {
         let bytes = match read_body(&front, &headers, body).await {

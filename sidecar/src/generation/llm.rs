@@ -10,8 +10,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use ferry_core::generation::step::{attended, StepCost};
 use ferry_llm::{KvSize, Model, Seq};
 
@@ -91,9 +89,9 @@ fn calibrate(model: &Model, block_size: u32) -> Result<StepCost, String> {
     let prompt = vec![0; prefill as usize];
     let greedy = Some(ferry_llm::Sampling::GREEDY);
     let timed = |seq: Seq<'_>| -> Result<Duration, String> {
-        let started = Instant::now();
+        let started = ferry_core::clock::now();
         model.step(&[seq])?;
-        Ok(started.elapsed())
+        Ok(ferry_core::clock::elapsed(started))
     };
     let long = timed(Seq { tokens: &prompt, start: 0, blocks: &blocks, sample: greedy })?;
     let one = timed(Seq { tokens: &[0], start: prefill, blocks: &blocks, sample: greedy })?;

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
-use tokio::time::Instant;
 
 use super::shell::{self, Backend, Handle, PromptTokens, Reply};
 use super::stream::{Control, Piece};
@@ -272,7 +272,7 @@ impl Backend for Relaying {
             Said::Text(text) => {
                 events.push(if caller.reply.has_first_token() { Event::Token(id) } else { Event::First(id) });
                 caller.tokens += 1;
-                caller.reply.token(text, Instant::now(), &self.metrics);
+                caller.reply.token(text, ferry_core::clock::now(), &self.metrics);
             }
             Said::Usage { prompt_tokens, completion_tokens } => {
                 caller.usage = Some((prompt_tokens as u32, completion_tokens.map(|c| c as u32)));

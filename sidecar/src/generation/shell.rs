@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::time::Instant;
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::time::Instant;
 
 use super::stream::{Control, Deadlines, Finished, Piece, Sent, Stream};
 use crate::metrics::GenerationMetrics;
@@ -217,11 +217,11 @@ async fn run<B: Backend>(
 ) {
     let mut open = true;
     let mut drains: Vec<oneshot::Sender<()>> = Vec::new();
-    let mut probe = Instant::now() + TIMER_PROBE;
+    let mut probe = ferry_core::clock::now() + TIMER_PROBE;
     let mut waiting_for: Option<Instant> = None;
     let mut events = Vec::new();
     loop {
-        let now = Instant::now();
+        let now = ferry_core::clock::now();
         if let Some(due) = waiting_for.filter(|due| *due <= now) {
             backend.woke(now, now - due, &mut events);
         }
@@ -277,7 +277,7 @@ async fn run<B: Backend>(
                     Err(mpsc::error::TryRecvError::Disconnected) => open = false,
                 }
             }
-            if events.len() == before || Instant::now() != now {
+            if events.len() == before || ferry_core::clock::now() != now {
                 break;
             }
         }

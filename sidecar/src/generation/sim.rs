@@ -60,7 +60,7 @@ pub struct SimLlm {
     times: SimLlmTimes,
     /// Steps that start within this spell are slower (fault injection), timed from `start`.
     slow: Option<SlowSpell>,
-    start: tokio::time::Instant,
+    start: std::time::Instant,
     kv: KvLayout,
     vocabulary: Arc<Mutex<Vocabulary>>,
     cache: Arc<Mutex<Vec<u32>>>,
@@ -71,7 +71,7 @@ impl SimLlm {
         SimLlm {
             times,
             slow: None,
-            start: tokio::time::Instant::now(),
+            start: ferry_core::clock::now(),
             kv,
             vocabulary: Arc::default(),
             cache: Arc::new(Mutex::new(vec![u32::MAX; (kv.blocks as usize) * (kv.block_size as usize)])),
@@ -163,7 +163,7 @@ impl StepEngine for SimLlm {
 
     fn step(&self, step: StepInput) -> BoxFuture<Result<Vec<u32>, EngineError>> {
         let took = self.times.cost().time(step.shape);
-        let took = SlowSpell::time(self.slow.as_ref(), self.start, tokio::time::Instant::now(), took);
+        let took = SlowSpell::time(self.slow.as_ref(), self.start, ferry_core::clock::now(), took);
         let (cache, b) = (self.cache.clone(), self.kv.block_size as usize);
         let slot = move |blocks: &[u32], p: usize| -> Result<usize, EngineError> {
             let block = blocks.get(p / b).ok_or_else(|| {

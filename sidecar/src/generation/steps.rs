@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
+use std::time::Instant;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 
 use super::engine::{Detokenizer, Sampling, SeqInput, StepEngine, StepInput};
 use super::shell::{self, Backend, Handle, PromptTokens, Reply};
@@ -391,7 +391,7 @@ impl Steps {
             })
             .collect();
         let run = self.engine.step(StepInput { shape: plan.shape, sequences });
-        self.watchdog = Some(Watchdog::new(step, Instant::now(), plan.expected));
+        self.watchdog = Some(Watchdog::new(step, ferry_core::clock::now(), plan.expected));
         self.running = Some((step, plan));
         let done = self.done_tx.clone();
         tokio::spawn(async move {

@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
+use std::time::Instant;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 
 use crate::tally::Tally;
 use ferry_core::generation::sequence::{FinishReason, SeqId};
@@ -129,7 +129,7 @@ impl Stream {
             self.count(Outcome::Failed);
             return Some(Piece::End(Err(Refusal::new(Outcome::Failed, "the generator stopped before answering"))));
         };
-        let now = Instant::now();
+        let now = ferry_core::clock::now();
         let late = match &sent.piece {
             Piece::Text(_) if !self.seen_first => now > self.ttft_deadline || now > self.deadline,
             Piece::Text(_) | Piece::End(Ok(_)) => now > self.deadline,

@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::{InFlight, MAX_STEPS};
 use crate::generation::kv::blocks_for;

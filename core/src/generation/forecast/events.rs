@@ -22,7 +22,7 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::ends::Ends;
 use super::{Fate, Fates, InFlight, MAX_STEPS};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::{admit_by, bound, events, forecast, InFlight, Method};
 use crate::generation::kv::BlockPool;
