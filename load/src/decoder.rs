@@ -9,9 +9,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::bench::{sidecar, Server};
 use crate::generation::summary::{self, Sample};
 use crate::generation::{stream, trace};
+use crate::servers::{sidecar, Server};
 
 /// Requests all sent at once: `n` of `prompt` words and `max_tokens` each.
 fn burst(n: u32, prompt: u32, max_tokens: u32) -> Vec<trace::Request> {

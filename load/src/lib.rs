@@ -13,6 +13,7 @@
 //! - [`generation`]: generation load — traces of LLM requests, the OpenAI streaming client,
 //!   their summary, and the scheduling disciplines compared in virtual time.
 //! - [`bench`]: the benchmark suite: real sidecar processes on 127.0.0.1, side by side.
+//! - `servers`: the sidecar (or llama.cpp's server) processes a benchmark starts.
 //! - [`decoder`]: its section on the built-in decoder against llama.cpp's server.
 
 pub mod bench;
@@ -25,4 +26,5 @@ pub mod record;
 pub mod report;
 pub mod run;
 pub mod schedule;
+mod servers;
 pub mod tenants;

@@ -12,7 +12,7 @@ use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::Response;
 use std::time::Instant;
 
-use super::{error, idempotent, oip, openai, Front, Served, Shared, BATCH_SIZE, PRIORITY, SERVER_TIMING};
+use super::{error, Front, Served, BATCH_SIZE, PRIORITY, SERVER_TIMING};
 use crate::batcher::Submission;
 use crate::deadline::TIMEOUT_HEADER;
 use crate::tally::Tally;
@@ -23,20 +23,23 @@ use ferry_core::outcome::{Outcome, Refusal};
 /// Requests larger than this are checked by their engine on the blocking pool.
 const OFFLOAD_CHECK_BYTES: usize = 64 * 1024;
 
-/// The protocols a request can arrive in; they share admission, batching and the engine, and
-/// differ in how requests are read and answers written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Api {
-    /// Open Inference Protocol v2 REST (with Triton's binary extension).
-    Oip,
-    /// OpenAI's `POST /v1/embeddings`.
-    OpenAi,
+/// How a protocol reads a request (Open Inference Protocol v2 REST with Triton's binary
+/// extension, OpenAI's `POST /v1/embeddings`): the protocols share admission, batching and the
+/// engine, and differ in how requests are read and answers written. Each protocol hands its own
+/// reader and writer to this pipeline, which knows none of them.
+pub(super) type Parse = fn(&Served, &HeaderMap, &[u8]) -> Result<Parsed, Refusal>;
+
+/// How a protocol writes its answer: the request's own settings (OIP's binary outputs, OpenAI's
+/// encoding), read with the request.
+pub(super) trait Encode: Send + Sync {
+    /// The answer to `outputs`, for a request of `tokens` tokens.
+    fn encode(&self, served: &Served, outputs: &[Tensor], tokens: u32) -> Response;
 }
 
 /// A request whose body has been read, for the model it names.
 pub(super) struct Incoming {
     pub served: Arc<Served>,
-    pub api: Api,
+    pub parse: Parse,
     pub headers: HeaderMap,
     pub bytes: Bytes,
     pub arrival: Instant,
@@ -51,13 +54,7 @@ pub(super) struct Parsed {
     /// Which outputs the caller wants (OIP's `outputs`).
     pub wanted: Option<Vec<String>>,
     /// How the answer is written: the protocol's own settings.
-    pub answer: Answer,
-}
-
-/// What a protocol needs to write its answer.
-pub(super) enum Answer {
-    Oip(oip::AnswerForm),
-    OpenAi(openai::Encoding),
+    pub answer: Box<dyn Encode>,
 }
 
 /// Whether the model takes requests now: not while draining, nor before its engine is ready.
@@ -101,19 +98,6 @@ pub(super) async fn read_body(front: &Front, headers: &HeaderMap, body: Body) ->
     axum::body::to_bytes(body, limit as usize).await.map_err(|_| too_large(format!("more than {limit}")))
 }
 
-/// Runs a request under its `idempotency-key` when it has one; `path` is part of what the key
-/// promises (with the method and body).
-pub(super) async fn call(front: Shared, request: Incoming, mut tally: Tally, path: &str) -> Response {
-    let tenant = match front.authenticate(&request.headers, &mut tally) {
-        Ok(tenant) => tenant,
-        Err(refusal) => return refuse(tally, refusal),
-    };
-    match request.headers.get(crate::idempotency::KEY_HEADER).cloned() {
-        None => process(&front, &request, &tenant, tally).await,
-        Some(key) => idempotent::call(front, request, tenant, tally, &key, path).await,
-    }
-}
-
 /// Parses, checks, admits and waits for one request whose body has been read; its tally counts
 /// how it ended (the batcher's reply carries it back for the outcomes decided there).
 pub(super) async fn process(front: &Front, request: &Incoming, tenant: &Tenant, tally: Tally) -> Response {
@@ -128,13 +112,6 @@ pub(super) async fn process(front: &Front, request: &Incoming, tenant: &Tenant, 
     }
 }
 
-fn parse(served: &Served, api: Api, headers: &HeaderMap, bytes: &[u8]) -> Result<Parsed, Refusal> {
-    match api {
-        Api::Oip => oip::parse(served, headers, bytes),
-        Api::OpenAi => openai::parse(served, bytes),
-    }
-}
-
 /// `tally` is taken when the request is submitted: from then on its reply counts it.
 async fn admit_and_wait(
     front: &Front,
@@ -142,9 +119,9 @@ async fn admit_and_wait(
     tenant: &Tenant,
     tally: &mut Option<Tally>,
 ) -> Result<Response, Refusal> {
-    let Incoming { served, api, headers, bytes, arrival } = incoming;
-    let (api, arrival) = (*api, *arrival);
-    let request = parse(served, api, headers, bytes)?;
+    let Incoming { served, parse, headers, bytes, arrival } = incoming;
+    let arrival = *arrival;
+    let request = parse(served, headers, bytes)?;
 
     let header_text = |name: &str| -> Result<Option<&str>, Refusal> {
         headers
@@ -213,10 +190,7 @@ async fn admit_and_wait(
     if let Some(wanted) = &wanted {
         outputs.retain(|o| wanted.contains(&o.name));
     }
-    let mut response = match &request.answer {
-        Answer::Oip(form) => oip::encode(served, form, &outputs),
-        Answer::OpenAi(encoding) => openai::encode(served, &outputs, tokens.total, *encoding),
-    };
+    let mut response = request.answer.encode(served, &outputs, tokens.total);
     let h = response.headers_mut();
     h.insert(BATCH_SIZE, HeaderValue::from(answer.batch_rows));
     let timing = format!(

@@ -18,10 +18,23 @@ use crate::tally::Tally;
 use crate::tenants::Tenant;
 use ferry_core::outcome::{Outcome, Refusal};
 
+/// Runs a request under its `idempotency-key` when it has one; `path` is part of what the key
+/// promises (with the method and body).
+pub(super) async fn call(front: Shared, request: Incoming, mut tally: Tally, path: &str) -> Response {
+    let tenant = match front.authenticate(&request.headers, &mut tally) {
+        Ok(tenant) => tenant,
+        Err(refusal) => return refuse(tally, refusal),
+    };
+    match request.headers.get(idempotency::KEY_HEADER).cloned() {
+        None => process(&front, &request, &tenant, tally).await,
+        Some(key) => keyed(front, request, tenant, tally, &key, path).await,
+    }
+}
+
 /// Runs a request under its `idempotency-key`: the first caller's request runs detached from its
 /// connection (so that a retry after a dropped connection finds its outcome), joiners wait for
 /// that outcome, later callers get it replayed, and another request under the same key is a 409.
-pub(super) async fn call(
+async fn keyed(
     front: Shared,
     request: Incoming,
     tenant: Arc<Tenant>,

@@ -10,7 +10,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::admit::{self, admits, read_body, refuse, Answer, Api, Incoming, Parsed};
+use super::admit::{admits, read_body, refuse, Encode, Incoming, Parsed};
+use super::idempotent;
 use super::{binary, Served, Shared};
 use crate::tensor::{parse_inputs, InferRequest, InferResponse, Tensor};
 use ferry_core::outcome::Refusal;
@@ -58,7 +59,7 @@ async fn run(front: Shared, name: String, version: Option<String>, headers: Head
         Some(v) => format!("/v2/models/{name}/versions/{v}/infer"),
         None => format!("/v2/models/{name}/infer"),
     };
-    admit::call(front, Incoming { served, api: Api::Oip, headers, bytes, arrival }, tally, &path).await
+    idempotent::call(front, Incoming { served, parse, headers, bytes, arrival }, tally, &path).await
 }
 
 /// An infer request's body (JSON, with binary tensor data after it when the header says so).
@@ -86,12 +87,18 @@ pub(super) fn parse(served: &Served, headers: &HeaderMap, bytes: &[u8]) -> Resul
         rows,
         parameters: request.parameters,
         wanted: request.outputs.map(|o| o.into_iter().map(|o| o.name).collect()),
-        answer: Answer::Oip(AnswerForm { id: request.id, binary }),
+        answer: Box::new(AnswerForm { id: request.id, binary }),
     })
 }
 
+impl Encode for AnswerForm {
+    fn encode(&self, served: &Served, outputs: &[Tensor], _tokens: u32) -> Response {
+        encode(served, self, outputs)
+    }
+}
+
 /// The infer response: JSON, or JSON followed by the binary outputs.
-pub(super) fn encode(served: &Served, form: &AnswerForm, outputs: &[Tensor]) -> Response {
+fn encode(served: &Served, form: &AnswerForm, outputs: &[Tensor]) -> Response {
     if form.binary.is_empty() {
         return Json(InferResponse {
             model_name: &served.name,

@@ -17,7 +17,8 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::admit::{self, admits, read_body, refuse, Answer, Api, Incoming, Parsed};
+use super::admit::{admits, read_body, refuse, Encode, Incoming, Parsed};
+use super::idempotent;
 use super::{Served, Shared};
 use crate::engine::embedding::{INPUT, OUTPUT};
 use crate::tensor::{DataType, Tensor, TensorData};
@@ -206,7 +207,7 @@ pub(super) async fn embeddings(State(front): State<Shared>, headers: HeaderMap, 
         if let Err(refusal) = admits(&front, &served) {
             return refuse(tally, refusal);
         }
-        admit::call(front.clone(), Incoming { served, api: Api::OpenAi, headers, bytes, arrival }, tally, PATH).await
+        idempotent::call(front.clone(), Incoming { served, parse, headers, bytes, arrival }, tally, PATH).await
     }
     .await;
     if response.status().is_success() {
@@ -225,7 +226,7 @@ pub(super) async fn embeddings(State(front): State<Shared>, headers: HeaderMap, 
 }
 
 /// An embeddings request read into the shared pipeline, for an embedding model only.
-pub(super) fn parse(served: &Served, bytes: &[u8]) -> Result<Parsed, Refusal> {
+pub(super) fn parse(served: &Served, _headers: &HeaderMap, bytes: &[u8]) -> Result<Parsed, Refusal> {
     let signature = served.engine.signature();
     let embeds = signature.inputs.iter().any(|i| i.name == INPUT && i.datatype == "BYTES")
         && signature.outputs.iter().any(|o| o.name == OUTPUT);
@@ -240,17 +241,17 @@ pub(super) fn parse(served: &Served, bytes: &[u8]) -> Result<Parsed, Refusal> {
     }
     let dim = signature.outputs[0].shape.get(1).copied().unwrap_or(0).max(0) as usize;
     let call = EmbeddingsRequest::parse(bytes)?.into_call(dim, served.max_rows)?;
-    Ok(Parsed {
-        inputs: call.inputs,
-        rows: call.rows,
-        parameters: None,
-        wanted: None,
-        answer: Answer::OpenAi(call.encoding),
-    })
+    Ok(Parsed { inputs: call.inputs, rows: call.rows, parameters: None, wanted: None, answer: Box::new(call.encoding) })
 }
 
 /// The embeddings response.
-pub(super) fn encode(served: &Served, outputs: &[Tensor], prompt_tokens: u32, encoding: Encoding) -> HttpResponse {
+impl Encode for Encoding {
+    fn encode(&self, served: &Served, outputs: &[Tensor], tokens: u32) -> HttpResponse {
+        encode(served, outputs, tokens, *self)
+    }
+}
+
+fn encode(served: &Served, outputs: &[Tensor], prompt_tokens: u32, encoding: Encoding) -> HttpResponse {
     Json(response(&served.name, outputs, prompt_tokens, encoding)).into_response()
 }
 

@@ -1,0 +1,52 @@
+//! The servers a benchmark starts: the sidecar binary built beside this one (or another program
+//! that says where it listens on its first line), each killed when its handle drops.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A server process, killed when dropped.
+pub(crate) struct Server {
+    _child: Child,
+    pub(crate) base: String,
+}
+
+impl Server {
+    pub(crate) async fn start(program: &Path, args: &[&str]) -> anyhow::Result<Server> {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", program.display()))?;
+        let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await??.unwrap_or_default();
+        let address = line
+            .split("http://")
+            .nth(1)
+            .and_then(|a| a.split_whitespace().next())
+            .ok_or_else(|| anyhow::anyhow!("{} did not say where it listens: {line:?}", program.display()))?;
+        Ok(Server { _child: child, base: format!("http://{address}") })
+    }
+}
+
+fn sidecar_binary() -> anyhow::Result<PathBuf> {
+    let here = std::env::current_exe()?;
+    let path = here.with_file_name("ferry-sidecar");
+    anyhow::ensure!(
+        path.exists(),
+        "{} is missing: build it with `cargo build --release -p ferry-sidecar`",
+        path.display()
+    );
+    Ok(path)
+}
+
+pub(crate) async fn sidecar(args: &[&str]) -> anyhow::Result<Server> {
+    let mut all = vec!["--model", "m", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    Server::start(&sidecar_binary()?, &all).await
+}
