@@ -8,7 +8,8 @@
 //! - [`kv`]: KV-cache blocks: the pool and the sequences' block tables.
 //! - [`step`]: a step's shape and the step-time estimator learned online.
 //! - [`scheduler`]: the step rule — which sequences a step runs, and how much of each;
-//!   preemption by recompute; sequences that can no longer finish in time.
+//!   preemption by recompute; sequences that can no longer finish in time. [`discipline`]: where
+//!   the benchmark's other disciplines (first come first served, static batching) differ.
 //! - [`forecast`]: admission — the scheduler run forward in virtual time to see whether every
 //!   promise holds with the newcomer, from event to event; [`decode_run`]: the steps between two
 //!   events in closed form.
@@ -23,6 +24,7 @@
 
 pub mod capacity;
 mod decode_run;
+pub mod discipline;
 pub mod forecast;
 pub mod kv;
 pub mod ledger;

@@ -17,7 +17,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use super::forecast::{self, InFlight};
-use super::scheduler::{Discipline, Progress, Scheduler, StepPlan};
+use super::scheduler::{Progress, Scheduler, StepPlan};
 use super::sequence::{End, Request, SeqId};
 use super::step::StepCost;
 use crate::margin::Margin;
@@ -161,7 +161,7 @@ impl Ledger {
 
     /// Whether deadlines are promised and kept (Ferry's discipline), or ignored (the others).
     fn enforces_deadlines(&self) -> bool {
-        self.scheduler.policy().discipline == Discipline::Deadlines
+        self.scheduler.policy().discipline.keeps_deadlines()
     }
 
     fn submit(&mut self, r: Request, now: Instant, effects: &mut Vec<Effect>) {

@@ -23,28 +23,13 @@ use std::time::Duration;
 
 use std::time::Instant;
 
+pub use super::discipline::Discipline;
 use super::kv::{Block, BlockPool};
 use super::sequence::{FinishReason, Queued, Request, SeqId};
 use super::step::{StepEstimator, StepShape};
 use crate::outcome::{Outcome, Refusal};
 use crate::tenant::{Shares, TenantId};
 use crate::ticket::Priority;
-
-/// How steps are composed. Ferry's rule is [`Discipline::Deadlines`]; the others are what other
-/// servers do, kept so that the benchmark compares them on the same trace with the same engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Discipline {
-    /// The step rule of this module, with admission's forecast and deadlines enforced.
-    #[default]
-    Deadlines,
-    /// Continuous batching without deadlines, as vLLM schedules: first come, first served,
-    /// everything within the queue bounds admitted, prefill bounded by the token budget only,
-    /// the latest arrival preempted, no sequence ended before it finishes.
-    Fcfs,
-    /// Static batching: a batch of up to `maxSequences` starts when the engine is free of the
-    /// last one and runs until its longest sequence ends; nobody joins meanwhile.
-    Static,
-}
 
 /// The knobs of generation (DESIGN.md, "Generation knobs").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,10 +120,7 @@ impl Seq {
     }
 
     fn order(&self, discipline: Discipline) -> (Priority, Instant, SeqId) {
-        match discipline {
-            Discipline::Deadlines => (self.request.priority, self.request.ttft_deadline, self.request.id),
-            Discipline::Fcfs | Discipline::Static => (Priority::Interactive, self.request.arrival, self.request.id),
-        }
+        discipline.order(&self.request)
     }
 }
 
@@ -201,7 +183,7 @@ impl Scheduler {
     /// own in TTFT-deadline order. The other disciplines know no tenants (as other servers).
     fn start_order(&self) -> Vec<SeqId> {
         let ids = |p: Priority| self.waiting.iter().filter(move |(q, _, _)| *q == p).map(|(_, _, id)| *id);
-        if self.policy.discipline != Discipline::Deadlines {
+        if !self.policy.discipline.shares_tenants() {
             return self.waiting.iter().map(|(_, _, id)| *id).collect();
         }
         let mut order = Vec::with_capacity(self.waiting.len());
@@ -506,7 +488,8 @@ impl Scheduler {
     /// The preemption victim among the running sequences: batch tier first, then the most slack,
     /// then the fewest computed tokens (the least work lost).
     fn victim(&self, now: Instant) -> Option<SeqId> {
-        if self.policy.discipline != Discipline::Deadlines {
+        if !self.policy.discipline.keeps_deadlines() {
+            // The latest arrival, as vLLM preempts.
             return self.running.iter().copied().max_by_key(|id| (self.seqs[id].request.arrival, *id));
         }
         self.running.iter().copied().max_by_key(|id| {
@@ -540,11 +523,12 @@ impl Scheduler {
     /// that gave their blocks back for it.
     fn compose(&mut self, now: Instant, preempted: &mut Vec<SeqId>) -> Option<StepPlan> {
         let decodes = self.grow_decodes(now, preempted);
-        // Static batching forms a batch only when the last one has left the engine, and the
-        // batch is all it takes then: up to `maxSequences` waiting sequences, prefilled over as
-        // many steps as their prompts need.
-        let batch_open = self.policy.discipline != Discipline::Static || self.running.is_empty();
-        if self.policy.discipline == Discipline::Static && self.running.is_empty() {
+        // A discipline of whole batches forms one only when the last has left the engine, and
+        // the batch is all it takes then: up to `maxSequences` waiting sequences, prefilled over
+        // as many steps as their prompts need.
+        let whole = self.policy.discipline.batches_whole();
+        let batch_open = !whole || self.running.is_empty();
+        if whole && self.running.is_empty() {
             self.start_static_batch(now);
         }
         let (mut members, shape, cap) = self.decode_members(&decodes);
@@ -620,7 +604,7 @@ impl Scheduler {
                 blocks: table_for_engine(self.forecasting, &s.table),
             });
             shape = shape.join(StepShape::part(s.computed, 1, true));
-            if self.policy.discipline == Discipline::Deadlines {
+            if self.policy.discipline.keeps_deadlines() {
                 cap = Some(cap.map_or(s.request.itl, |c| c.min(s.request.itl)));
             }
         }
@@ -719,7 +703,7 @@ impl Scheduler {
             seq.generated += 1;
             let first = seq.first_token.is_none();
             let r = seq.request;
-            let refusal = if self.forecasting || self.policy.discipline != Discipline::Deadlines {
+            let refusal = if self.forecasting || !self.policy.discipline.keeps_deadlines() {
                 None
             } else if first && now > r.ttft_deadline {
                 Some(ttft_passed(seq, now))

@@ -264,15 +264,20 @@ async fn run<B: Backend>(
             () = sleep_until(wake) => {}
         }
         // Everything else ready at this instant joins the same pass (as in the batcher).
+        let mut admissions = events.iter().filter(|e| B::is_admission(e)).count();
         for _ in 0..64 {
             tokio::task::yield_now().await;
             let before = events.len();
             while let Ok(report) = reports.try_recv() {
                 backend.report(report, &mut events);
             }
-            while open && events.iter().filter(|e| B::is_admission(e)).count() < B::ADMISSIONS_PER_PASS {
+            while open && admissions < B::ADMISSIONS_PER_PASS {
                 match commands.try_recv() {
-                    Ok(c) => command(&mut backend, c, &mut events),
+                    Ok(c) => {
+                        let from = events.len();
+                        command(&mut backend, c, &mut events);
+                        admissions += events[from..].iter().filter(|e| B::is_admission(e)).count();
+                    }
                     Err(mpsc::error::TryRecvError::Empty) => break,
                     Err(mpsc::error::TryRecvError::Disconnected) => open = false,
                 }

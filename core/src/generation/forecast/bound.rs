@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use super::{InFlight, MAX_STEPS};
 use crate::generation::kv::blocks_for;
-use crate::generation::scheduler::{Discipline, Scheduler};
+use crate::generation::scheduler::Scheduler;
 use crate::generation::sequence::Request;
 use crate::generation::step::StepShape;
 
@@ -51,7 +51,7 @@ pub(super) fn latest(
     t: &mut Totals,
 ) -> Option<Instant> {
     let policy = s.policy;
-    if policy.discipline != Discipline::Deadlines || policy.max_sequences == 0 {
+    if !policy.discipline.keeps_deadlines() || policy.max_sequences == 0 {
         return None;
     }
     let block = s.pool.block_size();

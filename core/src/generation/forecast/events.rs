@@ -28,7 +28,7 @@ use super::ends::Ends;
 use super::{Fate, Fates, InFlight, MAX_STEPS};
 use crate::generation::decode_run::DecodeRun;
 use crate::generation::kv::blocks_for;
-use crate::generation::scheduler::{Discipline, Scheduler};
+use crate::generation::scheduler::Scheduler;
 use crate::generation::sequence::{Request, SeqId};
 use crate::generation::step::StepShape;
 use crate::ticket::Priority;
@@ -111,7 +111,7 @@ pub(super) fn run<'a>(
     margin: Duration,
     newcomer: Option<&'a Request>,
 ) -> Result<Fates, Declined> {
-    if s.policy.discipline != Discipline::Deadlines {
+    if !s.policy.discipline.keeps_deadlines() {
         return Err(Declined);
     }
     let mut f = Forecast::start(s, in_flight, now, margin, newcomer)?;
