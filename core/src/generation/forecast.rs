@@ -223,52 +223,21 @@ pub(crate) fn admit_by(
     margin: Duration,
     method: Method,
 ) -> Result<(), Refusal> {
-    if method == Method::Events && bound::clearly_kept(s, in_flight, r, now, margin) {
-        return Ok(());
+    if method == Method::Events {
+        if bound::clearly_kept(s, in_flight, r, now, margin) {
+            return Ok(());
+        }
+        match events::judge(s, in_flight, now, margin, r) {
+            Ok(events::Judged::Keeps) => return Ok(()),
+            Ok(events::Judged::Harms) => return Err(harms(s)),
+            Ok(events::Judged::Own(fate)) => return Err(own(s, r, &fate, margin)),
+            Err(events::Declined) => {}
+        }
     }
-    let fates = forecast(s, in_flight, now, margin, Some(r), method);
+    let fates = forecast(s, in_flight, now, margin, Some(r), Method::Steps);
     let fate = *fates.get(r.id).expect("the newcomer's fate");
-    let ms = |d: Duration| d.as_millis();
-    let after = |t: Option<Instant>| {
-        t.map_or("never (beyond the forecast)".to_owned(), |t| format!("{} ms", ms(t - r.arrival)))
-    };
-    let infeasible = |message: String, over: Duration| {
-        Refusal::new(Outcome::Infeasible, message).retry_after(over.max(Duration::from_secs(1)))
-    };
-    if let Some(broken) = broken(r, &fate, margin, false) {
-        return Err(match broken {
-            Broken::Ttft(first) => infeasible(
-                format!(
-                    "the first token is forecast {} after arrival ({} sequences running, {} waiting ahead, {} prompt tokens queued); the TTFT deadline is {} ms{}",
-                    after(first),
-                    s.running(),
-                    s.waiting(),
-                    s.queued_tokens(),
-                    ms(r.ttft_deadline - r.arrival),
-                    if margin.is_zero() { String::new() } else { format!(" less a margin of {} ms", ms(margin)) }
-                ),
-                first.map_or(Duration::ZERO, |f| f.saturating_duration_since(r.ttft_deadline)),
-            ),
-            Broken::Itl(step) => infeasible(
-                format!(
-                    "steps are forecast to take {:.1} ms while it decodes; its inter-token target is {} ms",
-                    step.as_secs_f64() * 1e3,
-                    ms(r.itl)
-                ),
-                Duration::ZERO,
-            ),
-            Broken::Deadline(end) => infeasible(
-                format!(
-                    "max_tokens {} is forecast to finish {} after arrival; the deadline is {} ms{}: a max_tokens of {} would fit",
-                    r.max_tokens,
-                    after(end),
-                    ms(r.deadline - r.arrival),
-                    if margin.is_zero() { String::new() } else { format!(" less a margin of {} ms", ms(margin)) },
-                    fate.in_time
-                ),
-                end.map_or(Duration::ZERO, |e| e.saturating_duration_since(r.deadline)),
-            ),
-        });
+    if broken(r, &fate, margin, false).is_some() {
+        return Err(own(s, r, &fate, margin));
     }
     // Both in id order: the held sequences, and their fates less the newcomer's.
     let victims: Vec<SeqId> = s
@@ -285,7 +254,7 @@ pub(crate) fn admit_by(
         return Ok(());
     }
     // Would they keep their promises without it?
-    let without = forecast(s, in_flight, now, margin, None, method);
+    let without = forecast(s, in_flight, now, margin, None, Method::Steps);
     let harmed: Vec<SeqId> = victims
         .into_iter()
         .filter(|id| {
@@ -296,14 +265,64 @@ pub(crate) fn admit_by(
     if harmed.is_empty() {
         return Ok(());
     }
-    Err(infeasible(
+    Err(harms(s))
+}
+
+/// The refusal for a newcomer whose own `fate` breaks a promise, with the numbers.
+fn own(s: &Scheduler, r: &Request, fate: &Fate, margin: Duration) -> Refusal {
+    let ms = |d: Duration| d.as_millis();
+    let after = |t: Option<Instant>| {
+        t.map_or("never (beyond the forecast)".to_owned(), |t| format!("{} ms", ms(t - r.arrival)))
+    };
+    match broken(r, fate, margin, false).expect("a broken promise") {
+        Broken::Ttft(first) => infeasible(
+            format!(
+                "the first token is forecast {} after arrival ({} sequences running, {} waiting ahead, {} prompt tokens queued); the TTFT deadline is {} ms{}",
+                after(first),
+                s.running(),
+                s.waiting(),
+                s.queued_tokens(),
+                ms(r.ttft_deadline - r.arrival),
+                if margin.is_zero() { String::new() } else { format!(" less a margin of {} ms", ms(margin)) }
+            ),
+            first.map_or(Duration::ZERO, |f| f.saturating_duration_since(r.ttft_deadline)),
+        ),
+        Broken::Itl(step) => infeasible(
+            format!(
+                "steps are forecast to take {:.1} ms while it decodes; its inter-token target is {} ms",
+                step.as_secs_f64() * 1e3,
+                ms(r.itl)
+            ),
+            Duration::ZERO,
+        ),
+        Broken::Deadline(end) => infeasible(
+            format!(
+                "max_tokens {} is forecast to finish {} after arrival; the deadline is {} ms{}: a max_tokens of {} would fit",
+                r.max_tokens,
+                after(end),
+                ms(r.deadline - r.arrival),
+                if margin.is_zero() { String::new() } else { format!(" less a margin of {} ms", ms(margin)) },
+                fate.in_time
+            ),
+            end.map_or(Duration::ZERO, |e| e.saturating_duration_since(r.deadline)),
+        ),
+    }
+}
+
+/// A refusal as infeasible, to be retried once it might fit (`over`: how much it misses by).
+fn infeasible(message: String, over: Duration) -> Refusal {
+    Refusal::new(Outcome::Infeasible, message).retry_after(over.max(Duration::from_secs(1)))
+}
+
+/// The refusal for a newcomer that would make an admitted sequence miss a promise it keeps
+/// without it.
+fn harms(s: &Scheduler) -> Refusal {
+    infeasible(
         format!(
-            "admitting it would make {} admitted sequence{} miss a deadline or inter-token target ({} running, {} waiting)",
-            harmed.len(),
-            if harmed.len() == 1 { "" } else { "s" },
+            "admitting it would make an admitted sequence miss a deadline or inter-token target ({} running, {} waiting)",
             s.running(),
             s.waiting()
         ),
         Duration::ZERO,
-    ))
+    )
 }

@@ -52,6 +52,8 @@ struct Seq<'a> {
     running: bool,
     held: u32,
     ended: bool,
+    /// It had its first token before the forecast (its TTFT promise is kept already).
+    had_first: bool,
 }
 
 impl Seq<'_> {
@@ -66,6 +68,7 @@ const NONE_INDEX: usize = u32::MAX as usize;
 /// Where a forecast that declined stopped: the step-by-step one is asked instead.
 pub(super) struct Declined;
 
+#[derive(Clone)]
 struct Forecast<'a> {
     s: &'a Scheduler,
     margin: Duration,
@@ -99,6 +102,15 @@ struct Forecast<'a> {
     /// that of the first entry at or after `j`.
     segments: usize,
     peaks: Vec<(usize, Duration)>,
+    /// The sequences that ended, in the order they did.
+    finished: Vec<usize>,
+}
+
+/// Whether a forecast goes on after a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Goes,
+    Stops,
 }
 
 /// The forecast of [`super::simulate`] (with `newcomer` inserted and the early stop of
@@ -117,6 +129,102 @@ pub(super) fn run<'a>(
     let mut f = Forecast::start(s, in_flight, now, margin, newcomer)?;
     f.go()?;
     Ok(f.finish())
+}
+
+/// What admission found from events.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Judged {
+    /// The newcomer's own fate breaks one of its promises.
+    Own(Fate),
+    /// Taking it in would make an admitted sequence miss a promise it keeps without it.
+    Harms,
+    Keeps,
+}
+
+/// Copies of the forecast taken while the newcomer may start with the next step; past them the
+/// forecast without it, where it is needed, runs from the start.
+const MAX_FORKS: u32 = 32;
+
+/// [`super::admit`]'s question from events. The forecasts with and without the newcomer are one
+/// until it starts; from there they go on side by side, the one without only as far as a
+/// sequence that ends broken with the newcomer needs it to tell whether it was broken anyway: the
+/// first such harm ends the question. [`Declined`] where either forecast declines.
+pub(super) fn judge(
+    s: &Scheduler,
+    in_flight: Option<InFlight<'_>>,
+    now: Instant,
+    margin: Duration,
+    r: &Request,
+) -> Result<Judged, Declined> {
+    if !s.policy.discipline.keeps_deadlines() {
+        return Err(Declined);
+    }
+    let mut with = Forecast::start(s, in_flight, now, margin, Some(r))?;
+    let me = with.newcomer.expect("the newcomer is forecast");
+    let at = with.waiting.iter().position(|&i| i == me).expect("the newcomer waits");
+    let mut members = Vec::new();
+    let (mut fork, mut forks, mut flow) = (None, 0, Flow::Goes);
+    while with.next <= at {
+        let snapshot = (forks < MAX_FORKS && with.could_start(at)).then(|| with.clone());
+        forks += u32::from(snapshot.is_some());
+        flow = with.step(&mut members)?;
+        if flow == Flow::Stops {
+            break;
+        }
+        if with.next > at {
+            fork = snapshot;
+        }
+    }
+    // Without the newcomer: the shared forecast as it stood before the step the newcomer started
+    // in, the newcomer taken out of the queue.
+    let mut without = fork.map(|mut f| {
+        f.waiting.remove(at);
+        f.newcomer = None;
+        (f, Flow::Goes)
+    });
+    // What ended before the newcomer started ended alike without it.
+    let mut seen = with.finished.len();
+    while flow == Flow::Goes {
+        flow = with.step(&mut members)?;
+        for k in seen..with.finished.len() {
+            let i = with.finished[k];
+            if i == me || !with.breaks(i, &with.fates.fates[i]) {
+                continue;
+            }
+            let (w, w_flow) = match &mut without {
+                Some(w) => w,
+                None => without.insert((Forecast::start(s, in_flight, now, margin, None)?, Flow::Goes)),
+            };
+            let j = w.index(with.fates.ids[i]);
+            while w.fates.fates[j].end.is_none() && *w_flow == Flow::Goes {
+                *w_flow = w.step(&mut members)?;
+            }
+            if w.fates.fates[j].end.is_some() && !w.breaks(j, &w.fates.fates[j]) {
+                return Ok(Judged::Harms);
+            }
+        }
+        seen = with.finished.len();
+    }
+    let fates = with.clone().finish();
+    let fate = fates.fates[me];
+    if super::broken(r, &fate, margin, false).is_some() {
+        return Ok(Judged::Own(fate));
+    }
+    let victims: Vec<usize> = (0..fates.fates.len()).filter(|&i| i != me && with.breaks(i, &fates.fates[i])).collect();
+    if victims.is_empty() {
+        return Ok(Judged::Keeps);
+    }
+    let mut w = match without {
+        Some((w, _)) => w,
+        None => Forecast::start(s, in_flight, now, margin, None)?,
+    };
+    w.go()?;
+    let unharmed = w.clone().finish();
+    let harms = victims.into_iter().any(|i| {
+        let j = w.index(fates.ids[i]);
+        !w.breaks(j, &unharmed.fates[j])
+    });
+    Ok(if harms { Judged::Harms } else { Judged::Keeps })
 }
 
 /// Every sequence in id order, the newcomer in its place.
@@ -146,6 +254,7 @@ fn gather<'a>(s: &'a Scheduler, newcomer: Option<&'a Request>, count: usize) -> 
             running: q.is_some_and(|q| q.running),
             held: q.map_or(0, |q| q.table.len() as u32),
             ended: false,
+            had_first: q.is_some_and(|q| q.first_token.is_some()),
         });
         fates.push(Fate { first: q.and_then(|q| q.first_token), ..Fate::default() });
         ids.len() - 1
@@ -207,6 +316,7 @@ impl<'a> Forecast<'a> {
             slack: i64::from(s.pool.free()),
             segments: 0,
             peaks: Vec::new(),
+            finished: Vec::new(),
         };
         if let Some(step) = in_flight {
             f.apply(step);
@@ -246,6 +356,7 @@ impl<'a> Forecast<'a> {
             let q = self.seqs[i];
             if q.ended {
                 self.fates.fates[i].end = Some(self.t);
+                self.finished.push(i);
                 self.slack += i64::from(q.held);
             } else if q.running {
                 self.running += 1;
@@ -351,6 +462,17 @@ impl<'a> Forecast<'a> {
         StepShape { decodes: self.decoders, prefill: 0, context, attended: context }
     }
 
+    /// Where sequence `id` is in this forecast.
+    fn index(&self, id: SeqId) -> usize {
+        self.fates.ids.binary_search(&id).expect("every held sequence is forecast")
+    }
+
+    /// Whether `fate` breaks one of sequence `i`'s promises.
+    fn breaks(&self, i: usize, fate: &Fate) -> bool {
+        let q = &self.seqs[i];
+        super::broken(q.request, fate, self.margin, q.had_first).is_some()
+    }
+
     /// The newcomer's promise is broken past mending ([`super::run`]'s `lost`).
     fn lost(&self) -> bool {
         self.newcomer.is_some_and(|i| {
@@ -360,43 +482,57 @@ impl<'a> Forecast<'a> {
     }
 
     fn go(&mut self) -> Result<(), Declined> {
+        let mut members = Vec::new();
+        while self.step(&mut members)? == Flow::Goes {}
+        Ok(())
+    }
+
+    /// The next step (or run of decode steps), as the rule composes it: decodes, then chunks of
+    /// mid-prefill sequences in order, then of waiting ones; [`Flow::Stops`] when nothing is left,
+    /// the newcomer's promise is lost, or the horizon is reached.
+    fn step(&mut self, members: &mut Vec<(usize, u32)>) -> Result<Flow, Declined> {
         let policy = self.s.policy;
-        let mut members: Vec<(usize, u32)> = Vec::new();
-        loop {
-            let empty = self.decoders == 0 && self.mid.is_empty() && self.next == self.waiting.len();
-            if empty || self.lost() || self.steps >= MAX_STEPS {
-                return Ok(());
+        let empty = self.decoders == 0 && self.mid.is_empty() && self.next == self.waiting.len();
+        if empty || self.lost() || self.steps >= MAX_STEPS {
+            return Ok(Flow::Stops);
+        }
+        let decodes = self.decode_shape();
+        let cap = self.itls.first().map(|(itl, _)| itl.saturating_sub(self.s.step_reserve));
+        let mut shape = decodes;
+        let mut budget = policy.max_batch_tokens.saturating_sub(self.decoders);
+        members.clear();
+        for &(.., i) in &self.mid {
+            if budget == 0 {
+                break;
             }
-            // Compose the next step as the rule does: decodes, then chunks of mid-prefill
-            // sequences in order, then of waiting ones.
-            let decodes = self.decode_shape();
-            let cap = self.itls.first().map(|(itl, _)| itl.saturating_sub(self.s.step_reserve));
-            let mut shape = decodes;
-            let mut budget = policy.max_batch_tokens.saturating_sub(self.decoders);
-            members.clear();
-            for &(.., i) in &self.mid {
-                if budget == 0 {
-                    break;
-                }
-                let q = &self.seqs[i];
-                let n = self.chunk(cap, shape, q, budget);
-                if n > 0 {
-                    shape = shape.join(StepShape::part(q.computed, n, false));
-                    budget -= n;
-                    members.push((i, n));
-                }
-            }
-            self.start_waiting(cap, &mut shape, &mut budget, &mut members)?;
-            if members.is_empty() {
-                if self.decoders == 0 {
-                    // Nothing could run: the rule would preempt (not followed) or stop.
-                    return if self.running > 1 { Err(Declined) } else { Ok(()) };
-                }
-                self.decode_run(decodes);
-            } else {
-                self.prefill_step(shape, &members);
+            let q = &self.seqs[i];
+            let n = self.chunk(cap, shape, q, budget);
+            if n > 0 {
+                shape = shape.join(StepShape::part(q.computed, n, false));
+                budget -= n;
+                members.push((i, n));
             }
         }
+        self.start_waiting(cap, &mut shape, &mut budget, members)?;
+        if members.is_empty() {
+            if self.decoders == 0 {
+                // Nothing could run: the rule would preempt (not followed) or stop.
+                return if self.running > 1 { Err(Declined) } else { Ok(Flow::Stops) };
+            }
+            self.decode_run(decodes);
+        } else {
+            self.prefill_step(shape, members);
+        }
+        Ok(Flow::Goes)
+    }
+
+    /// Whether the waiting sequence at `at` of the start order could start with the next step:
+    /// every one before it would start too, each with a seat and at least a token of the budget.
+    fn could_start(&self, at: usize) -> bool {
+        let starts = (at + 1 - self.next.min(at + 1)) as u64;
+        let seats = self.s.policy.max_sequences.saturating_sub(self.running);
+        let budget = self.s.policy.max_batch_tokens.saturating_sub(self.decoders);
+        starts <= u64::from(seats.min(budget))
     }
 
     /// Waiting sequences start in order while seats, budget and the cap allow, each with its first
@@ -490,6 +626,7 @@ impl<'a> Forecast<'a> {
             self.token(i);
             if q.generated == q.request.max_tokens {
                 self.fates.fates[i].end = Some(self.t);
+                self.finished.push(i);
                 self.running -= 1;
                 self.slack += i64::from(q.blocks);
             } else {
@@ -506,6 +643,7 @@ impl<'a> Forecast<'a> {
         for i in ended.drain(..) {
             let q = self.seqs[i];
             self.fates.fates[i].end = Some(self.t);
+            self.finished.push(i);
             self.leave(i, q);
         }
         self.ended = ended;

@@ -157,6 +157,7 @@ fn the_forecast_from_events_is_the_forecast_step_by_step() {
     let mut runner = TestRunner::new(Config { cases: 600, ..Config::default() });
     let ran = std::cell::Cell::new(0u32);
     let bounded = std::cell::Cell::new(0u32);
+    let harms = std::cell::Cell::new(0u32);
     runner
         .run(&case(), |c| {
             let t0 = Instant::now();
@@ -212,10 +213,50 @@ fn the_forecast_from_events_is_the_forecast_step_by_step() {
                 bounded.set(bounded.get() + 1);
                 prop_assert_eq!(&by_steps, &Ok(()), "the bound admitted what the forecast refuses");
             }
-            prop_assert_eq!(admit_by(&s, flight, &r, now, margin, Method::Events), by_steps);
+            // The same decision; the same refusal, except where the forecasts side by side found
+            // an admitted sequence harmed before the newcomer's own end (the step-by-step one
+            // reports the newcomer's own broken promise first, when it has one too).
+            let by_events = admit_by(&s, flight, &r, now, margin, Method::Events);
+            prop_assert_eq!(by_events.is_ok(), by_steps.is_ok(), "{:?} by events, {:?} by steps", by_events, by_steps);
+            // A newcomer whose own promises are loose and whose prompt is long: what decides is
+            // whether it harms the others (the forecasts side by side, and their fork).
+            let (prompt, max_tokens, .., batch, tenant) = c.newcomer;
+            let loose = request(1001, now, (prompt * 4 + 64, max_tokens, 1 << 30, 1 << 30, 1 << 30, batch, tenant));
+            // The others' deadlines just met without it (0 to 24 ms to spare, each its own),
+            // so that whether it harms them is the question.
+            let mut tight = s.clone();
+            for (id, fate) in forecast(&s, flight, now, margin, None, Method::Steps).iter() {
+                if let (Some(end), Some(q)) = (fate.end, tight.seqs.get_mut(&id)) {
+                    q.request.deadline = end + margin + Duration::from_millis(id * 7 % 25);
+                }
+            }
+            for s in [&s, &tight] {
+                if s.check_bounds(&loose).is_err() {
+                    continue;
+                }
+                let by_events = admit_by(s, flight, &loose, now, margin, Method::Events);
+                let by_steps = admit_by(s, flight, &loose, now, margin, Method::Steps);
+                prop_assert_eq!(
+                    by_events.is_ok(),
+                    by_steps.is_ok(),
+                    "{:?} by events, {:?} by steps",
+                    by_events,
+                    by_steps
+                );
+                let judged = events::judge(s, flight, now, margin, &loose);
+                harms.set(harms.get() + u32::from(matches!(judged, Ok(events::Judged::Harms))));
+            }
+            if let Err(refusal) = &by_events {
+                if refusal.message.starts_with("admitting it would make") {
+                    harms.set(harms.get() + 1);
+                } else {
+                    prop_assert_eq!(&by_events, &by_steps);
+                }
+            }
             Ok(())
         })
         .unwrap();
     assert!(ran.get() >= 600, "the event-driven forecast ran {} times in 600 cases (two forecasts each)", ran.get());
     assert!(bounded.get() >= 30, "the bound settled {} of 600 cases", bounded.get());
+    assert!(harms.get() >= 100, "the forecasts side by side found a harm in {} of 600 cases", harms.get());
 }
