@@ -121,7 +121,7 @@ fn invariants(setup: &Setup, arrivals: &[Arrival], trace: &Trace) -> Result<(), 
             admitted += 1;
             ended += u32::from(match ending {
                 Ending::Finished(_) | Ending::Cancelled => true,
-                Ending::Refused(r) => matches!(r.outcome, Outcome::Expired | Outcome::Failed),
+                Ending::Unfinished(r) => matches!(r.outcome, Outcome::Expired | Outcome::Failed),
             });
             let keeps_deadlines = setup.policy.discipline == Discipline::Deadlines;
             if let (Some(first), Some(last), true) = (fate.tokens.first(), fate.tokens.last(), keeps_deadlines) {

@@ -30,15 +30,24 @@ pub enum Event {
     Submit(Request),
     /// Its caller went away.
     Cancel(SeqId),
-    /// Step `step` ended: the sequences the model ended with this step's token (end of sequence,
-    /// or a `stop` string in its text), or an error.
-    StepDone { step: u64, result: Result<Vec<SeqId>, String> },
+    /// Step `step` ended, as `outcome` says.
+    StepDone { step: u64, outcome: StepOutcome },
     /// The step-time estimator starts over from these costs (an engine that timed itself).
     Calibrate(StepCost),
     /// The shell's timer woke it this late (part of the deadline margin).
     Woke(Duration),
     /// A token took this long from the ledger's effect to its caller (part of the margin).
     Trip(Duration),
+}
+
+/// How an engine step ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepOutcome {
+    /// It ran; `stopped` are the sequences the model ended with this step's token (an
+    /// end-of-sequence token, or a `stop` string in its text).
+    Ran { stopped: Vec<SeqId> },
+    /// It failed, saying why.
+    Failed(String),
 }
 
 /// What the shell must do.
@@ -123,7 +132,7 @@ impl Ledger {
         let mut commands = Vec::new();
         for event in events {
             match event {
-                Event::StepDone { step, result } => self.step_done(step, result, now, effects),
+                Event::StepDone { step, outcome } => self.step_done(step, outcome, now, effects),
                 Event::Calibrate(cost) => *self.scheduler.estimator_mut() = super::step::StepEstimator::new(cost),
                 Event::Trip(trip) => self.margin.observe_trip(now, trip),
                 command => commands.push(command),
@@ -131,7 +140,7 @@ impl Ledger {
         }
         if self.enforces_deadlines() {
             for (id, refusal) in self.scheduler.due(now) {
-                self.end(id, End::Refused(refusal), effects);
+                self.end(id, End::Unfinished(refusal), effects);
             }
         }
         let mut dispatched = false;
@@ -194,7 +203,7 @@ impl Ledger {
                         p.trip.as_millis()
                     );
                 }
-                effects.push(Effect::End { id: r.id, end: End::Refused(refusal), admitted: false })
+                effects.push(Effect::End { id: r.id, end: End::Unfinished(refusal), admitted: false })
             }
         }
     }
@@ -206,7 +215,7 @@ impl Ledger {
         }
     }
 
-    fn step_done(&mut self, step: u64, result: Result<Vec<SeqId>, String>, now: Instant, effects: &mut Vec<Effect>) {
+    fn step_done(&mut self, step: u64, outcome: StepOutcome, now: Instant, effects: &mut Vec<Effect>) {
         let Some((running, plan, at)) = self.running.take() else { return };
         if running != step {
             self.running = Some((running, plan, at));
@@ -216,8 +225,8 @@ impl Ledger {
         // A step across a stall of the process is not evidence about the engine.
         let evidence = self.margin.evidence(at, now);
         self.margin.observe_batch(now, plan.expected, took);
-        match result {
-            Ok(stopped) => {
+        match outcome {
+            StepOutcome::Ran { stopped } => {
                 if evidence {
                     self.scheduler.estimator_mut().observe(plan.shape, took, now);
                 }
@@ -231,7 +240,7 @@ impl Ledger {
                         }
                         Progress::Expired { id, refusal } => {
                             self.failures.remove(&id);
-                            effects.push(Effect::End { id, end: End::Refused(refusal), admitted: true })
+                            effects.push(Effect::End { id, end: End::Unfinished(refusal), admitted: true })
                         }
                     }
                 }
@@ -239,7 +248,7 @@ impl Ledger {
                     effects.push(Effect::Late(late));
                 }
             }
-            Err(error) => {
+            StepOutcome::Failed(error) => {
                 self.scheduler.fail(&plan);
                 for m in &plan.members {
                     if !self.scheduler.contains(m.id) {
@@ -256,7 +265,7 @@ impl Ledger {
                                 if *failures == 1 { "" } else { "s" }
                             ),
                         );
-                        self.end(m.id, End::Refused(refusal), effects);
+                        self.end(m.id, End::Unfinished(refusal), effects);
                     }
                 }
             }
@@ -267,7 +276,7 @@ impl Ledger {
     fn dispatch(&mut self, now: Instant, effects: &mut Vec<Effect>) {
         if self.enforces_deadlines() {
             for (id, refusal) in self.scheduler.hopeless(now) {
-                self.end(id, End::Refused(refusal), effects);
+                self.end(id, End::Unfinished(refusal), effects);
             }
         }
         let starting: Vec<SeqId> =

@@ -12,7 +12,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use super::kv::BlockPool;
-use super::ledger::{Effect, Event, Ledger};
+use super::ledger::{Effect, Event, Ledger, StepOutcome};
 use super::scheduler::{Policy, Scheduler, StepPlan};
 use super::sequence::{End, FinishReason, Request, SeqId};
 use super::step::{StepCost, StepEstimator, StepShape};
@@ -112,7 +112,8 @@ pub struct Fate {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ending {
     Finished(FinishReason),
-    Refused(Refusal),
+    /// Refused at admission, past a deadline, or failed.
+    Unfinished(Refusal),
     Cancelled,
 }
 
@@ -221,7 +222,7 @@ pub fn replay_in(
         }
         let mut sampled = BTreeMap::new();
         if let Some((step, _, _)) = engine.as_ref().filter(|(_, end, _)| *end == now) {
-            events.push(Event::StepDone { step: *step, result: Ok(Vec::new()) });
+            events.push(Event::StepDone { step: *step, outcome: StepOutcome::Ran { stopped: Vec::new() } });
             sampled = engine.take().expect("checked").2;
         }
         while let Some(&i) = order.get(next).filter(|&&i| start + arrivals[i].at == now) {
@@ -306,7 +307,7 @@ pub fn replay_in(
                         now - start,
                         match end {
                             End::Finished(reason) => Ending::Finished(reason),
-                            End::Refused(refusal) => Ending::Refused(refusal),
+                            End::Unfinished(refusal) => Ending::Unfinished(refusal),
                         },
                     ));
                 }

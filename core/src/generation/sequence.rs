@@ -104,6 +104,7 @@ impl FinishReason {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum End {
     Finished(FinishReason),
-    /// Refused at admission, or ended without finishing (deadline, failure).
-    Refused(Refusal),
+    /// Ended without finishing: refused at admission, past a deadline, failed, cancelled; the
+    /// refusal is what its caller is answered.
+    Unfinished(Refusal),
 }

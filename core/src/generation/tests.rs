@@ -119,7 +119,7 @@ fn an_infeasible_ttft_is_refused_at_arrival_with_the_estimate() {
     let (at, ending) = trace.fates[0].end.clone().unwrap();
     assert_eq!(at, 5 * MS);
     assert!(!trace.fates[0].admitted);
-    let Ending::Refused(refusal) = ending else { panic!("refused") };
+    let Ending::Unfinished(refusal) = ending else { panic!("refused") };
     assert_eq!(refusal.outcome, Outcome::Infeasible);
     assert!(refusal.message.contains("first token is forecast 110 ms after arrival"), "{}", refusal.message);
     assert!(refusal.message.contains("the TTFT deadline is 50 ms"), "{}", refusal.message);
@@ -130,7 +130,7 @@ fn an_infeasible_ttft_is_refused_at_arrival_with_the_estimate() {
 fn a_completion_that_cannot_fit_is_refused_with_the_max_tokens_that_would() {
     // 11 ms for the prefill and the first token, then 11 ms a token: 100 ms hold 9 tokens.
     let trace = replay(setup(), &[Arrival::new(0, 10, 50).timeout_ms(100)]);
-    let Some((_, Ending::Refused(refusal))) = trace.fates[0].end.clone() else { panic!("refused") };
+    let Some((_, Ending::Unfinished(refusal))) = trace.fates[0].end.clone() else { panic!("refused") };
     assert_eq!(refusal.outcome, Outcome::Infeasible);
     assert!(
         refusal.message.contains("max_tokens 50 is forecast to finish 550 ms after arrival"),
@@ -151,7 +151,7 @@ fn a_sequence_past_its_completion_deadline_ends_at_it() {
     let trace = replay(Setup { cost: slow, ..setup() }, &[Arrival::new(0, 4, 2).timeout_ms(100)]);
     let (at, ending) = trace.fates[0].end.clone().unwrap();
     assert_eq!(at, 100 * MS);
-    let Ending::Refused(refusal) = ending else { panic!("expired") };
+    let Ending::Unfinished(refusal) = ending else { panic!("expired") };
     assert_eq!(refusal.outcome, Outcome::Expired);
     assert!(trace.fates[0].tokens.is_empty(), "no token after the deadline");
 }
@@ -166,7 +166,7 @@ fn a_sequence_that_can_no_longer_finish_is_ended_at_once() {
     let (at, ending) = trace.fates[0].end.clone().unwrap();
     assert_eq!(at, 30 * MS);
     assert_eq!(times(&trace, 0), vec![30.0], "its first token was sent");
-    let Ending::Refused(refusal) = ending else { panic!("ended") };
+    let Ending::Unfinished(refusal) = ending else { panic!("ended") };
     assert_eq!(refusal.outcome, Outcome::Expired);
     assert!(refusal.message.contains("deadline cannot be met: after 1 of 10 tokens"), "{}", refusal.message);
 }

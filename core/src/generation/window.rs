@@ -345,7 +345,7 @@ impl Window {
             return;
         }
         self.remove(id);
-        effects.push(Effect::End { id, end: End::Refused(refusal), admitted: true });
+        effects.push(Effect::End { id, end: End::Unfinished(refusal), admitted: true });
     }
 
     fn remove(&mut self, id: SeqId) {
@@ -390,7 +390,7 @@ impl Window {
                 effects.push(Effect::Abort { id });
             }
             self.remove(id);
-            effects.push(Effect::End { id, end: End::Refused(refusal), admitted: true });
+            effects.push(Effect::End { id, end: End::Unfinished(refusal), admitted: true });
         }
     }
 
@@ -425,7 +425,7 @@ impl Window {
     fn submit(&mut self, r: Request, now: Instant, effects: &mut Vec<Effect>) {
         match self.check(&r).and_then(|()| self.admissible(&r, now)) {
             Err(refusal) if refusal.outcome != Outcome::Infeasible || !self.probe_fits(&r, now) => {
-                effects.push(Effect::End { id: r.id, end: End::Refused(refusal), admitted: false })
+                effects.push(Effect::End { id: r.id, end: End::Unfinished(refusal), admitted: false })
             }
             _ => {
                 let entry = Entry { request: r, flight: None, attempts: 0 };

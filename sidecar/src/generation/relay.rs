@@ -339,7 +339,7 @@ impl Relaying {
                         caller.usage.map_or(caller.upstream.tokens, |u| u.0),
                         caller.usage.and_then(|u| u.1).unwrap_or(caller.tokens),
                     ))),
-                    End::Refused(refusal) => Piece::End(Err(refusal)),
+                    End::Unfinished(refusal) => Piece::End(Err(refusal)),
                 };
                 caller.reply.send(piece, now);
             }

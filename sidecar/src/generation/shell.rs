@@ -359,7 +359,7 @@ pub(super) fn ended(
     reply: Option<&Reply>,
     now: Instant,
 ) {
-    if let (false, End::Refused(refusal)) = (admitted, end) {
+    if let (false, End::Unfinished(refusal)) = (admitted, end) {
         if refusal.outcome == Outcome::Infeasible {
             lockout.refused(now, idle, &refusal.message);
         }

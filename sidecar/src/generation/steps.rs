@@ -21,7 +21,7 @@ use crate::engine::EngineError;
 use crate::metrics::GenerationMetrics;
 use crate::task::OldestArrival;
 use ferry_core::generation::capacity::{self, Limits, RecentShape, Targets};
-use ferry_core::generation::ledger::{Effect, Event, Ledger};
+use ferry_core::generation::ledger::{Effect, Event, Ledger, StepOutcome};
 use ferry_core::generation::scheduler::StepPlan;
 use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
 use ferry_core::lockout::Lockout;
@@ -275,7 +275,7 @@ impl Steps {
             other => other,
         };
         self.failed_steps = if result.is_ok() { 0 } else { self.failed_steps + 1 };
-        let result = match result {
+        let outcome = match result {
             Ok(tokens) => {
                 let model = self.engine.model();
                 let mut stopped = Vec::new();
@@ -300,11 +300,11 @@ impl Steps {
                     }
                     self.sampled.insert(m.id, (token, released.text));
                 }
-                Ok(stopped)
+                StepOutcome::Ran { stopped }
             }
-            Err(e) => Err(e.0),
+            Err(e) => StepOutcome::Failed(e.0),
         };
-        events.push(Event::StepDone { step, result });
+        events.push(Event::StepDone { step, outcome });
     }
 
     fn carry_out(&mut self, effect: Effect, now: Instant) {
@@ -369,7 +369,7 @@ impl Steps {
                 let finished = caller.reply.finished(reason, caller.prompt, completion_tokens);
                 caller.reply.send(Piece::End(Ok(finished)), now);
             }
-            End::Refused(refusal) => caller.reply.send(Piece::End(Err(refusal)), now),
+            End::Unfinished(refusal) => caller.reply.send(Piece::End(Err(refusal)), now),
         }
     }
 

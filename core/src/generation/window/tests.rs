@@ -72,7 +72,7 @@ fn refusal(effects: &[Effect], id: SeqId) -> Refusal {
     effects
         .iter()
         .find_map(|e| match e {
-            Effect::End { id: i, end: End::Refused(r), .. } if *i == id => Some(r.clone()),
+            Effect::End { id: i, end: End::Unfinished(r), .. } if *i == id => Some(r.clone()),
             _ => None,
         })
         .unwrap_or_else(|| panic!("no refusal of {id} in {effects:?}"))
