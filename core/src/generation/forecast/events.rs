@@ -141,6 +141,9 @@ pub(super) enum Judged {
     Keeps,
 }
 
+/// The forecast without the newcomer, where it forked from the one with it, and how it goes on.
+type Fork<'a> = Option<(Forecast<'a>, Flow)>;
+
 /// Copies of the forecast taken while the newcomer may start with the next step; past them the
 /// forecast without it, where it is needed, runs from the start.
 const MAX_FORKS: u32 = 32;
@@ -161,27 +164,8 @@ pub(super) fn judge(
     }
     let mut with = Forecast::start(s, in_flight, now, margin, Some(r))?;
     let me = with.newcomer.expect("the newcomer is forecast");
-    let at = with.waiting.iter().position(|&i| i == me).expect("the newcomer waits");
     let mut members = Vec::new();
-    let (mut fork, mut forks, mut flow) = (None, 0, Flow::Goes);
-    while with.next <= at {
-        let snapshot = (forks < MAX_FORKS && with.could_start(at)).then(|| with.clone());
-        forks += u32::from(snapshot.is_some());
-        flow = with.step(&mut members)?;
-        if flow == Flow::Stops {
-            break;
-        }
-        if with.next > at {
-            fork = snapshot;
-        }
-    }
-    // Without the newcomer: the shared forecast as it stood before the step the newcomer started
-    // in, the newcomer taken out of the queue.
-    let mut without = fork.map(|mut f| {
-        f.waiting.remove(at);
-        f.newcomer = None;
-        (f, Flow::Goes)
-    });
+    let (mut without, mut flow) = with.until_start(me, &mut members)?;
     // What ended before the newcomer started ended alike without it.
     let mut seen = with.finished.len();
     while flow == Flow::Goes {
@@ -460,6 +444,31 @@ impl<'a> Forecast<'a> {
         // Each decoder's part: its computed tokens now, plus the one it feeds.
         let context = (self.offset + d * i128::from(self.k) + d) as u64;
         StepShape { decodes: self.decoders, prefill: 0, context, attended: context }
+    }
+
+    /// Runs until the newcomer `me` starts (or the forecast stops first), and returns the
+    /// forecast without it — this one as it stood before the step the newcomer started in, the
+    /// newcomer taken out of the queue — where a copy was kept, with how this one goes on.
+    fn until_start(&mut self, me: usize, members: &mut Vec<(usize, u32)>) -> Result<(Fork<'a>, Flow), Declined> {
+        let at = self.waiting.iter().position(|&i| i == me).expect("the newcomer waits");
+        let (mut fork, mut forks, mut flow) = (None, 0, Flow::Goes);
+        while self.next <= at {
+            let snapshot = (forks < MAX_FORKS && self.could_start(at)).then(|| self.clone());
+            forks += u32::from(snapshot.is_some());
+            flow = self.step(members)?;
+            if flow == Flow::Stops {
+                break;
+            }
+            if self.next > at {
+                fork = snapshot;
+            }
+        }
+        let without = fork.map(|mut f: Forecast<'a>| {
+            f.waiting.remove(at);
+            f.newcomer = None;
+            (f, Flow::Goes)
+        });
+        Ok((without, flow))
     }
 
     /// Where sequence `id` is in this forecast.
