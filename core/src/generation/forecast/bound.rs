@@ -33,6 +33,12 @@ pub(super) fn clearly_kept(
     now: Instant,
     margin: Duration,
 ) -> bool {
+    // The bound is no earlier than the newcomer's whole answer at its own inter-token target (no
+    // step is shorter than the widest target): where that misses a deadline, skip the pass.
+    let answer = r.itl.checked_mul(r.max_tokens).and_then(|a| a.checked_add(margin)).and_then(|a| now.checked_add(a));
+    if answer.is_none_or(|end| end > r.deadline.min(r.ttft_deadline)) {
+        return false;
+    }
     let mut t = Totals::from(r);
     latest(s, in_flight, r, now, &mut t).is_some_and(|last| {
         let end = last + margin;

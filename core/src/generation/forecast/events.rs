@@ -20,6 +20,8 @@
 //! whose fair shares order the waiting sequences (two tenants waiting in one tier), and the
 //! disciplines other than Ferry's.
 
+use std::collections::btree_set;
+use std::iter::Peekable;
 use std::time::Duration;
 
 use std::time::Instant;
@@ -31,6 +33,7 @@ use crate::generation::kv::blocks_for;
 use crate::generation::scheduler::Scheduler;
 use crate::generation::sequence::{Request, SeqId};
 use crate::generation::step::StepShape;
+use crate::tenant::TenantId;
 use crate::ticket::Priority;
 
 /// One sequence of the forecast, by its index in [`Fates`].
@@ -89,8 +92,15 @@ struct Forecast<'a> {
     /// Running sequences that still prefill, in the rule's order. (Sorted vectors, here and for
     /// the targets: a handful of entries each, where a tree's nodes cost more than a shift.)
     mid: Vec<(Priority, Instant, SeqId, usize)>,
-    /// Waiting sequences in start order, and the next to start.
+    /// Waiting sequences in start order as far as resolved — each index is looked up only when
+    /// the next step could start it, so a forecast that stops early looks up few — then the rest
+    /// of the scheduler's queue, the newcomer until it is merged into the order (and where it
+    /// stands there once it is), how many wait in all, and the next to start.
     waiting: Vec<usize>,
+    queue: Peekable<btree_set::Iter<'a, (Priority, Instant, SeqId)>>,
+    unmerged: Option<usize>,
+    newcomer_at: Option<usize>,
+    queued: usize,
     next: usize,
     /// Sequences holding blocks.
     running: u32,
@@ -104,6 +114,14 @@ struct Forecast<'a> {
     peaks: Vec<(usize, Duration)>,
     /// The sequences that ended, in the order they did.
     finished: Vec<usize>,
+}
+
+/// The next step, composed: its decodes, its whole shape, how many waiting sequences it starts.
+#[derive(Debug, Clone, Copy)]
+struct Next {
+    decodes: StepShape,
+    shape: StepShape,
+    starts: usize,
 }
 
 /// Whether a forecast goes on after a step.
@@ -128,7 +146,8 @@ pub(super) fn run<'a>(
     }
     let mut f = Forecast::start(s, in_flight, now, margin, newcomer)?;
     f.go()?;
-    Ok(f.finish())
+    f.settle();
+    Ok(f.fates)
 }
 
 /// What admission found from events.
@@ -144,14 +163,12 @@ pub(super) enum Judged {
 /// The forecast without the newcomer, where it forked from the one with it, and how it goes on.
 type Fork<'a> = Option<(Forecast<'a>, Flow)>;
 
-/// Copies of the forecast taken while the newcomer may start with the next step; past them the
-/// forecast without it, where it is needed, runs from the start.
-const MAX_FORKS: u32 = 32;
-
 /// [`super::admit`]'s question from events. The forecasts with and without the newcomer are one
 /// until it starts; from there they go on side by side, the one without only as far as a
 /// sequence that ends broken with the newcomer needs it to tell whether it was broken anyway: the
-/// first such harm ends the question. [`Declined`] where either forecast declines.
+/// first such harm ends the question. Once the newcomer's first token is sure to be late, no
+/// harm is looked for: the forecast with it runs on only to say when that token comes.
+/// [`Declined`] where either forecast declines.
 pub(super) fn judge(
     s: &Scheduler,
     in_flight: Option<InFlight<'_>>,
@@ -170,6 +187,10 @@ pub(super) fn judge(
     let mut seen = with.finished.len();
     while flow == Flow::Goes {
         flow = with.step(&mut members)?;
+        if with.first_late() {
+            seen = with.finished.len();
+            continue;
+        }
         for k in seen..with.finished.len() {
             let i = with.finished[k];
             if i == me || !with.breaks(i, &with.fates.fates[i]) {
@@ -189,12 +210,14 @@ pub(super) fn judge(
         }
         seen = with.finished.len();
     }
-    let fates = with.clone().finish();
-    let fate = fates.fates[me];
+    with.settle_one(me);
+    let fate = with.fates.fates[me];
     if super::broken(r, &fate, margin, false).is_some() {
         return Ok(Judged::Own(fate));
     }
-    let victims: Vec<usize> = (0..fates.fates.len()).filter(|&i| i != me && with.breaks(i, &fates.fates[i])).collect();
+    with.settle();
+    let victims: Vec<usize> =
+        (0..with.fates.fates.len()).filter(|&i| i != me && with.breaks(i, &with.fates.fates[i])).collect();
     if victims.is_empty() {
         return Ok(Judged::Keeps);
     }
@@ -203,28 +226,39 @@ pub(super) fn judge(
         None => Forecast::start(s, in_flight, now, margin, None)?,
     };
     w.go()?;
-    let unharmed = w.clone().finish();
+    w.settle();
     let harms = victims.into_iter().any(|i| {
-        let j = w.index(fates.ids[i]);
-        !w.breaks(j, &unharmed.fates[j])
+        let j = w.index(with.fates.ids[i]);
+        !w.breaks(j, &w.fates.fates[j])
     });
     Ok(if harms { Judged::Harms } else { Judged::Keeps })
 }
 
-/// Every sequence in id order, the newcomer in its place.
+/// Every sequence in id order, the newcomer in its place; the most tokens one still produces
+/// (no end falls further ahead); whether two tenants wait in one tier.
 struct Gathered<'a> {
     ids: Vec<SeqId>,
     seqs: Vec<Seq<'a>>,
     fates: Vec<Fate>,
     newcomer: Option<usize>,
+    horizon: u32,
+    shared_tier: bool,
 }
 
 fn gather<'a>(s: &'a Scheduler, newcomer: Option<&'a Request>, count: usize) -> Gathered<'a> {
     let block = s.pool.block_size();
     let (mut ids, mut seqs, mut fates) =
         (Vec::with_capacity(count), Vec::with_capacity(count), Vec::with_capacity(count));
+    let (mut horizon, mut shared_tier) = (0, false);
+    let mut tenants: [Option<TenantId>; 2] = [None, None];
     let mut push = |request: &'a Request, q: Option<&'a crate::generation::scheduler::Seq>| {
         let (generated, computed) = q.map_or((0, 0), |q| (q.generated, q.computed));
+        horizon = horizon.max(request.max_tokens - generated);
+        if !q.is_some_and(|q| q.running) {
+            let tier = &mut tenants[request.priority.index()];
+            shared_tier |= tier.is_some_and(|t| t != request.tenant);
+            *tier = Some(request.tenant);
+        }
         ids.push(request.id);
         seqs.push(Seq {
             request,
@@ -255,7 +289,7 @@ fn gather<'a>(s: &'a Scheduler, newcomer: Option<&'a Request>, count: usize) -> 
     if let Some(r) = pending {
         at = Some(push(r, None));
     }
-    Gathered { ids, seqs, fates, newcomer: at }
+    Gathered { ids, seqs, fates, newcomer: at, horizon, shared_tier }
 }
 
 impl<'a> Forecast<'a> {
@@ -270,15 +304,11 @@ impl<'a> Forecast<'a> {
         if count >= NONE_INDEX {
             return Err(Declined);
         }
-        // No end falls further ahead than the most tokens a sequence still produces.
-        let horizon = s
-            .seqs
-            .values()
-            .map(|q| q.request.max_tokens - q.generated)
-            .chain(newcomer.map(|r| r.max_tokens))
-            .max()
-            .unwrap_or(0);
-        let Gathered { ids, seqs, fates, newcomer: newcomer_at } = gather(s, newcomer, count);
+        let Gathered { ids, seqs, fates, newcomer: newcomer_at, horizon, shared_tier } = gather(s, newcomer, count);
+        // Two tenants waiting in one tier: their fair shares order them (not followed here).
+        if shared_tier {
+            return Err(Declined);
+        }
         let mut f = Forecast {
             s,
             margin,
@@ -295,6 +325,10 @@ impl<'a> Forecast<'a> {
             ended: Vec::new(),
             mid: Vec::new(),
             waiting: Vec::new(),
+            queue: s.waiting.iter().peekable(),
+            unmerged: newcomer_at,
+            newcomer_at: None,
+            queued: s.waiting.len() + usize::from(newcomer.is_some()),
             next: 0,
             running: 0,
             slack: i64::from(s.pool.free()),
@@ -306,7 +340,7 @@ impl<'a> Forecast<'a> {
             f.apply(step);
         }
         f.hold_running()?;
-        f.order_waiting()?;
+        f.resolve();
         Ok(f)
     }
 
@@ -358,31 +392,31 @@ impl<'a> Forecast<'a> {
         Ok(())
     }
 
-    /// The waiting sequences in start order, the newcomer in its place; declines where two
-    /// tenants wait in one tier (their fair shares order them).
-    fn order_waiting(&mut self) -> Result<(), Declined> {
-        let mut waiting = Vec::with_capacity(self.s.waiting.len() + 1);
-        let key = |r: &Request| (r.priority, r.ttft_deadline, r.id);
-        let mut newcomer = self.newcomer;
-        for (priority, ttft, id) in &self.s.waiting {
-            if let Some(i) = newcomer.filter(|i| key(self.seqs[*i].request) < (*priority, *ttft, *id)) {
-                waiting.push(i);
-                newcomer = None;
-            }
-            waiting.push(self.fates.ids.binary_search(id).expect("a waiting sequence is held"));
+    /// Resolves the start order as far as the next step could reach (every free seat filled),
+    /// the newcomer merged in its place: priority, then first-token deadline, then id.
+    fn resolve(&mut self) {
+        let seats = self.s.policy.max_sequences.saturating_sub(self.running) as usize;
+        let want = (self.next + seats).min(self.queued);
+        while self.waiting.len() < want {
+            let head = self.queue.peek().map(|k| **k);
+            let newcomer = self.unmerged.filter(|i| {
+                let r = self.seqs[*i].request;
+                head.is_none_or(|k| (r.priority, r.ttft_deadline, r.id) < k)
+            });
+            let i = match (newcomer, head) {
+                (Some(i), _) => {
+                    self.unmerged = None;
+                    self.newcomer_at = Some(self.waiting.len());
+                    i
+                }
+                (None, Some((.., id))) => {
+                    self.queue.next();
+                    self.index(id)
+                }
+                (None, None) => unreachable!("{} sequences wait", self.queued),
+            };
+            self.waiting.push(i);
         }
-        waiting.extend(newcomer);
-        let mut tenants: [Option<crate::tenant::TenantId>; 2] = [None, None];
-        for &i in &waiting {
-            let r = self.seqs[i].request;
-            let tier = &mut tenants[r.priority.index()];
-            if tier.is_some_and(|t| t != r.tenant) {
-                return Err(Declined);
-            }
-            *tier = Some(r.tenant);
-        }
-        self.waiting = waiting;
-        Ok(())
     }
 
     fn insert_mid(&mut self, key: (Priority, Instant, SeqId, usize)) {
@@ -447,28 +481,35 @@ impl<'a> Forecast<'a> {
     }
 
     /// Runs until the newcomer `me` starts (or the forecast stops first), and returns the
-    /// forecast without it — this one as it stood before the step the newcomer started in, the
-    /// newcomer taken out of the queue — where a copy was kept, with how this one goes on.
+    /// forecast without it — this one as it stood before the step the newcomer starts in, the
+    /// newcomer taken out of the queue: the one copy an admission makes — unless the newcomer's
+    /// first token is sure to be late by then (no harm is looked for), with how this one goes on.
     fn until_start(&mut self, me: usize, members: &mut Vec<(usize, u32)>) -> Result<(Fork<'a>, Flow), Declined> {
-        let at = self.waiting.iter().position(|&i| i == me).expect("the newcomer waits");
-        let (mut fork, mut forks, mut flow) = (None, 0, Flow::Goes);
-        while self.next <= at {
-            let snapshot = (forks < MAX_FORKS && self.could_start(at)).then(|| self.clone());
-            forks += u32::from(snapshot.is_some());
-            flow = self.step(members)?;
-            if flow == Flow::Stops {
-                break;
+        debug_assert_eq!(self.newcomer, Some(me));
+        let mut fork = None;
+        while self.newcomer_at.is_none_or(|at| self.next <= at) {
+            let Some(next) = self.compose(members)? else { return Ok((None, Flow::Stops)) };
+            let starts = self.newcomer_at.filter(|at| self.next + next.starts > *at);
+            if let Some(at) = starts.filter(|_| !self.first_late()) {
+                let mut without = self.clone();
+                without.waiting.remove(at);
+                without.queued -= 1;
+                (without.newcomer, without.newcomer_at) = (None, None);
+                without.resolve();
+                fork = Some((without, Flow::Goes));
             }
-            if self.next > at {
-                fork = snapshot;
-            }
+            self.commit(next, members);
         }
-        let without = fork.map(|mut f: Forecast<'a>| {
-            f.waiting.remove(at);
-            f.newcomer = None;
-            (f, Flow::Goes)
-        });
-        Ok((without, flow))
+        Ok((fork, Flow::Goes))
+    }
+
+    /// The newcomer's first token came late, or has not come and cannot come in time: the
+    /// earliest it could is the end of the next step, later than now.
+    fn first_late(&self) -> bool {
+        self.newcomer.is_some_and(|i| {
+            let first = self.fates.fates[i].first.unwrap_or(self.t);
+            first + self.margin > self.seqs[i].request.ttft_deadline
+        })
     }
 
     /// Where sequence `id` is in this forecast.
@@ -500,10 +541,22 @@ impl<'a> Forecast<'a> {
     /// mid-prefill sequences in order, then of waiting ones; [`Flow::Stops`] when nothing is left,
     /// the newcomer's promise is lost, or the horizon is reached.
     fn step(&mut self, members: &mut Vec<(usize, u32)>) -> Result<Flow, Declined> {
+        Ok(match self.compose(members)? {
+            Some(next) => {
+                self.commit(next, members);
+                Flow::Goes
+            }
+            None => Flow::Stops,
+        })
+    }
+
+    /// The next step composed, its chunks in `members` (the waiting sequences it starts last),
+    /// the forecast not yet moved; `None` where the forecast stops.
+    fn compose(&self, members: &mut Vec<(usize, u32)>) -> Result<Option<Next>, Declined> {
         let policy = self.s.policy;
-        let empty = self.decoders == 0 && self.mid.is_empty() && self.next == self.waiting.len();
+        let empty = self.decoders == 0 && self.mid.is_empty() && self.next == self.queued;
         if empty || self.lost() || self.steps >= MAX_STEPS {
-            return Ok(Flow::Stops);
+            return Ok(None);
         }
         let decodes = self.decode_shape();
         let cap = self.itls.first().map(|(itl, _)| itl.saturating_sub(self.s.step_reserve));
@@ -522,59 +575,63 @@ impl<'a> Forecast<'a> {
                 members.push((i, n));
             }
         }
-        self.start_waiting(cap, &mut shape, &mut budget, members)?;
-        if members.is_empty() {
-            if self.decoders == 0 {
-                // Nothing could run: the rule would preempt (not followed) or stop.
-                return if self.running > 1 { Err(Declined) } else { Ok(Flow::Stops) };
-            }
-            self.decode_run(decodes);
-        } else {
-            self.prefill_step(shape, members);
+        let starts = self.starting(cap, &mut shape, &mut budget, members)?;
+        if members.is_empty() && self.decoders == 0 {
+            // Nothing could run: the rule would preempt (not followed) or stop.
+            return if self.running > 1 { Err(Declined) } else { Ok(None) };
         }
-        Ok(Flow::Goes)
+        Ok(Some(Next { decodes, shape, starts }))
     }
 
-    /// Whether the waiting sequence at `at` of the start order could start with the next step:
-    /// every one before it would start too, each with a seat and at least a token of the budget.
-    fn could_start(&self, at: usize) -> bool {
-        let starts = (at + 1 - self.next.min(at + 1)) as u64;
-        let seats = self.s.policy.max_sequences.saturating_sub(self.running);
-        let budget = self.s.policy.max_batch_tokens.saturating_sub(self.decoders);
-        starts <= u64::from(seats.min(budget))
+    /// Moves the forecast over the step `next` composed with `members`.
+    fn commit(&mut self, next: Next, members: &[(usize, u32)]) {
+        for &(i, _) in &members[members.len() - next.starts..] {
+            let q = self.seqs[i];
+            self.slack -= i64::from(q.blocks);
+            self.running += 1;
+            self.insert_mid(q.key(i));
+        }
+        self.next += next.starts;
+        if members.is_empty() {
+            self.decode_run(next.decodes);
+        } else {
+            self.prefill_step(next.shape, members);
+        }
+        self.resolve();
     }
 
-    /// Waiting sequences start in order while seats, budget and the cap allow, each with its first
-    /// chunk; declines where its blocks might not be free.
-    fn start_waiting(
-        &mut self,
+    /// How many waiting sequences start with the step, in order while seats, budget and the cap
+    /// allow, each with its first chunk; declines where its blocks might not be free.
+    fn starting(
+        &self,
         cap: Option<Duration>,
         shape: &mut StepShape,
         budget: &mut u32,
         members: &mut Vec<(usize, u32)>,
-    ) -> Result<(), Declined> {
+    ) -> Result<usize, Declined> {
         let policy = self.s.policy;
-        while self.next < self.waiting.len() && *budget > 0 && self.running < policy.max_sequences {
-            let i = self.waiting[self.next];
-            let q = self.seqs[i];
-            let n = self.chunk(cap, *shape, &q, *budget);
+        let (mut next, mut slack, mut running) = (self.next, self.slack, self.running);
+        while next < self.queued && *budget > 0 && running < policy.max_sequences {
+            // Resolved: fewer start than there are free seats.
+            let i = self.waiting[next];
+            let q = &self.seqs[i];
+            let n = self.chunk(cap, *shape, q, *budget);
             if n == 0 {
                 break;
             }
             // Room for all it may ever hold, beyond the watermark, or the rule's room check
             // may bind: not followed here.
-            if self.slack < i64::from(policy.watermark) + i64::from(q.blocks) {
+            if slack < i64::from(policy.watermark) + i64::from(q.blocks) {
                 return Err(Declined);
             }
-            self.slack -= i64::from(q.blocks);
-            self.running += 1;
-            self.next += 1;
-            self.insert_mid(q.key(i));
+            slack -= i64::from(q.blocks);
+            running += 1;
+            next += 1;
             *shape = shape.join(StepShape::part(q.computed, n, false));
             *budget -= n;
             members.push((i, n));
         }
-        Ok(())
+        Ok(next - self.next)
     }
 
     /// The chunk of `q` a step of `shape` so far takes: the rest of its prompt within the budget,
@@ -675,15 +732,20 @@ impl<'a> Forecast<'a> {
         self.slack += i64::from(q.blocks);
     }
 
-    /// The fates, with the longest step of every sequence still decoding at the stop.
-    fn finish(mut self) -> Fates {
-        let decoding: Vec<usize> = (0..self.seqs.len()).filter(|i| self.seqs[*i].decoding).collect();
-        for i in decoding {
-            let from = self.seqs[i].segment;
-            let longest = self.longest_since(from);
+    /// Brings every sequence still decoding at the stop its longest step, so that the fates are
+    /// complete.
+    fn settle(&mut self) {
+        for i in 0..self.seqs.len() {
+            self.settle_one(i);
+        }
+    }
+
+    /// [`Self::settle`] for sequence `i` alone.
+    fn settle_one(&mut self, i: usize) {
+        if self.seqs[i].decoding {
+            let longest = self.longest_since(self.seqs[i].segment);
             let fate = &mut self.fates.fates[i];
             fate.longest_step = fate.longest_step.max(longest);
         }
-        self.fates
     }
 }
