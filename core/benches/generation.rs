@@ -14,7 +14,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion};
 use ferry_core::generation::forecast;
 use ferry_core::generation::kv::BlockPool;
-use ferry_core::generation::scheduler::{Discipline, Policy, Scheduler};
+use ferry_core::generation::scheduler::{Discipline, Late, Policy, Scheduler};
 use ferry_core::generation::sequence::Request;
 use ferry_core::generation::step::{StepCost, StepEstimator};
 use ferry_core::ticket::Priority;
@@ -84,7 +84,7 @@ fn loaded(t0: Instant, deadline: impl Fn(u64) -> Duration) -> (Scheduler, Instan
         let plan = plan.expect("work to do");
         decoding_steps += u32::from(plan.shape.prefill == 0);
         now += plan.expected;
-        s.complete(&plan, now, &|_| false);
+        s.complete(&plan, now, &|_| false, Late::Ends);
     }
     assert_eq!(s.running(), RUNNING as usize, "every seat taken");
     for id in RUNNING..RUNNING + WAITING {

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use std::time::Instant;
 
-use super::scheduler::{Progress, Scheduler, StepPlan};
+use super::scheduler::{Late, Progress, Scheduler, StepPlan};
 use super::sequence::{Request, SeqId};
 use crate::outcome::{Outcome, Refusal};
 
@@ -126,7 +126,6 @@ fn run(
     margin: Duration,
     newcomer: Option<&Request>,
 ) -> BTreeMap<SeqId, Fate> {
-    sim.forecasting = true;
     let mut fates: BTreeMap<SeqId, Fate> =
         sim.seqs.iter().map(|(id, q)| (*id, Fate { first: q.first_token, ..Fate::default() })).collect();
     let deadlines: BTreeMap<SeqId, Instant> = sim.seqs.iter().map(|(id, q)| (*id, q.request.deadline)).collect();
@@ -137,7 +136,7 @@ fn run(
                 f.longest_step = f.longest_step.max(plan.expected);
             }
         }
-        let (progress, _) = sim.complete(plan, t, &|_| false);
+        let (progress, _) = sim.complete(plan, t, &|_| false, Late::RunsOn);
         for p in progress {
             match p {
                 Progress::Token { id, first } => {

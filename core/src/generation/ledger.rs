@@ -17,7 +17,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use super::forecast::{self, InFlight};
-use super::scheduler::{Progress, Scheduler, StepPlan};
+use super::scheduler::{Late, Progress, Scheduler, StepPlan};
 use super::sequence::{End, Request, SeqId};
 use super::step::StepCost;
 use crate::margin::Margin;
@@ -230,7 +230,7 @@ impl Ledger {
                 if evidence {
                     self.scheduler.estimator_mut().observe(plan.shape, took, now);
                 }
-                let (progress, late) = self.scheduler.complete(&plan, now, &|id| stopped.contains(&id));
+                let (progress, late) = self.scheduler.complete(&plan, now, &|id| stopped.contains(&id), Late::Ends);
                 for p in progress {
                     match p {
                         Progress::Token { id, first } => effects.push(Effect::Token { id, first }),
@@ -283,7 +283,8 @@ impl Ledger {
             self.scheduler.seqs.values().filter(|s| s.started.is_none()).map(|s| s.request.id).collect();
         let (plan, preempted) = self.scheduler.plan(now);
         effects.extend(preempted.into_iter().map(Effect::Preempted));
-        let Some(plan) = plan else { return };
+        let Some(mut plan) = plan else { return };
+        self.scheduler.fill_tables(&mut plan);
         for id in starting {
             if let Some(s) = self.scheduler.seqs.get(&id).filter(|s| s.started.is_some()) {
                 effects.push(Effect::Started { id, waited: now - s.request.arrival });

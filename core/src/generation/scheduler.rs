@@ -63,8 +63,19 @@ pub struct Member {
     pub decode: bool,
     /// Its prompt's length (an engine may need to tell prompt from produced tokens).
     pub prompt: u32,
-    /// Its KV block table, in order, covering `start + len` tokens.
+    /// Its KV block table, in order, covering `start + len` tokens: empty as planned, filled in
+    /// by [`Scheduler::fill_tables`] for the engine (a forecast plans steps no engine runs, and copying
+    /// every member's table each simulated step made a forecast step O(blocks)).
     pub blocks: Vec<Block>,
+}
+
+/// What [`Scheduler::complete`] does with a sequence whose deadline has passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Late {
+    /// It ends, expired (serving: no answer after its deadline).
+    Ends,
+    /// It runs on (a forecast, which reads when its tokens would come, however late).
+    RunsOn,
 }
 
 /// One engine step.
@@ -137,9 +148,6 @@ pub struct Scheduler {
     pub(crate) running: Vec<SeqId>,
     queued_bytes: u64,
     queued_tokens: u64,
-    /// A forecast's copy: sequences are not ended at their deadlines (the forecast reads when
-    /// their tokens would come, however late).
-    pub(crate) forecasting: bool,
     /// The tenants' fair shares of step tokens, one per priority tier.
     pub(crate) shares: [Shares; 2],
     /// What a step cut to the decodes' inter-token target leaves of it unused.
@@ -157,7 +165,6 @@ impl Scheduler {
             running: Vec::new(),
             queued_bytes: 0,
             queued_tokens: 0,
-            forecasting: false,
             shares: Default::default(),
             step_reserve: Duration::ZERO,
         }
@@ -601,7 +608,7 @@ impl Scheduler {
                 sample: true,
                 decode: true,
                 prompt: s.request.prompt,
-                blocks: table_for_engine(self.forecasting, &s.table),
+                blocks: Vec::new(),
             });
             shape = shape.join(StepShape::part(s.computed, 1, true));
             if self.policy.discipline.keeps_deadlines() {
@@ -675,7 +682,7 @@ impl Scheduler {
                 sample: computed + n == seq.known(),
                 decode: false,
                 prompt: seq.request.prompt,
-                blocks: table_for_engine(self.forecasting, &seq.table),
+                blocks: Vec::new(),
             });
             shape = shape.join(StepShape::part(computed, n, false));
             budget -= n;
@@ -683,16 +690,30 @@ impl Scheduler {
         shape
     }
 
+    /// Fills in each member's block table, for the engine that runs `plan`.
+    pub fn fill_tables(&self, plan: &mut StepPlan) {
+        for m in &mut plan.members {
+            m.blocks.clone_from(&self.seqs[&m.id].table);
+        }
+    }
+
     /// Applies a step that ended at `now`: each member's tokens are computed, those that sampled
-    /// have a new token; `stopped` says which the model ended (end-of-sequence, `stop` string).
-    /// Members no longer held (cancelled, or ended at a deadline during the step) are skipped and
-    /// counted in the returned number of late results.
-    pub fn complete(&mut self, plan: &StepPlan, now: Instant, stopped: &dyn Fn(SeqId) -> bool) -> (Vec<Progress>, u64) {
+    /// have a new token; `stopped` says which the model ended (end-of-sequence, `stop` string);
+    /// `late` what becomes of one whose deadline passed. Members no longer held (cancelled, or
+    /// ended at a deadline during the step) are skipped and counted in the returned number of
+    /// late results.
+    pub fn complete(
+        &mut self,
+        plan: &StepPlan,
+        now: Instant,
+        stopped: &dyn Fn(SeqId) -> bool,
+        late: Late,
+    ) -> (Vec<Progress>, u64) {
         let mut progress = Vec::new();
-        let mut late = 0;
+        let mut skipped = 0;
         for m in &plan.members {
             let Some(seq) = self.seqs.get_mut(&m.id) else {
-                late += u64::from(m.sample);
+                skipped += u64::from(m.sample);
                 continue;
             };
             debug_assert!(seq.running && seq.computed == m.start, "a member runs as planned");
@@ -703,7 +724,7 @@ impl Scheduler {
             seq.generated += 1;
             let first = seq.first_token.is_none();
             let r = seq.request;
-            let refusal = if self.forecasting || !self.policy.discipline.keeps_deadlines() {
+            let refusal = if late == Late::RunsOn || !self.policy.discipline.keeps_deadlines() {
                 None
             } else if first && now > r.ttft_deadline {
                 Some(ttft_passed(seq, now))
@@ -713,7 +734,7 @@ impl Scheduler {
                 None
             };
             if let Some(refusal) = refusal {
-                late += 1;
+                skipped += 1;
                 self.remove(m.id);
                 progress.push(Progress::Expired { id: m.id, refusal });
                 continue;
@@ -732,7 +753,7 @@ impl Scheduler {
                 progress.push(Progress::Finished { id: m.id, reason });
             }
         }
-        (progress, late)
+        (progress, skipped)
     }
 
     /// A step failed: its members' KV is in an unknown state, so each gives its blocks back and
@@ -770,14 +791,4 @@ fn ttft_passed(s: &Seq, now: Instant) -> Refusal {
             (r.ttft_deadline - r.arrival).as_millis()
         ),
     )
-}
-
-/// The block table a member carries to the engine: none in a forecast, which no engine runs
-/// (copying every member's table each simulated step made a forecast step O(blocks)).
-fn table_for_engine(forecasting: bool, table: &[Block]) -> Vec<Block> {
-    if forecasting {
-        Vec::new()
-    } else {
-        table.to_vec()
-    }
 }

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use super::{admit_by, bound, events, forecast, InFlight, Method};
 use crate::generation::kv::BlockPool;
-use crate::generation::scheduler::{Discipline, Policy, Scheduler};
+use crate::generation::scheduler::{Discipline, Late, Policy, Scheduler};
 use crate::generation::sequence::Request;
 use crate::generation::step::{StepCost, StepEstimator, StepShape};
 use crate::ticket::Priority;
@@ -133,7 +133,7 @@ fn build(c: &Case, t0: Instant) -> (Scheduler, Instant, Option<(super::StepPlan,
         match plan {
             Some(plan) => {
                 now += plan.expected;
-                s.complete(&plan, now, &|_| false);
+                s.complete(&plan, now, &|_| false, Late::Ends);
             }
             None => now += Duration::from_millis(7),
         }
