@@ -109,7 +109,6 @@ impl Relay {
             reports,
             oldest: oldest.clone(),
             bytes_per_token: bytes_per_token.clone(),
-            effects: Vec::new(),
         };
         let handle = Handle::spawn(relaying, reports_rx, oldest, metrics);
         Relay { handle, ready, bytes_per_token, base, model: model.to_owned() }
@@ -222,13 +221,13 @@ struct Relaying {
     bytes_per_token: Arc<AtomicU64>,
     /// Whether it refuses every request while idle ([`ferry_core::lockout`]).
     lockout: Lockout,
-    effects: Vec<Effect>,
 }
 
 impl Backend for Relaying {
     type Prompt = Upstream;
     type Report = Report;
     type Event = Event;
+    type Effect = Effect;
     /// An admission here is a few comparisons: everything waiting is taken at once.
     const ADMISSIONS_PER_PASS: usize = usize::MAX;
 
@@ -288,27 +287,10 @@ impl Backend for Relaying {
         }
     }
 
-    fn pass(&mut self, now: Instant, events: Vec<Event>) {
-        let mut effects = std::mem::take(&mut self.effects);
-        self.window.step(now, events, &mut effects);
-        for effect in effects.drain(..) {
-            self.carry_out(effect, now);
-        }
-        self.effects = effects;
-        self.publish();
-        self.metrics.lockout.show(self.lockout.locked(now));
+    fn decide(&mut self, now: Instant, events: Vec<Event>, effects: &mut Vec<Effect>) {
+        self.window.step(now, events, effects);
     }
 
-    fn is_idle(&self) -> bool {
-        self.window.is_idle()
-    }
-
-    fn next_wake(&self) -> Option<Instant> {
-        self.window.next_wake()
-    }
-}
-
-impl Relaying {
     fn carry_out(&mut self, effect: Effect, now: Instant) {
         match effect {
             Effect::Release { id } => {
@@ -346,6 +328,21 @@ impl Relaying {
         }
     }
 
+    fn settle(&mut self, now: Instant) {
+        self.publish();
+        self.metrics.lockout.show(self.lockout.locked(now));
+    }
+
+    fn is_idle(&self) -> bool {
+        self.window.is_idle()
+    }
+
+    fn next_wake(&self) -> Option<Instant> {
+        self.window.next_wake()
+    }
+}
+
+impl Relaying {
     /// Sends a released request upstream, as a new attempt.
     fn send(&mut self, id: SeqId) {
         let Some(caller) = self.callers.get_mut(&id) else { return };

@@ -96,6 +96,7 @@ pub(super) trait Backend: Send + 'static {
     /// What the engine's or the upstream's running work sends back to the task.
     type Report: Send + 'static;
     type Event: Send;
+    type Effect: Send;
     /// Submissions one pass takes: each may cost an admission forecast, and work that ends
     /// meanwhile waits for the pass. The rest wait in the channel for the next pass.
     const ADMISSIONS_PER_PASS: usize;
@@ -114,8 +115,12 @@ pub(super) trait Backend: Send + 'static {
     }
     /// Fails every request, saying `why`.
     fn abandon(&mut self, _why: &str, _now: Instant) {}
-    /// Hands the events to the state and carries out its effects; publishes the gauges.
-    fn pass(&mut self, now: Instant, events: Vec<Self::Event>);
+    /// Hands the events of one instant to the state (the ledger, the window), which appends the
+    /// effects to carry out.
+    fn decide(&mut self, now: Instant, events: Vec<Self::Event>, effects: &mut Vec<Self::Effect>);
+    fn carry_out(&mut self, effect: Self::Effect, now: Instant);
+    /// After a pass's effects: drops what the pass left unused, publishes the gauges.
+    fn settle(&mut self, now: Instant);
     fn is_idle(&self) -> bool;
     /// When the task must wake if nothing comes.
     fn next_wake(&self) -> Option<Instant>;
@@ -219,7 +224,7 @@ async fn run<B: Backend>(
     let mut drains: Vec<oneshot::Sender<()>> = Vec::new();
     let mut probe = ferry_core::clock::now() + TIMER_PROBE;
     let mut waiting_for: Option<Instant> = None;
-    let mut events = Vec::new();
+    let (mut events, mut effects) = (Vec::new(), Vec::new());
     loop {
         let now = ferry_core::clock::now();
         if let Some(due) = waiting_for.filter(|due| *due <= now) {
@@ -235,7 +240,11 @@ async fn run<B: Backend>(
             });
             return;
         }
-        backend.pass(now, std::mem::take(&mut events));
+        backend.decide(now, std::mem::take(&mut events), &mut effects);
+        for effect in effects.drain(..) {
+            backend.carry_out(effect, now);
+        }
+        backend.settle(now);
         if backend.is_idle() {
             drains.drain(..).for_each(|d| {
                 let _ = d.send(());

@@ -64,7 +64,6 @@ pub fn spawn(ledger: Ledger, engine: Arc<dyn StepEngine>, metrics: GenerationMet
         targets,
         shape: RecentShape::default(),
         capacity_due: None,
-        effects: Vec::new(),
     };
     Handle::spawn(steps, done_rx, oldest, metrics)
 }
@@ -110,7 +109,6 @@ struct Steps {
     shape: RecentShape,
     /// When the capacity is next computed.
     capacity_due: Option<Instant>,
-    effects: Vec<Effect>,
 }
 
 /// How often the exported capacity is computed (a bisection over queueing formulas: tens of
@@ -152,6 +150,7 @@ impl Backend for Steps {
     type Prompt = Prompt;
     type Report = StepDone;
     type Event = Event;
+    type Effect = Effect;
     /// Each submission costs an admission forecast, and a step that ends meanwhile waits for the
     /// pass (the ledger sends the next step before the pass's admissions, so this bounds what a
     /// burst adds to one token's gap).
@@ -224,13 +223,55 @@ impl Backend for Steps {
         }
     }
 
-    fn pass(&mut self, now: Instant, events: Vec<Event>) {
-        let mut effects = std::mem::take(&mut self.effects);
-        self.ledger.step(now, events, &mut effects);
-        for effect in effects.drain(..) {
-            self.carry_out(effect, now);
+    fn decide(&mut self, now: Instant, events: Vec<Event>, effects: &mut Vec<Effect>) {
+        self.ledger.step(now, events, effects);
+    }
+
+    fn carry_out(&mut self, effect: Effect, now: Instant) {
+        match effect {
+            Effect::Step { step, plan } => {
+                self.lockout.ran();
+                self.start(step, plan)
+            }
+            Effect::Token { id, .. } => {
+                let (Some(caller), Some((token, text))) = (self.callers.get_mut(&id), self.sampled.remove(&id)) else {
+                    return;
+                };
+                caller.tokens.push(token);
+                caller.reply.token(text, now, &self.metrics);
+            }
+            Effect::End { id, end, admitted } => {
+                let (caller, idle) = (self.callers.remove(&id), self.ledger.is_idle());
+                let reply = caller.as_ref().map(|c| &c.reply);
+                shell::ended(&mut self.lockout, &self.metrics, (&end, admitted, idle), reply, now);
+                if let Some(caller) = caller {
+                    self.end(caller, end, now);
+                }
+            }
+            Effect::Started { id, waited } => {
+                let caller = self.callers.get_mut(&id);
+                let prompt = caller.as_ref().map_or(0, |c| c.prompt);
+                shell::started(&self.metrics, caller.map(|c| &mut c.reply), prompt, waited, now);
+            }
+            Effect::Preempted(_) => self.metrics.preemptions.inc(),
+            Effect::StepEnded { step, plan, took } => {
+                tracing::debug!(
+                    step,
+                    took_ms = took.as_secs_f64() * 1e3,
+                    expected_ms = plan.expected.as_secs_f64() * 1e3,
+                    tokens = plan.shape.tokens(),
+                    sequences = plan.members.len(),
+                    "step ended"
+                );
+                self.metrics.step_duration.observe(took.as_secs_f64());
+                self.metrics.step_tokens.observe(f64::from(plan.shape.tokens()));
+                self.metrics.step_sequences.observe(plan.members.len() as f64);
+            }
+            Effect::Late(n) => self.metrics.late_results.inc_by(n),
         }
-        self.effects = effects;
+    }
+
+    fn settle(&mut self, now: Instant) {
         self.sampled.clear();
         self.publish(now);
         self.metrics.lockout.show(self.lockout.locked(now));
@@ -305,50 +346,6 @@ impl Steps {
             Err(e) => StepOutcome::Failed(e.0),
         };
         events.push(Event::StepDone { step, outcome });
-    }
-
-    fn carry_out(&mut self, effect: Effect, now: Instant) {
-        match effect {
-            Effect::Step { step, plan } => {
-                self.lockout.ran();
-                self.start(step, plan)
-            }
-            Effect::Token { id, .. } => {
-                let (Some(caller), Some((token, text))) = (self.callers.get_mut(&id), self.sampled.remove(&id)) else {
-                    return;
-                };
-                caller.tokens.push(token);
-                caller.reply.token(text, now, &self.metrics);
-            }
-            Effect::End { id, end, admitted } => {
-                let (caller, idle) = (self.callers.remove(&id), self.ledger.is_idle());
-                let reply = caller.as_ref().map(|c| &c.reply);
-                shell::ended(&mut self.lockout, &self.metrics, (&end, admitted, idle), reply, now);
-                if let Some(caller) = caller {
-                    self.end(caller, end, now);
-                }
-            }
-            Effect::Started { id, waited } => {
-                let caller = self.callers.get_mut(&id);
-                let prompt = caller.as_ref().map_or(0, |c| c.prompt);
-                shell::started(&self.metrics, caller.map(|c| &mut c.reply), prompt, waited, now);
-            }
-            Effect::Preempted(_) => self.metrics.preemptions.inc(),
-            Effect::StepEnded { step, plan, took } => {
-                tracing::debug!(
-                    step,
-                    took_ms = took.as_secs_f64() * 1e3,
-                    expected_ms = plan.expected.as_secs_f64() * 1e3,
-                    tokens = plan.shape.tokens(),
-                    sequences = plan.members.len(),
-                    "step ended"
-                );
-                self.metrics.step_duration.observe(took.as_secs_f64());
-                self.metrics.step_tokens.observe(f64::from(plan.shape.tokens()));
-                self.metrics.step_sequences.observe(plan.members.len() as f64);
-            }
-            Effect::Late(n) => self.metrics.late_results.inc_by(n),
-        }
     }
 
     /// A sequence's last text and its end, to its caller.
