@@ -265,6 +265,22 @@ fn seat_wait(rate: f64, hold: f64, servers: f64) -> Option<f64> {
     Some(if wait <= TAIL { 0.0 } else { hold / (c - offered) * (wait / TAIL).ln() })
 }
 
+/// How many sequences can hold a seat at once, and what bounds them: `maxSequences`, the KV cache
+/// (each at its largest footprint, half a block wasted on average), or the decodes a step cut to
+/// the inter-token target `cap` holds (past them, a prompt waits, its prefill given no room,
+/// until a sequence ends).
+fn seats(shape: &RequestShape, limits: &Limits, work: &Work, cap: f64) -> (f64, Bound) {
+    let block = f64::from(limits.block_size.max(1));
+    let footprint = shape.prompt.max(1.0) + shape.output.max(1.0) + block / 2.0;
+    let cache = f64::from(limits.blocks.saturating_sub(limits.watermark)) * block / footprint;
+    let decodes =
+        if work.decodes > 0.0 && work.decode > 0.0 { (cap - work.fixed) / work.decode } else { f64::INFINITY };
+    [(f64::from(limits.max_sequences), Bound::Sequences), (cache, Bound::Cache), (decodes.max(0.0), Bound::InterToken)]
+        .into_iter()
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .expect("three")
+}
+
 /// The first promise or limit that `point` breaks.
 fn broken(point: &Point, shape: &RequestShape, targets: &Targets, limits: &Limits, work: &Work) -> Option<Bound> {
     let s = |d: Duration| d.as_secs_f64();
@@ -298,21 +314,7 @@ fn broken(point: &Point, shape: &RequestShape, targets: &Targets, limits: &Limit
     // prompt needs then, so the cache overcommits, and one that outgrows it is preempted and
     // recomputed; a seat of the cache is counted at a sequence's largest footprint.
     let hold = service + work.decodes * point.step;
-    let block = f64::from(limits.block_size.max(1));
-    let footprint = p + shape.output.max(1.0) + block / 2.0;
-    let cache = f64::from(limits.blocks.saturating_sub(limits.watermark)) * block / footprint;
-    // And the decodes a step cut to the inter-token target holds are seats too: past them, a
-    // prompt waits (its prefill gets no room) until a sequence ends.
-    let decodes =
-        if work.decodes > 0.0 && work.decode > 0.0 { (cap - work.fixed) / work.decode } else { f64::INFINITY };
-    let (servers, seat_bound) = [
-        (f64::from(limits.max_sequences), Bound::Sequences),
-        (cache, Bound::Cache),
-        (decodes.max(0.0), Bound::InterToken),
-    ]
-    .into_iter()
-    .min_by(|a, b| a.0.total_cmp(&b.0))
-    .expect("three");
+    let (servers, seat_bound) = seats(shape, limits, work, cap);
     let Some(seated) = seat_wait(point.rate, hold, servers) else {
         return Some(seat_bound);
     };

@@ -309,7 +309,7 @@ fn own(s: &Scheduler, r: &Request, fate: &Fate, margin: Duration) -> Refusal {
 }
 
 /// A refusal as infeasible, to be retried once it might fit (`over`: how much it misses by).
-fn infeasible(message: String, over: Duration) -> Refusal {
+pub(crate) fn infeasible(message: String, over: Duration) -> Refusal {
     Refusal::new(Outcome::Infeasible, message).retry_after(over.max(Duration::from_secs(1)))
 }
 

@@ -36,23 +36,7 @@ pub fn trial(
     at: &[Duration],
     settle: Duration,
 ) -> Trial {
-    let setup = Setup {
-        policy: Policy {
-            max_batch_tokens: limits.max_batch_tokens,
-            max_sequences: limits.max_sequences,
-            max_queue: 4096,
-            max_queue_bytes: u64::MAX,
-            max_queue_tokens: u64::MAX,
-            max_context: 1 << 20,
-            watermark: limits.watermark,
-            discipline: Discipline::Deadlines,
-        },
-        blocks: limits.blocks,
-        block_size: limits.block_size,
-        cost,
-        prior: cost,
-        margin: targets.margin,
-    };
+    let setup = pod(cost, targets, limits);
     let arrivals: Vec<Arrival> = at
         .iter()
         .map(|&at| Arrival {
@@ -91,6 +75,27 @@ pub fn trial(
         refused: share(refused),
         ttft_p99: p99(&mut ttfts),
         itl_p99: p99(&mut gaps),
+    }
+}
+
+/// The pod of `limits` the trial replays, its steps costing `cost` and known to cost so.
+fn pod(cost: StepCost, targets: &Targets, limits: &Limits) -> Setup {
+    Setup {
+        policy: Policy {
+            max_batch_tokens: limits.max_batch_tokens,
+            max_sequences: limits.max_sequences,
+            max_queue: 4096,
+            max_queue_bytes: u64::MAX,
+            max_queue_tokens: u64::MAX,
+            max_context: 1 << 20,
+            watermark: limits.watermark,
+            discipline: Discipline::Deadlines,
+        },
+        blocks: limits.blocks,
+        block_size: limits.block_size,
+        cost,
+        prior: cost,
+        margin: targets.margin,
     }
 }
 

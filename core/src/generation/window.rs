@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use std::time::Instant;
 
+use super::forecast::infeasible;
 use super::sequence::{End, FinishReason, Queued, Request, SeqId};
 use crate::estimate::Linear;
 use crate::margin::Margin;
@@ -551,11 +552,39 @@ impl Window {
     fn admissible(&self, r: &Request, now: Instant) -> Result<(), Refusal> {
         let margin = self.margin.get();
         let with = self.forecast(Some(r), now);
-        let (first, end) = with[&r.id];
-        let ms = |t: Instant| (t.saturating_duration_since(r.arrival)).as_millis();
-        let infeasible = |message: String, over: Duration| {
-            Refusal::new(Outcome::Infeasible, message).retry_after(over.max(Duration::from_secs(1)))
+        self.own_promises(r, with[&r.id], margin)?;
+        // Running requests are judged by their deadline alone (their first token is behind them
+        // or already on its way); waiting ones by both promises.
+        let keeps = |id: &SeqId, fate: (Instant, Instant)| {
+            let q = &self.entries[id].request;
+            if self.running.contains(id) {
+                fate.1 + margin <= q.deadline
+            } else {
+                Self::keeps(q, fate, margin)
+            }
         };
+        let others = || self.running.iter().chain(self.waiting.iter().map(|(_, _, id)| id));
+        if others().any(|id| !keeps(id, with[id])) {
+            let without = self.forecast(None, now);
+            let n = others().filter(|id| !keeps(id, with[id]) && keeps(id, without[id])).count();
+            if n > 0 {
+                return Err(infeasible(
+                    format!(
+                        "admitting it would make {n} running or waiting request(s) miss a deadline ({} in flight upstream, {} waiting)",
+                        self.running.len(),
+                        self.waiting.len()
+                    ),
+                    Duration::ZERO,
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the newcomer's forecast first token and end keep its promises; if not, which
+    /// breaks, with the numbers.
+    fn own_promises(&self, r: &Request, (first, end): (Instant, Instant), margin: Duration) -> Result<(), Refusal> {
+        let ms = |t: Instant| (t.saturating_duration_since(r.arrival)).as_millis();
         if first + margin > r.ttft_deadline {
             return Err(infeasible(
                 format!(
@@ -582,31 +611,6 @@ impl Window {
                 ),
                 end.saturating_duration_since(r.deadline),
             ));
-        }
-        // Running requests are judged by their deadline alone (their first token is behind them
-        // or already on its way); waiting ones by both promises.
-        let keeps = |id: &SeqId, fate: (Instant, Instant)| {
-            let q = &self.entries[id].request;
-            if self.running.contains(id) {
-                fate.1 + margin <= q.deadline
-            } else {
-                Self::keeps(q, fate, margin)
-            }
-        };
-        let others = || self.running.iter().chain(self.waiting.iter().map(|(_, _, id)| id));
-        if others().any(|id| !keeps(id, with[id])) {
-            let without = self.forecast(None, now);
-            let n = others().filter(|id| !keeps(id, with[id]) && keeps(id, without[id])).count();
-            if n > 0 {
-                return Err(infeasible(
-                    format!(
-                        "admitting it would make {n} running or waiting request(s) miss a deadline ({} in flight upstream, {} waiting)",
-                        self.running.len(),
-                        self.waiting.len()
-                    ),
-                    Duration::ZERO,
-                ));
-            }
         }
         Ok(())
     }

@@ -200,11 +200,7 @@ pub(super) fn judge(
                 Some(w) => w,
                 None => without.insert((Forecast::start(s, in_flight, now, margin, None)?, Flow::Goes)),
             };
-            let j = w.index(with.fates.ids[i]);
-            while w.fates.fates[j].end.is_none() && *w_flow == Flow::Goes {
-                *w_flow = w.step(&mut members)?;
-            }
-            if w.fates.fates[j].end.is_some() && !w.breaks(j, &w.fates.fates[j]) {
+            if w.ends_in_time(with.fates.ids[i], w_flow, &mut members)? {
                 return Ok(Judged::Harms);
             }
         }
@@ -510,6 +506,16 @@ impl<'a> Forecast<'a> {
             let first = self.fates.fates[i].first.unwrap_or(self.t);
             first + self.margin > self.seqs[i].request.ttft_deadline
         })
+    }
+
+    /// Whether sequence `id` ends keeping its promises in this forecast, run (going as `flow`
+    /// says) until it ends.
+    fn ends_in_time(&mut self, id: SeqId, flow: &mut Flow, members: &mut Vec<(usize, u32)>) -> Result<bool, Declined> {
+        let j = self.index(id);
+        while self.fates.fates[j].end.is_none() && *flow == Flow::Goes {
+            *flow = self.step(members)?;
+        }
+        Ok(self.fates.fates[j].end.is_some() && !self.breaks(j, &self.fates.fates[j]))
     }
 
     /// Where sequence `id` is in this forecast.
