@@ -175,15 +175,68 @@ pub fn replay_in(
     let mut extra: Vec<&(Duration, Event)> = events.iter().collect();
     extra.sort_by_key(|e| e.0);
     let mut next_extra = 0;
-    let mut trips = 0;
-    let start = Instant::now();
-    let scheduler =
-        Scheduler::new(setup.policy, BlockPool::new(setup.blocks, setup.block_size), StepEstimator::new(setup.prior));
-    let mut ledger = Ledger::new(scheduler, setup.margin, 3);
     let mut order: Vec<usize> = (0..arrivals.len()).collect();
     order.sort_by_key(|&i| (arrivals[i].at, i));
-    let mut trace = Trace {
-        fates: arrivals
+    let mut next = 0;
+    let mut shell = Shell::new(&setup, arrivals);
+    let mut effects = Vec::new();
+    loop {
+        let candidates = [
+            order.get(next).map(|&i| shell.start + arrivals[i].at),
+            shell.engine.as_ref().map(|(_, end, _)| *end),
+            shell.ledger.next_wake(),
+            shell.cancels.iter().map(|(at, _)| *at).min(),
+            extra.get(next_extra).map(|e| shell.start + e.0),
+        ];
+        let Some(now) = candidates.into_iter().flatten().min() else { break };
+        let mut events: Vec<Event> = std::iter::repeat_n(Event::Trip(Duration::ZERO), shell.trips).collect();
+        shell.trips = 0;
+        while let Some((_, event)) = extra.get(next_extra).filter(|e| shell.start + e.0 <= now) {
+            events.push(event.clone());
+            next_extra += 1;
+        }
+        let sampled = shell.step_done(now, &mut events);
+        while let Some(&i) = order.get(next).filter(|&&i| shell.start + arrivals[i].at == now) {
+            shell.submit(i, &arrivals[i], now, &mut events);
+            next += 1;
+        }
+        shell.cancels_due(now, &mut events);
+        // A cancel is read after the step result that came with it: that step's token for the
+        // sequence is still sent, so the sequence ends once the effects are in.
+        let cancelled: Vec<SeqId> =
+            events.iter().filter_map(|e| if let Event::Cancel(id) = e { Some(*id) } else { None }).collect();
+        shell.ledger.step(now, events, &mut effects);
+        for effect in effects.drain(..) {
+            shell.carry_out(effect, now, &sampled, &mut step_time);
+        }
+        shell.cancelled(&cancelled, now);
+    }
+    shell.trace
+}
+
+/// The replay's side of the ledger, as the sidecar's shell and engine: each live sequence's known
+/// tokens, the engine's KV store, the step on the engine (its number, when it ends, the token it
+/// samples for each member), the cancels to come, the tokens on their way, and the trace so far.
+struct Shell<'a> {
+    setup: &'a Setup,
+    start: Instant,
+    ledger: Ledger,
+    known: HashMap<SeqId, Vec<u32>>,
+    kv: Vec<u32>,
+    engine: Option<(u64, Instant, BTreeMap<SeqId, u32>)>,
+    cancels: Vec<(Instant, SeqId)>,
+    trips: usize,
+    trace: Trace,
+}
+
+impl<'a> Shell<'a> {
+    fn new(setup: &'a Setup, arrivals: &[Arrival]) -> Shell<'a> {
+        let scheduler = Scheduler::new(
+            setup.policy,
+            BlockPool::new(setup.blocks, setup.block_size),
+            StepEstimator::new(setup.prior),
+        );
+        let fates = arrivals
             .iter()
             .enumerate()
             .map(|(i, a)| Fate {
@@ -194,60 +247,56 @@ pub fn replay_in(
                 admitted: true,
                 preempted: 0,
             })
-            .collect(),
-        ..Trace::default()
-    };
-    // The shell's side: every sequence's known tokens, and the engine's KV store.
-    let mut known: HashMap<SeqId, Vec<u32>> = HashMap::new();
-    let mut kv = vec![u32::MAX; (setup.blocks * setup.block_size) as usize];
-    let mut engine: Option<(u64, Instant, BTreeMap<SeqId, u32>)> = None;
-    let mut cancels: Vec<(Instant, SeqId)> = Vec::new();
-    let mut next = 0;
-    let mut effects = Vec::new();
-    loop {
-        let arrival_at = order.get(next).map(|&i| start + arrivals[i].at);
-        let candidates = [
-            arrival_at,
-            engine.as_ref().map(|(_, end, _)| *end),
-            ledger.next_wake(),
-            cancels.iter().map(|(at, _)| *at).min(),
-            extra.get(next_extra).map(|e| start + e.0),
-        ];
-        let Some(now) = candidates.into_iter().flatten().min() else { break };
-        let mut events: Vec<Event> = std::iter::repeat_n(Event::Trip(Duration::ZERO), trips).collect();
-        trips = 0;
-        while let Some((_, event)) = extra.get(next_extra).filter(|e| start + e.0 <= now) {
-            events.push(event.clone());
-            next_extra += 1;
+            .collect();
+        Shell {
+            setup,
+            start: Instant::now(),
+            ledger: Ledger::new(scheduler, setup.margin, 3),
+            known: HashMap::new(),
+            kv: vec![u32::MAX; (setup.blocks * setup.block_size) as usize],
+            engine: None,
+            cancels: Vec::new(),
+            trips: 0,
+            trace: Trace { fates, ..Trace::default() },
         }
-        let mut sampled = BTreeMap::new();
-        if let Some((step, _, _)) = engine.as_ref().filter(|(_, end, _)| *end == now) {
-            events.push(Event::StepDone { step: *step, outcome: StepOutcome::Ran { stopped: Vec::new() } });
-            sampled = engine.take().expect("checked").2;
-        }
-        while let Some(&i) = order.get(next).filter(|&&i| start + arrivals[i].at == now) {
-            let a = arrivals[i];
-            let id = i as SeqId;
-            events.push(Event::Submit(Request {
-                id,
-                arrival: now,
-                priority: a.priority,
-                tenant: a.tenant,
-                weight: a.weight,
-                prompt: a.prompt,
-                max_tokens: a.max_tokens,
-                bytes: 64,
-                ttft_deadline: now + a.ttft,
-                itl: a.itl,
-                deadline: now + a.timeout,
-            }));
-            known.insert(id, prompt_ids(i, a.prompt));
-            if let Some(after) = a.cancel_after {
-                cancels.push((now + after, id));
+    }
+
+    /// The step on the engine, if it ends at `now`: its result for the ledger, and the tokens it
+    /// sampled.
+    fn step_done(&mut self, now: Instant, events: &mut Vec<Event>) -> BTreeMap<SeqId, u32> {
+        match self.engine.take_if(|(_, end, _)| *end == now) {
+            Some((step, _, sampled)) => {
+                events.push(Event::StepDone { step, outcome: StepOutcome::Ran { stopped: Vec::new() } });
+                sampled
             }
-            next += 1;
+            None => BTreeMap::new(),
         }
-        cancels.retain(|(at, id)| {
+    }
+
+    /// Request `i` of the trace arrives.
+    fn submit(&mut self, i: usize, a: &Arrival, now: Instant, events: &mut Vec<Event>) {
+        let id = i as SeqId;
+        events.push(Event::Submit(Request {
+            id,
+            arrival: now,
+            priority: a.priority,
+            tenant: a.tenant,
+            weight: a.weight,
+            prompt: a.prompt,
+            max_tokens: a.max_tokens,
+            bytes: 64,
+            ttft_deadline: now + a.ttft,
+            itl: a.itl,
+            deadline: now + a.timeout,
+        }));
+        self.known.insert(id, prompt_ids(i, a.prompt));
+        if let Some(after) = a.cancel_after {
+            self.cancels.push((now + after, id));
+        }
+    }
+
+    fn cancels_due(&mut self, now: Instant, events: &mut Vec<Event>) {
+        self.cancels.retain(|(at, id)| {
             if *at == now {
                 events.push(Event::Cancel(*id));
                 false
@@ -255,74 +304,86 @@ pub fn replay_in(
                 true
             }
         });
-        // A cancel is read after the step result that came with it: that step's token for the
-        // sequence is still sent, so the sequence ends once the effects are in.
-        let cancelled: Vec<SeqId> =
-            events.iter().filter_map(|e| if let Event::Cancel(id) = e { Some(*id) } else { None }).collect();
-        ledger.step(now, events, &mut effects);
-        for effect in effects.drain(..) {
-            match effect {
-                Effect::Step { step, plan } => {
-                    // The engine: write each member's new tokens into its blocks, then sample
-                    // the cycled prompt from what the blocks hold.
-                    let b = setup.block_size as usize;
-                    let mut out = BTreeMap::new();
-                    for m in &plan.members {
-                        let tokens = &known[&m.id];
-                        for pos in m.start..m.start + m.len {
-                            let p = pos as usize;
-                            kv[m.blocks[p / b] as usize * b + p % b] = tokens[p];
-                        }
-                        if m.sample {
-                            let p = (m.start + m.len - m.prompt) as usize;
-                            out.insert(m.id, kv[m.blocks[p / b] as usize * b + p % b]);
-                        }
-                    }
-                    let took = step_time(now - start, plan.shape);
-                    trace.steps.push(StepRecord {
-                        started: now - start,
-                        took,
-                        used_blocks: ledger.scheduler().pool().used(),
-                        held_blocks: plan.members.iter().map(|m| m.blocks.len() as u32).sum(),
-                        plan,
-                    });
-                    engine = Some((step, now + took, out));
-                }
-                Effect::Token { id, .. } => {
-                    trips += 1;
-                    let token = sampled[&id];
-                    known.get_mut(&id).expect("a live sequence").push(token);
-                    let fate = &mut trace.fates[id as usize];
-                    fate.tokens.push(now - start);
-                    fate.ids.push(token);
-                }
-                Effect::End { id, end, admitted } => {
-                    known.remove(&id);
-                    let fate = &mut trace.fates[id as usize];
-                    if fate.end.is_some() {
-                        trace.double_ends += 1;
-                    }
-                    fate.admitted = admitted;
-                    fate.end = Some((
-                        now - start,
-                        match end {
-                            End::Finished(reason) => Ending::Finished(reason),
-                            End::Unfinished(refusal) => Ending::Unfinished(refusal),
-                        },
-                    ));
-                }
-                Effect::Preempted(id) => trace.fates[id as usize].preempted += 1,
-                Effect::Started { .. } | Effect::StepEnded { .. } | Effect::Late(_) => {}
-            }
-        }
-        for id in cancelled {
-            let fate = &mut trace.fates[id as usize];
-            if fate.end.is_none() && known.remove(&id).is_some() {
-                fate.end = Some((now - start, Ending::Cancelled));
-            }
-        }
-        let s = ledger.scheduler();
-        trace.quiet.push((s.pool().used(), s.held_blocks()));
     }
-    trace
+
+    fn carry_out(
+        &mut self,
+        effect: Effect,
+        now: Instant,
+        sampled: &BTreeMap<SeqId, u32>,
+        step_time: &mut impl FnMut(Duration, StepShape) -> Duration,
+    ) {
+        match effect {
+            Effect::Step { step, plan } => self.run(step, plan, now, step_time),
+            Effect::Token { id, .. } => {
+                self.trips += 1;
+                let token = sampled[&id];
+                self.known.get_mut(&id).expect("a live sequence").push(token);
+                let fate = &mut self.trace.fates[id as usize];
+                fate.tokens.push(now - self.start);
+                fate.ids.push(token);
+            }
+            Effect::End { id, end, admitted } => {
+                self.known.remove(&id);
+                let fate = &mut self.trace.fates[id as usize];
+                if fate.end.is_some() {
+                    self.trace.double_ends += 1;
+                }
+                fate.admitted = admitted;
+                let ending = match end {
+                    End::Finished(reason) => Ending::Finished(reason),
+                    End::Unfinished(refusal) => Ending::Unfinished(refusal),
+                };
+                fate.end = Some((now - self.start, ending));
+            }
+            Effect::Preempted(id) => self.trace.fates[id as usize].preempted += 1,
+            Effect::Started { .. } | Effect::StepEnded { .. } | Effect::Late(_) => {}
+        }
+    }
+
+    /// The engine runs `plan`: it writes each member's new tokens into its blocks, then samples
+    /// the cycled prompt from what the blocks hold.
+    fn run(
+        &mut self,
+        step: u64,
+        plan: StepPlan,
+        now: Instant,
+        step_time: &mut impl FnMut(Duration, StepShape) -> Duration,
+    ) {
+        let b = self.setup.block_size as usize;
+        let mut out = BTreeMap::new();
+        for m in &plan.members {
+            let tokens = &self.known[&m.id];
+            for pos in m.start..m.start + m.len {
+                let p = pos as usize;
+                self.kv[m.blocks[p / b] as usize * b + p % b] = tokens[p];
+            }
+            if m.sample {
+                let p = (m.start + m.len - m.prompt) as usize;
+                out.insert(m.id, self.kv[m.blocks[p / b] as usize * b + p % b]);
+            }
+        }
+        let took = step_time(now - self.start, plan.shape);
+        self.trace.steps.push(StepRecord {
+            started: now - self.start,
+            took,
+            used_blocks: self.ledger.scheduler().pool().used(),
+            held_blocks: plan.members.iter().map(|m| m.blocks.len() as u32).sum(),
+            plan,
+        });
+        self.engine = Some((step, now + took, out));
+    }
+
+    /// Sequences whose callers went away at `now` end, cancelled, once the instant's effects are in;
+    /// then the quiet point's blocks are recorded.
+    fn cancelled(&mut self, cancelled: &[SeqId], now: Instant) {
+        for id in cancelled {
+            let fate = &mut self.trace.fates[*id as usize];
+            if fate.end.is_none() && self.known.remove(id).is_some() {
+                fate.end = Some((now - self.start, Ending::Cancelled));
+            }
+        }
+        let s = self.ledger.scheduler();
+        self.trace.quiet.push((s.pool().used(), s.held_blocks()));
+    }
 }
