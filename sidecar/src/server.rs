@@ -201,6 +201,13 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, Str
         }
         _ => None,
     };
+    // The deadlines a request gets when it names none: what the exported capacity keeps.
+    let targets = generation::capacity::Targets {
+        ttft: g.ttft_budget,
+        itl: g.max_inter_token_latency,
+        timeout: settings.max_timeout,
+        margin: settings.deadline_margin,
+    };
     let backend = match (step_engine, &settings.engine) {
         (Some(engine), _) => {
             let kv = engine.kv();
@@ -221,13 +228,6 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, Str
             );
             let ledger =
                 generation::ledger::Ledger::new(scheduler, settings.deadline_margin, settings.retry.max_attempts);
-            // The deadlines a request gets when it names none: what the exported capacity keeps.
-            let targets = generation::capacity::Targets {
-                ttft: g.ttft_budget,
-                itl: g.max_inter_token_latency,
-                timeout: settings.max_timeout,
-                margin: settings.deadline_margin,
-            };
             Backend::Steps { generator: steps::spawn(ledger, engine.clone(), model_metrics, targets), engine }
         }
         (None, EngineSettings::OpenAi { upstream, model }) => {
@@ -241,7 +241,7 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, Str
                 max_attempts: settings.retry.max_attempts,
             };
             let window = Window::new(policy, UpstreamCost::default(), settings.deadline_margin);
-            Backend::Relay(Relay::spawn(window, upstream, model, model_metrics))
+            Backend::Relay(Relay::spawn(window, upstream, model, model_metrics, targets))
         }
         _ => unreachable!("only generation engines come here"),
     };

@@ -156,6 +156,20 @@ def test_greedy_answers_through_ferry_equal_the_upstreams_own(llama, sidecar):
         assert "".join(c.choices[0].text for c in streamed if c.choices) == direct["choices"][0]["text"]
 
 
+def test_the_pod_exports_its_capacity_from_what_it_learned_of_the_upstream(sidecar):
+    # Computed once a second from the window's fits, at the shape of the requests finished lately
+    # (NaN until one has finished).
+    for prompt in PROMPTS:
+        sidecar.client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+    deadline = time.monotonic() + 30
+    while not sidecar.metric("ferry_capacity_requests_per_second{}") > 0:
+        assert time.monotonic() < deadline, "no capacity exported once requests finished"
+        time.sleep(0.1)
+    requests = sidecar.metric("ferry_capacity_requests_per_second{}")
+    tokens = sidecar.metric("ferry_capacity_tokens_per_second{}")
+    assert requests < float("inf") and tokens >= requests, (requests, tokens)
+
+
 def test_a_chat_goes_through_the_upstreams_own_template(llama, sidecar):
     messages = [{"role": "user", "content": "What is 2 + 2?"}]
     request = urllib.request.Request(

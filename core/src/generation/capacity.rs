@@ -36,6 +36,8 @@
 
 use std::time::Duration;
 
+pub mod upstream;
+
 use super::kv::BlockPool;
 use super::scheduler::Policy;
 use super::step::StepCost;
@@ -158,6 +160,28 @@ pub struct Capacity {
     /// Mean step time.
     pub step: Duration,
     pub bound: Bound,
+}
+
+impl Capacity {
+    /// Nothing served, for want of `bound`.
+    fn none(bound: Bound) -> Capacity {
+        Capacity { requests_per_second: 0.0, tokens_per_second: 0.0, running: 0.0, step: Duration::ZERO, bound }
+    }
+}
+
+/// The largest rate below `hi` that `keeps`, by bisection (the promises only get harder as the
+/// rate grows): the last rate kept, and the first broken.
+fn largest(keeps: impl Fn(f64) -> bool, mut hi: f64) -> (f64, f64) {
+    let mut lo = 0.0;
+    for _ in 0..64 {
+        let mid = (lo + hi) / 2.0;
+        if keeps(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    (lo, hi)
 }
 
 /// The steady state at one rate, with the load read at its 99th percentile.
@@ -338,23 +362,9 @@ pub fn capacity(cost: &StepCost, shape: &RequestShape, targets: &Targets, limits
     let keeps = |rate: f64| work.at(rate).filter(|p| broken(p, shape, targets, limits, &work).is_none());
     if keeps(f64::MIN_POSITIVE).is_none() {
         let bound = work.at(0.0).and_then(|p| broken(&p, shape, targets, limits, &work)).unwrap_or(Bound::Engine);
-        return Capacity {
-            requests_per_second: 0.0,
-            tokens_per_second: 0.0,
-            running: 0.0,
-            step: Duration::ZERO,
-            bound,
-        };
+        return Capacity::none(bound);
     }
-    let (mut lo, mut hi) = (0.0, 1.0 / work.per_request().max(1e-12));
-    for _ in 0..64 {
-        let mid = (lo + hi) / 2.0;
-        if keeps(mid).is_some() {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
+    let (lo, hi) = largest(|rate| keeps(rate).is_some(), 1.0 / work.per_request().max(1e-12));
     let point = work.at(lo).expect("kept");
     let bound = work.at(hi).and_then(|p| broken(&p, shape, targets, limits, &work)).unwrap_or(Bound::Engine);
     Capacity {

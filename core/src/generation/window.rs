@@ -157,9 +157,10 @@ struct Flight {
     running_at_send: u32,
     first: Option<Instant>,
     last: Instant,
-    /// In flight when its last token came: with those in flight now, what its next gap is
-    /// learned at (the more of the two, since a request that ended at the gap's end took part in
-    /// the upstream's steps within it).
+    /// In flight when its last token came: what its next gap is learned at. The gap is the time
+    /// of the steps of the batch in flight when it began: a request that ends at its end took
+    /// part in them, and one sent during it joins the steps after (counting it, as the more of
+    /// the two counts did, taught the window that more in flight cost less than they do).
     running_at_last: u32,
     tokens: u32,
 }
@@ -204,6 +205,10 @@ impl Window {
             queued_tokens: 0,
             ready: false,
         }
+    }
+
+    pub fn policy(&self) -> &WindowPolicy {
+        &self.policy
     }
 
     pub fn model(&self) -> &UpstreamModel {
@@ -317,7 +322,7 @@ impl Window {
         let running = self.running.len() as u32;
         let Some(flight) = self.entries.get_mut(&id).and_then(|e| e.flight.as_mut()) else { return };
         let (gap, since) = (now - flight.last, flight.last);
-        let during = running.max(flight.running_at_last);
+        let during = flight.running_at_last;
         flight.last = now;
         flight.running_at_last = running;
         flight.tokens += 1;
@@ -516,8 +521,11 @@ impl Window {
                 let e = &self.entries[id];
                 let f = e.flight.expect("running requests are in flight");
                 let first = f.first.unwrap_or(f.sent + self.model.ttft(e.request.prompt, f.running_at_send));
+                // Its last token comes the tokens it has still to get after its latest (or its
+                // first, to come) — counted from that token, not from its first.
+                let latest = if f.tokens > 0 { f.last } else { first };
                 let left = e.request.max_tokens.saturating_sub(f.tokens.max(1));
-                let end = (first + itl * left).max(now);
+                let end = (latest + itl * left).max(now);
                 out.insert(*id, (first, end));
                 Reverse(end)
             })

@@ -20,6 +20,7 @@ use super::shell::{self, Backend, Handle, PromptTokens, Reply};
 use super::stream::{Control, Piece};
 use crate::metrics::GenerationMetrics;
 use crate::task::OldestArrival;
+use ferry_core::generation::capacity::{upstream, RecentShape, Targets};
 use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
 use ferry_core::generation::window::{Effect, Event, Window};
 use ferry_core::lockout::Lockout;
@@ -90,7 +91,9 @@ impl Deref for Relay {
 impl Relay {
     /// Starts the relay task and the health checks of `base` (e.g. `http://127.0.0.1:8000`),
     /// which serves the model as `model`.
-    pub fn spawn(window: Window, base: &str, model: &str, metrics: GenerationMetrics) -> Relay {
+    /// Starts the relay's task; `targets` are the service's (its default deadlines), which the
+    /// capacity it exports keeps.
+    pub fn spawn(window: Window, base: &str, model: &str, metrics: GenerationMetrics, targets: Targets) -> Relay {
         let base = base.trim_end_matches('/').to_owned();
         let client =
             reqwest::Client::builder().tcp_nodelay(true).pool_max_idle_per_host(256).build().expect("an HTTP client");
@@ -109,6 +112,9 @@ impl Relay {
             reports,
             oldest: oldest.clone(),
             bytes_per_token: bytes_per_token.clone(),
+            targets,
+            shape: RecentShape::default(),
+            capacity_due: None,
         };
         let handle = Handle::spawn(relaying, reports_rx, oldest, metrics);
         Relay { handle, ready, bytes_per_token, base, model: model.to_owned() }
@@ -221,6 +227,11 @@ struct Relaying {
     bytes_per_token: Arc<AtomicU64>,
     /// Whether it refuses every request while idle ([`ferry_core::lockout`]).
     lockout: Lockout,
+    /// The service's default deadlines, and the shape of the requests finished lately: what the
+    /// exported capacity is computed for, from the window's fits.
+    targets: Targets,
+    shape: RecentShape,
+    capacity_due: Option<Instant>,
 }
 
 impl Backend for Relaying {
@@ -316,11 +327,12 @@ impl Backend for Relaying {
                     task.abort();
                 }
                 let piece = match end {
-                    End::Finished(reason) => Piece::End(Ok(caller.reply.finished(
-                        reason,
-                        caller.usage.map_or(caller.upstream.tokens, |u| u.0),
-                        caller.usage.and_then(|u| u.1).unwrap_or(caller.tokens),
-                    ))),
+                    End::Finished(reason) => {
+                        let prompt = caller.usage.map_or(caller.upstream.tokens, |u| u.0);
+                        let completion = caller.usage.and_then(|u| u.1).unwrap_or(caller.tokens);
+                        self.shape.observe(prompt, completion);
+                        Piece::End(Ok(caller.reply.finished(reason, prompt, completion)))
+                    }
                     End::Unfinished(refusal) => Piece::End(Err(refusal)),
                 };
                 caller.reply.send(piece, now);
@@ -331,6 +343,15 @@ impl Backend for Relaying {
     fn settle(&mut self, now: Instant) {
         self.publish();
         self.metrics.lockout.show(self.lockout.locked(now));
+        if self.capacity_due.is_none_or(|due| now >= due) {
+            self.capacity_due = Some(now + shell::CAPACITY_PERIOD);
+            if let Some(shape) = self.shape.shape() {
+                let max_in_flight = self.window.policy().max_in_flight;
+                let c = upstream::capacity(self.window.model(), &shape, &self.targets, max_in_flight);
+                self.metrics.capacity_requests.set(c.requests_per_second);
+                self.metrics.capacity_tokens.set(c.tokens_per_second);
+            }
+        }
     }
 
     fn is_idle(&self) -> bool {

@@ -126,6 +126,10 @@ pub(super) trait Backend: Send + 'static {
     fn next_wake(&self) -> Option<Instant>;
 }
 
+/// How often a backend computes the capacity it exports (a bisection over queueing formulas:
+/// tens of microseconds, not for every pass).
+pub(super) const CAPACITY_PERIOD: Duration = Duration::from_secs(1);
+
 /// The task wakes at least this often while it serves, so that its timer's lateness (part of the
 /// deadline margin) is measured whatever the load.
 const TIMER_PROBE: Duration = Duration::from_millis(50);

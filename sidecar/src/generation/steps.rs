@@ -111,10 +111,6 @@ struct Steps {
     capacity_due: Option<Instant>,
 }
 
-/// How often the exported capacity is computed (a bisection over queueing formulas: tens of
-/// microseconds, not for every step).
-const CAPACITY_PERIOD: Duration = Duration::from_secs(1);
-
 /// A step still running this long after it started, and this many times its estimate, has
 /// stalled: the engine is hung, and the pod must be restarted rather than keep its sequences
 /// (and its readiness) waiting on it for ever.
@@ -408,7 +404,7 @@ impl Steps {
             gauge.set(term.as_secs_f64());
         }
         if self.capacity_due.is_none_or(|due| now >= due) {
-            self.capacity_due = Some(now + CAPACITY_PERIOD);
+            self.capacity_due = Some(now + shell::CAPACITY_PERIOD);
             if let Some(shape) = self.shape.shape() {
                 let limits = Limits::of(s.policy(), s.pool());
                 let c = capacity::capacity(&cost, &shape, &self.targets, &limits);

@@ -129,6 +129,23 @@ fn a_gap_is_learned_at_the_concurrency_it_began_with() {
 }
 
 #[test]
+fn a_slot_frees_after_the_tokens_left_from_the_latest_one() {
+    // One slot. The first request has had 40 of its 50 tokens (its first at 75 ms, then one
+    // every 22 ms): its last comes 10 tokens after its 40th, at 933 + 220 = 1153 ms, and the
+    // second's first token 75 ms later, 295 ms after it arrives at 933 ms — past a first-token
+    // deadline of 200 ms. Counted from the first token, the slot would look free already.
+    let mut h = Harness::new(WindowPolicy { max_in_flight: 1, ..policy() });
+    h.at(0, vec![Event::Submit(h.request(0, 0, 100, 50))]);
+    h.at(75, vec![Event::First(0)]);
+    for k in 1..40 {
+        h.at(75 + 22 * k, vec![Event::Token(0)]);
+    }
+    let second = Request { ttft_deadline: h.start + 1133 * MS, ..h.request(1, 933, 100, 5) };
+    let r = refusal(&h.at(933, vec![Event::Submit(second)]), 1);
+    assert!(r.message.contains("first token is forecast 295 ms after arrival"), "{}", r.message);
+}
+
+#[test]
 fn a_request_that_cannot_get_its_first_token_in_time_is_refused_at_arrival_with_the_forecast() {
     let mut h = Harness::new(WindowPolicy { max_in_flight: 1, ..policy() });
     let first = h.request(0, 0, 100, 50);
