@@ -10,6 +10,7 @@
 //! same state: the queue ahead of it, the busy workers and the measured batch time
 //! (the `forecast` module).
 
+pub mod capacity;
 mod cut;
 mod forecast;
 #[cfg(test)]

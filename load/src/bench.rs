@@ -461,7 +461,8 @@ async fn generation(md: &mut String, secs: u64) -> anyhow::Result<()> {
         tpot: Duration::from_millis(100),
         seed: 11,
     };
-    let capacity = service.capacity(&shape);
+    let pod = service.capacity(&shape);
+    let capacity = pod.requests_per_second;
     let _ = writeln!(md, "## 5. Generation: continuous batching under deadlines\n");
     let _ = writeln!(
         md,
@@ -469,9 +470,11 @@ async fn generation(md: &mut String, secs: u64) -> anyhow::Result<()> {
          `maxSequences` 64, `maxBatchTokens` 2048, 4096 KV blocks of 16 tokens, a queue of 256. Poisson arrivals; \
          prompts of 32–1024 tokens and `max_tokens` of 16–256, uniformly; every request asks for its first token \
          within 1 s and 100 ms per output token after it (its completion deadline is 1 s + 100 ms × `max_tokens`, \
-         its inter-token target 100 ms). Capacity with every seat taken: {capacity:.1} req/s (each request's \
-         prefill plus its share of 64-sequence decode steps). Goodput counts the requests that got their first \
-         token and their whole answer in time.\n"
+         its inter-token target 100 ms). Capacity: {capacity:.1} req/s, bound by {} — ferry-core's capacity \
+         function, the figure the sidecar exports (`ferry_capacity_requests_per_second`) and the operator scales \
+         by: the most requests a second at which 99 % keep all three deadlines, at the trace's mean prompt and \
+         output. Goodput counts the requests that got their first token and their whole answer in time.\n",
+        pod.bound.as_str()
     );
     let _ = writeln!(
         md,

@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use ferry_core::generation::capacity::{capacity, Capacity, Limits, RequestShape, Targets};
+use ferry_core::generation::kv::BlockPool;
 use ferry_core::generation::replay::{replay, Arrival, Ending, Setup};
 use ferry_core::generation::scheduler::{Discipline, Policy};
 use ferry_core::generation::step::StepCost;
@@ -46,14 +48,21 @@ impl Service {
         }
     }
 
-    /// Requests per second one replica completes with every seat taken: each request's prefill,
-    /// and its share of the decode steps of `maxSequences` sequences.
-    pub fn capacity(&self, shape: &Shape) -> f64 {
-        let seats = f64::from(self.max_sequences);
-        let c = &self.cost;
-        let step = c.fixed.as_secs_f64() + seats * c.per_decode.as_secs_f64();
-        let per_request = shape.mean_prompt() * c.per_prefill_token.as_secs_f64() + shape.mean_output() * step / seats;
-        1.0 / per_request
+    /// What one replica serves of `shape`'s requests with 99 % of them keeping all three
+    /// deadlines: ferry-core's capacity function, the figure the sidecar exports and the operator
+    /// scales by, at the trace's mean prompt and output (and the completion deadline of the mean
+    /// output).
+    pub fn capacity(&self, shape: &Shape) -> Capacity {
+        let request = RequestShape { prompt: shape.mean_prompt(), output: shape.mean_output() };
+        let targets = Targets {
+            ttft: shape.ttft,
+            itl: shape.tpot,
+            timeout: shape.ttft + shape.tpot.mul_f64(shape.mean_output()),
+            margin: Duration::ZERO,
+        };
+        let setup = self.setup(Discipline::Deadlines);
+        let limits = Limits::of(&setup.policy, &BlockPool::new(setup.blocks, setup.block_size));
+        capacity(&self.cost, &request, &targets, &limits)
     }
 }
 
@@ -132,7 +141,7 @@ mod tests {
             tpot: Duration::from_millis(60),
             seed: 5,
         };
-        shape.rate = 2.0 * service.capacity(&shape);
+        shape.rate = 2.0 * service.capacity(&shape).requests_per_second;
         let t = trace(&shape);
         let ferry = Summary::of(&run(&service, Discipline::Deadlines, &t), shape.duration);
         let fcfs = Summary::of(&run(&service, Discipline::Fcfs, &t), shape.duration);

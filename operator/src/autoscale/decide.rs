@@ -33,6 +33,8 @@ use std::time::Duration;
 
 use std::time::Instant;
 
+use ferry_core::scheduler::capacity;
+
 /// What the sidecars' metrics say, summed (or maxed) over the service's pods, over one window.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Observed {
@@ -241,10 +243,9 @@ fn prompt_backlog(observed: &Observed, target: &Target, ready: u32) -> u32 {
     ((observed.queue_tokens - f64::from(ready) * per_pod).max(0.0) / per_pod).ceil() as u32
 }
 
-/// Requests per second one replica serves at full batches.
+/// Requests per second one replica serves at full batches ([`capacity::per_replica`]).
 pub fn capacity_per_replica(target: &Target, batch_time: Duration, rows_per_request: f64) -> f64 {
-    let secs = batch_time.as_secs_f64().max(1e-6);
-    f64::from(target.workers * target.max_batch_size) / secs / rows_per_request.max(1.0)
+    capacity::per_replica(target.workers, target.max_batch_size, batch_time, rows_per_request)
 }
 
 /// The rate's slope over time (req/s per second), as a rise both halves of the span agree on:

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ferry_core::estimate::Estimator;
 use ferry_core::replay::{replay, Arrival, Fate};
-use ferry_core::scheduler::{Policy, Scheduler};
+use ferry_core::scheduler::{capacity, Policy, Scheduler};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -94,7 +94,7 @@ fn simulate(input: &PlanInput, rate: f64, seed: u64) -> (f64, f64, f64) {
 }
 
 pub fn plan(input: &PlanInput) -> Plan {
-    let capacity = f64::from(input.workers * input.max_batch_size) / input.batch_time.as_secs_f64();
+    let capacity = capacity::per_replica(input.workers, input.max_batch_size, input.batch_time, 1.0);
     let arithmetic = (input.rate / capacity).ceil().max(1.0) as u32;
     let mut rows = Vec::new();
     let mut simulated = None;

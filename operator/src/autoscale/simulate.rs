@@ -61,7 +61,7 @@ impl World {
     }
 
     fn capacity(&self) -> f64 {
-        f64::from(self.target.workers * self.target.max_batch_size) / self.target.batch_time.as_secs_f64()
+        super::decide::capacity_per_replica(&self.target, self.target.batch_time, 1.0)
     }
 }
 
