@@ -16,11 +16,11 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
-use super::shell::{self, Backend, Handle, PromptTokens, Reply};
+use super::shell::{self, Backend, CapacityExport, Handle, PromptTokens, Reply};
 use super::stream::{Control, Piece};
 use crate::metrics::GenerationMetrics;
 use crate::task::OldestArrival;
-use ferry_core::generation::capacity::{upstream, RecentShape, Targets};
+use ferry_core::generation::capacity::{upstream, Targets};
 use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
 use ferry_core::generation::window::{Effect, Event, Window};
 use ferry_core::lockout::Lockout;
@@ -112,9 +112,7 @@ impl Relay {
             reports,
             oldest: oldest.clone(),
             bytes_per_token: bytes_per_token.clone(),
-            targets,
-            shape: RecentShape::default(),
-            capacity_due: None,
+            capacity: CapacityExport::new(targets),
         };
         let handle = Handle::spawn(relaying, reports_rx, oldest, metrics);
         Relay { handle, ready, bytes_per_token, base, model: model.to_owned() }
@@ -227,11 +225,8 @@ struct Relaying {
     bytes_per_token: Arc<AtomicU64>,
     /// Whether it refuses every request while idle ([`ferry_core::lockout`]).
     lockout: Lockout,
-    /// The service's default deadlines, and the shape of the requests finished lately: what the
-    /// exported capacity is computed for, from the window's fits.
-    targets: Targets,
-    shape: RecentShape,
-    capacity_due: Option<Instant>,
+    /// The capacity it exports, from the window's fits.
+    capacity: CapacityExport,
 }
 
 impl Backend for Relaying {
@@ -330,7 +325,7 @@ impl Backend for Relaying {
                     End::Finished(reason) => {
                         let prompt = caller.usage.map_or(caller.upstream.tokens, |u| u.0);
                         let completion = caller.usage.and_then(|u| u.1).unwrap_or(caller.tokens);
-                        self.shape.observe(prompt, completion);
+                        self.capacity.finished(prompt, completion);
                         Piece::End(Ok(caller.reply.finished(reason, prompt, completion)))
                     }
                     End::Unfinished(refusal) => Piece::End(Err(refusal)),
@@ -343,15 +338,10 @@ impl Backend for Relaying {
     fn settle(&mut self, now: Instant) {
         self.publish();
         self.metrics.lockout.show(self.lockout.locked(now));
-        if self.capacity_due.is_none_or(|due| now >= due) {
-            self.capacity_due = Some(now + shell::CAPACITY_PERIOD);
-            if let Some(shape) = self.shape.shape() {
-                let max_in_flight = self.window.policy().max_in_flight;
-                let c = upstream::capacity(self.window.model(), &shape, &self.targets, max_in_flight);
-                self.metrics.capacity_requests.set(c.requests_per_second);
-                self.metrics.capacity_tokens.set(c.tokens_per_second);
-            }
-        }
+        let window = &self.window;
+        self.capacity.publish(now, &self.metrics, |shape, targets| {
+            upstream::capacity(window.model(), shape, targets, window.policy().max_in_flight)
+        });
     }
 
     fn is_idle(&self) -> bool {

@@ -21,6 +21,7 @@ use super::stream::{Control, Deadlines, Finished, Piece, Sent, Stream};
 use crate::metrics::GenerationMetrics;
 use crate::tally::Tally;
 use crate::task::{sleep_until, OldestArrival, Stopped};
+use ferry_core::generation::capacity::{Capacity, RecentShape, RequestShape, Targets};
 use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
 use ferry_core::lockout::Lockout;
 use ferry_core::outcome::Outcome;
@@ -128,7 +129,45 @@ pub(super) trait Backend: Send + 'static {
 
 /// How often a backend computes the capacity it exports (a bisection over queueing formulas:
 /// tens of microseconds, not for every pass).
-pub(super) const CAPACITY_PERIOD: Duration = Duration::from_secs(1);
+const CAPACITY_PERIOD: Duration = Duration::from_secs(1);
+
+/// The capacity a backend exports: for the service's default deadlines (`targets`), at the
+/// shape of the requests it finished lately, once every [`CAPACITY_PERIOD`].
+pub(super) struct CapacityExport {
+    targets: Targets,
+    shape: RecentShape,
+    due: Option<Instant>,
+}
+
+impl CapacityExport {
+    pub(super) fn new(targets: Targets) -> CapacityExport {
+        CapacityExport { targets, shape: RecentShape::default(), due: None }
+    }
+
+    /// A request finished with these many prompt and completion tokens.
+    pub(super) fn finished(&mut self, prompt: u32, completion: u32) {
+        self.shape.observe(prompt, completion);
+    }
+
+    /// Sets the capacity gauges from `capacity` (of the shape and the targets) when it is due
+    /// and a request has finished.
+    pub(super) fn publish(
+        &mut self,
+        now: Instant,
+        metrics: &GenerationMetrics,
+        capacity: impl FnOnce(&RequestShape, &Targets) -> Capacity,
+    ) {
+        if self.due.is_some_and(|due| now < due) {
+            return;
+        }
+        self.due = Some(now + CAPACITY_PERIOD);
+        if let Some(shape) = self.shape.shape() {
+            let c = capacity(&shape, &self.targets);
+            metrics.capacity_requests.set(c.requests_per_second);
+            metrics.capacity_tokens.set(c.tokens_per_second);
+        }
+    }
+}
 
 /// The task wakes at least this often while it serves, so that its timer's lateness (part of the
 /// deadline margin) is measured whatever the load.

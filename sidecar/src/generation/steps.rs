@@ -14,13 +14,13 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 
 use super::engine::{Detokenizer, Sampling, SeqInput, StepEngine, StepInput};
-use super::shell::{self, Backend, Handle, PromptTokens, Reply};
+use super::shell::{self, Backend, CapacityExport, Handle, PromptTokens, Reply};
 use super::stop::StopMatcher;
 use super::stream::{Control, Piece};
 use crate::engine::EngineError;
 use crate::metrics::GenerationMetrics;
 use crate::task::OldestArrival;
-use ferry_core::generation::capacity::{self, Limits, RecentShape, Targets};
+use ferry_core::generation::capacity::{self, Limits, Targets};
 use ferry_core::generation::ledger::{Effect, Event, Ledger, StepOutcome};
 use ferry_core::generation::scheduler::StepPlan;
 use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
@@ -61,9 +61,7 @@ pub fn spawn(ledger: Ledger, engine: Arc<dyn StepEngine>, metrics: GenerationMet
         oldest: oldest.clone(),
         watchdog: None,
         failed_steps: 0,
-        targets,
-        shape: RecentShape::default(),
-        capacity_due: None,
+        capacity: CapacityExport::new(targets),
     };
     Handle::spawn(steps, done_rx, oldest, metrics)
 }
@@ -103,12 +101,8 @@ struct Steps {
     watchdog: Option<Watchdog>,
     /// Steps failed in a row.
     failed_steps: u32,
-    /// The service's default deadlines, and the shape of the requests finished lately: what the
-    /// exported capacity is computed for.
-    targets: Targets,
-    shape: RecentShape,
-    /// When the capacity is next computed.
-    capacity_due: Option<Instant>,
+    /// The capacity it exports, from the step cost it learned.
+    capacity: CapacityExport,
 }
 
 /// A step still running this long after it started, and this many times its estimate, has
@@ -358,7 +352,7 @@ impl Steps {
                     }
                 }
                 let completion_tokens = caller.tokens.len() as u32 - caller.prompt;
-                self.shape.observe(caller.prompt, completion_tokens);
+                self.capacity.finished(caller.prompt, completion_tokens);
                 let finished = caller.reply.finished(reason, caller.prompt, completion_tokens);
                 caller.reply.send(Piece::End(Ok(finished)), now);
             }
@@ -403,15 +397,8 @@ impl Steps {
         for (gauge, term) in self.metrics.step_cost.iter().zip(cost.terms()) {
             gauge.set(term.as_secs_f64());
         }
-        if self.capacity_due.is_none_or(|due| now >= due) {
-            self.capacity_due = Some(now + shell::CAPACITY_PERIOD);
-            if let Some(shape) = self.shape.shape() {
-                let limits = Limits::of(s.policy(), s.pool());
-                let c = capacity::capacity(&cost, &shape, &self.targets, &limits);
-                self.metrics.capacity_requests.set(c.requests_per_second);
-                self.metrics.capacity_tokens.set(c.tokens_per_second);
-            }
-        }
+        let limits = Limits::of(s.policy(), s.pool());
+        self.capacity.publish(now, &self.metrics, |shape, targets| capacity::capacity(&cost, shape, targets, &limits));
         self.metrics.running.set(s.running() as i64);
         self.metrics.waiting.set(s.waiting() as i64);
         self.metrics.queue_depth.set(s.waiting() as i64);
