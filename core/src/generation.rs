@@ -20,11 +20,13 @@
 //! - [`window`]: the concurrency window in front of an LLM server that batches by itself: how
 //!   many requests are in flight upstream, its admission, its learned model of the upstream.
 //! - [`replay`]: the ledger in virtual time with the `sim-llm` model, for exact tests, property
-//!   tests and the benchmark.
+//!   tests and the benchmark; [`fleet`]: pods driven instant by instant, judged per request, for
+//!   the operator's simulation.
 
 pub mod capacity;
 mod decode_run;
 pub mod discipline;
+pub mod fleet;
 pub mod forecast;
 pub mod kv;
 pub mod ledger;

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use ferry_core::generation::capacity::{Limits, Targets};
 use ferry_core::generation::step::StepCost;
 use ferry_operator::autoscale::generation_plan::{self, GenerationPlanInput};
+use ferry_operator::autoscale::generation_simulate;
 use ferry_operator::autoscale::plan::{self, PlanInput};
 use ferry_operator::autoscale::simulate::{self, Scenario, World};
 use ferry_operator::desired::Images;
@@ -46,6 +47,21 @@ enum Command {
         /// One scenario; all of them when left out.
         #[arg(long, value_enum)]
         scenario: Option<Scenario>,
+        #[arg(long, conflicts_with = "markdown")]
+        json: bool,
+        /// The README's table rows.
+        #[arg(long)]
+        markdown: bool,
+    },
+    /// Compare scaling policies for a generation (LLM) service whose pods take minutes to start,
+    /// in a deterministic simulation.
+    SimulateGeneration {
+        /// One scenario; all of them when left out.
+        #[arg(long, value_enum)]
+        scenario: Option<Scenario>,
+        /// From asking for a pod to its serving; 60s, 180s and 300s when left out.
+        #[arg(long, value_parser = ferry_core::duration::parse)]
+        startup: Option<Duration>,
         #[arg(long, conflicts_with = "markdown")]
         json: bool,
         /// The README's table rows.
@@ -222,24 +238,37 @@ fn main() -> ExitCode {
         }
         Some(Command::PlanGeneration(p)) => return plan_generation(&p),
         Some(Command::Simulate { scenario, json, markdown }) => {
-            let scenarios = scenario.map_or(Scenario::ALL.to_vec(), |s| vec![s]);
-            let single = scenarios.len() == 1;
-            let mut all = Vec::new();
-            for scenario in scenarios {
+            let runs = scenario.map_or(Scenario::ALL.to_vec(), |s| vec![s]).into_iter().map(|scenario| {
                 let outcomes = simulate::compare(&World::problem_statement(), scenario);
-                if json {
-                    all.push(serde_json::json!({ "scenario": scenario.name(), "policies": outcomes }));
-                } else if markdown {
-                    print!("{}", simulate::markdown(scenario, &outcomes));
-                } else {
-                    print!("{}", simulate::table(scenario, &outcomes));
+                Run {
+                    json: serde_json::json!({ "scenario": scenario.name(), "policies": outcomes }),
+                    markdown: simulate::markdown(scenario, &outcomes),
+                    table: simulate::table(scenario, &outcomes),
                 }
+            });
+            return print_runs(runs, json, markdown);
+        }
+        Some(Command::SimulateGeneration { scenario, startup, json, markdown }) => {
+            if startup.is_some_and(|s| s.is_zero()) {
+                return refuse(&[(false, "--startup is 0s; it must be more than 0".to_owned())]).expect("refused");
             }
-            if json {
-                let out = if single { all.remove(0) } else { serde_json::Value::Array(all) };
-                println!("{}", serde_json::to_string_pretty(&out).expect("serializable"));
-            }
-            return ExitCode::SUCCESS;
+            let startups = startup.map_or(generation_simulate::STARTUPS.to_vec(), |s| vec![s]);
+            let scenarios = scenario.map_or(Scenario::ALL.to_vec(), |s| vec![s]);
+            let runs = scenarios.into_iter().flat_map(|scenario| {
+                startups.clone().into_iter().map(move |startup| {
+                    let outcomes = generation_simulate::compare(scenario, startup);
+                    Run {
+                        json: serde_json::json!({
+                            "scenario": scenario.name(),
+                            "startup_seconds": startup.as_secs(),
+                            "policies": outcomes,
+                        }),
+                        markdown: generation_simulate::markdown(scenario, &outcomes),
+                        table: generation_simulate::table(scenario, &outcomes),
+                    }
+                })
+            });
+            return print_runs(runs, json, markdown);
         }
         Some(Command::Run(args)) => args,
         None => RunArgs::parse_from(["ferry-operator"]),
@@ -348,6 +377,33 @@ fn plan_generation(p: &PlanGenerationArgs) -> ExitCode {
     };
     let result = generation_plan::plan(&input);
     print_plan(p.check.json, &result, || generation_plan::table(&input, &result))
+}
+
+/// One simulated run, in each of the forms `simulate` prints.
+struct Run {
+    json: serde_json::Value,
+    markdown: String,
+    table: String,
+}
+
+/// Prints each run as it is done (tables and rows), or all of them as one JSON document (a
+/// single run's object alone).
+fn print_runs(runs: impl Iterator<Item = Run>, json: bool, markdown: bool) -> ExitCode {
+    let mut all = Vec::new();
+    for run in runs {
+        if json {
+            all.push(run.json);
+        } else if markdown {
+            print!("{}", run.markdown);
+        } else {
+            print!("{}", run.table);
+        }
+    }
+    if json {
+        let out = if all.len() == 1 { all.remove(0) } else { serde_json::Value::Array(all) };
+        println!("{}", serde_json::to_string_pretty(&out).expect("serializable"));
+    }
+    ExitCode::SUCCESS
 }
 
 /// The first failed check's message (it names the flag, its value and the limit), on stderr, and

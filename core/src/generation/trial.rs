@@ -79,7 +79,7 @@ pub fn trial(
 }
 
 /// The pod of `limits` the trial replays, its steps costing `cost` and known to cost so.
-fn pod(cost: StepCost, targets: &Targets, limits: &Limits) -> Setup {
+pub(crate) fn pod(cost: StepCost, targets: &Targets, limits: &Limits) -> Setup {
     Setup {
         policy: Policy {
             max_batch_tokens: limits.max_batch_tokens,

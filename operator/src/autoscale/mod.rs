@@ -9,11 +9,13 @@
 //! - [`generation_plan`]: the same for a generation service (a pod's capacity in requests and
 //!   tokens, then the generation ledger in simulation).
 //! - [`simulate`]: the decision against an HPA-style policy, fixed replicas and an oracle, on
-//!   arrival traces, in virtual time.
+//!   arrival traces, in virtual time; [`generation_simulate`]: the same for a generation service,
+//!   against the ways LLM services are scaled today, with start-ups of minutes.
 
 pub mod collect;
 pub mod decide;
 pub mod generation_plan;
+pub mod generation_simulate;
 pub mod plan;
 pub mod scale;
 pub mod simulate;
