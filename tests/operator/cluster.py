@@ -9,7 +9,8 @@ it), marked Ready once the sidecar answers its readiness probe, and deleted with
 a scale-down removes it — unready pods first, then the lowest `pod-deletion-cost`, as a
 ReplicaSet chooses. The Deployment's status is reported the way the Deployment controller does.
 `Traffic` is the Service: an open-loop load from `ferry-load`, split evenly across the ready pods
-and re-split whenever they change.
+and re-split whenever they change; `Streams` is the same for streamed generations, re-split every
+few seconds without cutting the streams under way (a Service balances connections as they open).
 """
 
 import itertools
@@ -64,11 +65,15 @@ class Pod:
         # `template`: the Deployment's args it was started from (its own addresses aside).
         self.name, self.ip, self.template, self.process = name, ip, template, process
         self.ready = False
+        self.started = time.monotonic()
 
 
 class Kubelet:
-    def __init__(self, api, namespace, sidecar, logs):
+    def __init__(self, api, namespace, sidecar, logs, ready_after=0.0):
+        # `ready_after`: seconds a pod takes to become ready at the least (a model's weights
+        # loading), however soon its sidecar answers.
         self.api, self.namespace, self.sidecar, self.logs = api, namespace, sidecar, logs
+        self.ready_after = ready_after
         self.pods = {}  # by deployment: [Pod]
         self.lock = threading.Lock()
         self._addresses = (f"127.0.0.{n}" for n in itertools.count(2))
@@ -168,7 +173,8 @@ class Kubelet:
         for pod in pods:
             if pod.process.poll() is not None:
                 raise RuntimeError(f"sidecar {pod.name} at {pod.ip} exited with {pod.process.returncode}; see its log")
-            if not pod.ready and ready(f"http://{pod.ip}:8080/v2/health/ready"):
+            loaded = time.monotonic() - pod.started >= self.ready_after
+            if not pod.ready and loaded and ready(f"http://{pod.ip}:8080/v2/health/ready"):
                 conditions = [{"type": "Ready", "status": "True", "lastTransitionTime": now_rfc3339()}]
                 call(self._url(f"pods/{pod.name}/status"), "PATCH", {"status": {"conditions": conditions}},
                      "application/merge-patch+json")
@@ -224,3 +230,49 @@ class Traffic:
                          "--connections", "4", *self.extra],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             self._stop.wait(0.2)
+
+
+class Streams:
+    """An open-loop Poisson load of streamed completions at `rate` req/s on the ready pods, for
+    `seconds`: every `period` seconds a `ferry-load generate` per ready pod, at its share of the
+    rate for that period; each runs its streams to their end. `summary()` adds up their counts."""
+
+    def __init__(self, kubelet, deployment, load, model, rate, seconds, extra=(), period=4.0):
+        self.kubelet, self.deployment, self.load, self.model = kubelet, deployment, load, model
+        self.rate, self.seconds, self.extra, self.period = rate, seconds, list(extra), period
+        self.processes = []
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self.thread.join(20)
+
+    def _run(self):
+        end = time.monotonic() + self.seconds
+        seed = itertools.count(1)
+        while not self._stop.is_set() and time.monotonic() < end:
+            targets = self.kubelet.ready_ips(self.deployment)
+            span = min(self.period, end - time.monotonic())
+            for ip in targets:
+                self.processes.append(subprocess.Popen(
+                    [self.load, "generate", "--url", f"http://{ip}:8080/v1/completions", "--model", self.model,
+                     "--rate", str(self.rate / len(targets)), "--duration", f"{int(span * 1000)}ms",
+                     "--seed", str(next(seed)), "--json", *self.extra],
+                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
+            self._stop.wait(span)
+
+    def summary(self):
+        """The counts of every stream sent, once all have ended."""
+        total = {}
+        for p in self.processes:
+            out, _ = p.communicate(timeout=120)
+            assert p.returncode == 0, p.returncode
+            for key, value in json.loads(out).items():
+                if key in ("sent", "completed", "refused", "cut", "unanswered", "late"):
+                    total[key] = total.get(key, 0) + value
+        return total

@@ -6,9 +6,12 @@ One service's life, in order: the example InferenceService is applied and gets i
 Service; malformed and misrouted traffic scales nothing; a 20 req/s trickle ends at what the
 arithmetic needs plus the warm spare; 600 req/s of real overload ends there too, not at
 maxReplicas; the status carries the figures and every Scaled event names its counts; a spec
-change reaches the Deployment. Every wait is on the API's own objects, with generous limits.
+change reaches the Deployment. Then a generation service's, on sim-llm pods that take 20 s to
+become ready, sized by the pods' own capacity figure. Every wait is on the API's own objects,
+with generous limits.
 """
 
+import contextlib
 import os
 import pathlib
 import subprocess
@@ -22,7 +25,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from cluster import Kubelet, Traffic, call, wait_for  # noqa: E402
+from cluster import Kubelet, Streams, Traffic, call, wait_for  # noqa: E402
 from emulator import Api  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -55,8 +58,9 @@ def requests_by_outcome(ip):
     return totals
 
 
-@pytest.fixture
-def world(tmp_path):
+@contextlib.contextmanager
+def cluster(tmp_path, ready_after=0.0):
+    """The operator on the emulated API, with a kubelet whose pods take `ready_after` s at least."""
     sidecar = binary("FERRY_SIDECAR_BIN", "ferry-sidecar")
     load = binary("FERRY_LOAD_BIN", "ferry-load")
     operator = binary("FERRY_OPERATOR_BIN", "ferry-operator")
@@ -72,7 +76,7 @@ def world(tmp_path):
             [operator, "run", "--listen", address, "--scale-interval", "1s", "--metrics-window", "6s"],
             env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            with Kubelet(api.url, NS, sidecar, tmp_path) as kubelet:
+            with Kubelet(api.url, NS, sidecar, tmp_path, ready_after) as kubelet:
                 yield api, kubelet, load, f"http://{address}"
                 assert not kubelet.errors, kubelet.errors
         finally:
@@ -83,6 +87,19 @@ def world(tmp_path):
                 process.kill()
             log.close()
             print((tmp_path / "operator.log").read_text()[-6000:])
+
+
+@pytest.fixture
+def world(tmp_path):
+    with cluster(tmp_path) as w:
+        yield w
+
+
+@pytest.fixture
+def loading_world(tmp_path):
+    """Pods that take 20 s to become ready, as a model's weights take to load."""
+    with cluster(tmp_path, ready_after=20.0) as w:
+        yield w
 
 
 def get(api, path):
@@ -217,3 +234,99 @@ def test_one_service_from_apply_through_overload_to_a_spec_change(world):
              lambda: replicas() == isvc()["status"].get("desiredReplicas"))
     writers = {manager for manager, _ in api.emulator.replica_writes}
     assert writers == {"ferry-autoscaler"}, api.emulator.replica_writes
+
+
+def test_a_generation_service_scales_by_what_its_pods_serve(loading_world):
+    """sim-llm pods (`examples/generation.yaml`, slowed to about 4.7 requests/s a pod for two
+    cores) that take 20 s to become ready: malformed requests and a trickle do not scale it; a
+    load of two pods' capacity reaches what the pods' own capacity figure needs, plus the warm
+    spare, in one or two decisions sized by rate while the pods load; once it stops, scale-down
+    waits its delay, and no stream is cut."""
+    api, kubelet, load, _ = loading_world
+    name, model = "chat", "smollm2"
+    isvcs = f"/apis/ferry.dev/v1alpha1/namespaces/{NS}/inferenceservices"
+    deployment_path = f"/apis/apps/v1/namespaces/{NS}/deployments/{name}"
+    manifest = yaml.safe_load((ROOT / "examples" / "generation.yaml").read_text())
+    manifest["metadata"]["namespace"] = NS
+    spec = manifest["spec"]
+    spec["engine"]["sim"] = {"stepTime": "20ms", "prefillPerToken": "100us", "decodePerSeq": "2ms"}
+    spec["generation"]["maxSequences"] = 8
+    spec["scaling"] = {"minReplicas": 1, "maxReplicas": 8, "warmReplicas": 1, "scaleDownDelay": "20s",
+                       "startupTime": "20s"}
+    status, _ = call(api.url + isvcs, "POST", manifest)
+    assert status == 201
+    shape = ["--prompt", "16", "32", "--output", "24", "40"]
+
+    def isvc():
+        return get(api, f"{isvcs}/{name}")
+
+    def replicas():
+        return (get(api, deployment_path) or {}).get("spec", {}).get("replicas")
+
+    def scaled():
+        events = call(api.url + f"/apis/events.k8s.io/v1/namespaces/{NS}/events")[1]["items"]
+        return [e["note"] for e in events if e["reason"] == "Scaled"]
+
+    seen = []
+
+    def watch(seconds, until=lambda: False):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not until():
+            seen.append(replicas())
+            time.sleep(0.5)
+
+    wait_for("the worker Deployment with its replicas", lambda: replicas() is not None)
+    wait_for("the first pod ready", lambda: kubelet.ready_ips(name), timeout=60)
+    assert replicas() == 1, "no load yet: the warm spare"
+
+    # Malformed (max_tokens below 1: 400) and misrouted (unknown model: 404) requests: not load.
+    url = f"http://{kubelet.ready_ips(name)[0]}:8080/v1/completions"
+    codes = [call(url, "POST", {"model": m, "prompt": "hello", "max_tokens": t})[0]
+             for _ in range(60) for m, t in ((model, 0), ("nope", 8))]
+    assert set(codes) == {400, 404}, codes
+    watch(8)
+    assert set(seen) == {1}, f"malformed requests scaled the service: {seen}"
+
+    # A trickle, 1 request/s: one pod for the load, plus the warm spare.
+    seen.clear()
+    with Streams(kubelet, name, load, model, 1, 16, shape) as trickle:
+        watch(16)
+    assert max(seen) == 2 and seen[-1] == 2, f"a trickle: {seen}; {isvc()['status']}"
+    assert trickle.summary()["cut"] == 0
+    wait_for("the warm spare ready", lambda: len(kubelet.ready_ips(name)) == 2, timeout=60)
+
+    # Two pods' capacity: 9.5 requests/s at about 4.7 a pod (the pods' own figure, 0.8 utilization:
+    # 3 pods), plus the warm spare. Pods asked for are capacity to come for their 20 s: no
+    # replica a tick while they load.
+    seen.clear()
+    before = len(scaled())
+    with Streams(kubelet, name, load, model, 9.5, 50, shape) as heavy:
+        watch(50)
+    status = isvc()["status"]
+    reason = status["lastScaleReason"]
+    needs = int(re.search(r"needs (\d+)", reason).group(1))
+    final = replicas()
+    ups = [n for n in scaled()[before:] if int(n.split(" ")[2]) > int(n.split(" ")[0])]
+    assert "the pods' own figure" in reason and 3.5 <= status["capacityPerReplica"] <= 6.5, status
+    assert needs in (3, 4) and needs + 1 <= final <= needs + 2, f"ended at {final}: {reason}"
+    # From the trickle's 2 to what the rate needs plus the warm spare (4) in one or two decisions
+    # (one seen; a later reading of the rate may add one), each sized by rate ("scale up: ...
+    # needs N"), none a pressure probe's one replica more ("deadline pressure: ...").
+    reached = [int(n.split(" ")[2]) for n in ups]
+    assert reached and max(reached[:2]) >= 4, ups
+    assert len(ups) <= 3 and all(n.split(": ", 1)[1].startswith("scale up: ") for n in ups), ups
+    assert max(seen) <= 5, f"seen {sorted(set(seen))}"
+    counts = heavy.summary()
+    print(f"heavy: seen {seen}, scale-ups {ups}, {reason}, {counts}")
+    assert counts["cut"] == 0 and counts["completed"] >= 0.9 * counts["sent"], counts
+
+    # The load stops, but for a trickle: scale-down waits its 20 s delay, then goes to one pod
+    # for the trickle plus the warm spare; the streams under way on the pods removed finish.
+    stopped = time.monotonic()
+    with Streams(kubelet, name, load, model, 1, 60, shape, period=1.0) as tail:
+        watch(60, until=lambda: replicas() == 2)
+        fell = time.monotonic() - stopped
+    print(f"tail: seen {seen}, fell after {fell:.1f} s")
+    assert replicas() == 2, f"after the load: {seen}"
+    assert fell >= 20, f"scaled down {fell:.0f} s after the load stopped; the delay is 20 s"
+    assert tail.summary()["cut"] == 0

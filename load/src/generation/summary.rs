@@ -43,8 +43,11 @@ pub struct Summary {
     pub completed: u64,
     /// Refused before any token (503).
     pub refused: u64,
-    /// Admitted but not finished (cut at a deadline, failed, or no answer).
+    /// Admitted but not finished (cut at a deadline, or failed).
     pub cut: u64,
+    /// No answer at all: the connection was refused or dropped before any status came (a
+    /// server that was not there, or went away).
+    pub unanswered: u64,
     /// Finished, but with the first token or the last after its deadline.
     pub late: u64,
     pub goodput_rps: f64,
@@ -75,6 +78,7 @@ impl Summary {
             completed: 0,
             refused: 0,
             cut: 0,
+            unanswered: 0,
             late: 0,
             goodput_rps: 0.0,
             good_share: 0.0,
@@ -97,6 +101,8 @@ impl Summary {
                 s.completed += 1;
             } else if sample.tokens == 0 && sample.status == Some(503) {
                 s.refused += 1;
+            } else if sample.status.is_none() {
+                s.unanswered += 1;
             } else {
                 s.cut += 1;
             }
@@ -169,10 +175,17 @@ mod tests {
     fn goodput_counts_only_requests_that_met_every_deadline() {
         let refused =
             Sample { status: Some(503), first: None, gaps: vec![], end: None, tokens: 0, ..sample(0, 0, false) };
-        let samples =
-            vec![sample(50, 200, true), sample(150, 200, true), sample(50, 400, true), sample(50, 200, false), refused];
+        let gone = Sample { status: None, first: None, gaps: vec![], end: None, tokens: 0, ..sample(0, 0, false) };
+        let samples = vec![
+            sample(50, 200, true),
+            sample(150, 200, true),
+            sample(50, 400, true),
+            sample(50, 200, false),
+            refused,
+            gone,
+        ];
         let s = Summary::of(&samples, Duration::from_secs(1));
-        assert_eq!((s.sent, s.completed, s.refused, s.cut, s.late), (5, 3, 1, 1, 2));
+        assert_eq!((s.sent, s.completed, s.refused, s.cut, s.unanswered, s.late), (6, 3, 1, 1, 1, 2));
         assert_eq!(s.goodput_rps, 1.0, "a late first token, a late end and an unfinished one are not good");
         assert_eq!(s.tokens_per_s, 12.0);
         assert_eq!(s.good_tokens_per_s, 3.0);
