@@ -264,14 +264,20 @@ def test_under_a_burst_ferry_refuses_early_what_cannot_finish_and_answers_nothin
 
     def one(i):
         started = time.monotonic()
+        try:
+            stream(i, started)
+        except Exception as e:  # reported by the assertions below, with every other result
+            results[i] = ("exception", repr(e), time.monotonic() - started)
+
+    def stream(i, started):
         conn = http.client.HTTPConnection(sidecar.address, timeout=60)
         body = {"model": MODEL, "prompt": f"Story number {i}:", "max_tokens": 48, "stream": True, "temperature": 0}
         headers = {"content-type": "application/json", "x-ferry-timeout-ms": str(int(deadline_s * 1000))}
         conn.request("POST", "/v1/completions", json.dumps(body), headers)
         r = conn.getresponse()
         if r.status != 200:
-            r.read()
-            results[i] = ("refused", r.status, time.monotonic() - started)
+            body = r.read().decode(errors="replace")
+            results[i] = ("refused", r.status, time.monotonic() - started, body[:200])
             return
         events = []
         while True:
@@ -289,14 +295,16 @@ def test_under_a_burst_ferry_refuses_early_what_cannot_finish_and_answers_nothin
         t.start()
     for t in threads:
         t.join()
-    refused = [r for r in results if r[0] == "refused" and r[1] == 503]
+    refused = [r for r in results if r and r[0] == "refused" and r[1] == 503]
     # Admitted on the forecast, then expired before the first token (the upstream was slower than
     # measured so far): a 504 at the deadline, before any byte of an answer.
-    expired = [r for r in results if r[0] == "refused" and r[1] == 504]
-    answered = [r for r in results if r[0] != "refused"]
-    assert len(refused) + len(expired) + len(answered) == 24, results
+    expired = [r for r in results if r and r[0] == "refused" and r[1] == 504]
+    answered = [r for r in results if r and r[0] in ("done", "error")]
+    # Nothing else: no other status, no connection error (each says what it was).
+    other = [r for r in results if r not in refused + expired + answered]
+    assert not other, f"{other} of {results}"
     assert refused and answered, results
-    assert all(took < 1.0 for _, _, took in refused), f"refused at arrival, not at the deadline: {results}"
+    assert all(r[2] < 1.0 for r in refused), f"refused at arrival, not at the deadline: {results}"
     # Generous for shared cores: the answer's way back to this client.
     late = [r for r in answered + expired if r[2] > deadline_s + 0.5]
     assert not late, f"answers past their deadline: {late} of {results}"
