@@ -68,8 +68,8 @@ pub const QUEUE_TOKENS: &str = "ferry_queue_tokens";
 /// configured costs, or those the engine timed at load) until steps are measured.
 pub const STEP_COST: &str = "ferry_step_cost_seconds";
 /// Gauge: generation requests a second this pod serves with its three promises kept in 99 % of
-/// them, at the shape of the requests it finished lately ([`crate::generation::capacity`]); NaN
-/// until one has finished.
+/// them, at the shape of its recent requests (the prompts asked for, the answers finished:
+/// [`crate::generation::capacity::RecentShape`]); NaN until one has finished.
 pub const CAPACITY_REQUESTS: &str = "ferry_capacity_requests_per_second";
 /// Gauge: the generated tokens a second of [`CAPACITY_REQUESTS`].
 pub const CAPACITY_TOKENS: &str = "ferry_capacity_tokens_per_second";

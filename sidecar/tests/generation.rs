@@ -482,7 +482,7 @@ async fn a_stalled_step_fails_its_sequences_and_stops_the_generator_within_two_s
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_pod_exports_its_step_cost_at_once_and_its_capacity_once_requests_finish() {
+async fn the_pod_exports_its_step_cost_at_once_and_its_capacity_once_requests_finish_at_the_prompts_asked_for() {
     let s = service(1000, None);
     let exported = |s: &Service| {
         let [fixed, per_decode, per_prefill_token, per_context_token, per_attended_slot] =
@@ -513,6 +513,17 @@ async fn the_pod_exports_its_step_cost_at_once_and_its_capacity_once_requests_fi
     assert!(close(s.metrics.capacity_requests.get(), expected.requests_per_second), "{expected:?}");
     assert!(close(s.metrics.capacity_tokens.get(), expected.tokens_per_second), "{expected:?}");
     assert_eq!(s.metrics.queue_tokens.get(), 0, "nothing waits");
+    // A request with a 600-token prompt arrives: the capacity falls to the function's at the
+    // prompts asked for now (the mean of 9, 3 and 600), at the next computation, long before
+    // that request's answer of 2000 tokens ends.
+    let long: Vec<String> = (0..600).map(|i| format!("w{i}")).collect();
+    let mut stream = s.submit(&long.join(" "), 2000, HOUR);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let grown = RequestShape { prompt: (9.0 + 3.0 + 600.0) / 3.0, output: 4.0 };
+    let fallen = capacity(&exported(&s), &grown, &TARGETS, &limits);
+    assert!(fallen.requests_per_second < expected.requests_per_second, "{fallen:?} vs {expected:?}");
+    assert!(close(s.metrics.capacity_requests.get(), fallen.requests_per_second), "{fallen:?}");
+    assert!(matches!(stream.next().await, Some(Piece::Text(_))), "still answering");
 }
 
 #[tokio::test(start_paused = true)]

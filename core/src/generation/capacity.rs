@@ -90,29 +90,41 @@ impl Limits {
     }
 }
 
-/// How many finished requests the measured shape follows: the plain mean of the first ones, then
+/// How many requests the measured shape follows: the plain mean of the first ones, then
 /// an exponentially weighted mean over about this many, so that the capacity follows the traffic
 /// a pod serves without one odd request moving it.
 const RECENT_REQUESTS: u32 = 100;
 
-/// The mean prompt and output of the requests a pod finished lately ([`RECENT_REQUESTS`]).
+/// The mean prompt of the requests a pod was asked to serve lately, and the mean output of those
+/// it finished lately ([`RECENT_REQUESTS`] of each). A prompt's length is known when the request
+/// arrives, so a shift to longer prompts lowers the capacity a pod exports at once, not a whole
+/// answer later; how long an answer runs is known only at its end (`max_tokens` is a bound that
+/// most answers stop short of).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct RecentShape {
-    seen: u32,
+    prompts: u32,
+    outputs: u32,
     mean: RequestShape,
 }
 
 impl RecentShape {
-    pub fn observe(&mut self, prompt: u32, output: u32) {
-        self.seen = self.seen.saturating_add(1);
-        let weight = 1.0 / f64::from(self.seen.min(RECENT_REQUESTS));
+    /// A request arrived (whether admitted or not: it is what the pod is asked for).
+    pub fn arrived(&mut self, prompt: u32) {
+        self.prompts = self.prompts.saturating_add(1);
+        let weight = 1.0 / f64::from(self.prompts.min(RECENT_REQUESTS));
         self.mean.prompt += weight * (f64::from(prompt) - self.mean.prompt);
+    }
+
+    /// A request finished after `output` generated tokens.
+    pub fn finished(&mut self, output: u32) {
+        self.outputs = self.outputs.saturating_add(1);
+        let weight = 1.0 / f64::from(self.outputs.min(RECENT_REQUESTS));
         self.mean.output += weight * (f64::from(output) - self.mean.output);
     }
 
     /// `None` until a request has finished.
     pub fn shape(&self) -> Option<RequestShape> {
-        (self.seen > 0).then_some(self.mean)
+        (self.prompts > 0 && self.outputs > 0).then_some(self.mean)
     }
 }
 
@@ -469,17 +481,26 @@ mod tests {
     #[test]
     fn the_shape_is_the_mean_of_the_first_requests_then_follows_the_recent_ones() {
         let mut recent = RecentShape::default();
+        recent.arrived(100);
         assert_eq!(recent.shape(), None, "nothing finished: no shape");
-        for (prompt, output) in [(100, 10), (300, 30)] {
-            recent.observe(prompt, output);
+        recent.arrived(300);
+        for output in [10, 30] {
+            recent.finished(output);
         }
         assert_eq!(recent.shape(), Some(RequestShape { prompt: 200.0, output: 20.0 }));
         // Traffic changes: 1000 requests of 50 prompt tokens and 500 output tokens.
         for _ in 0..1000 {
-            recent.observe(50, 500);
+            recent.arrived(50);
+            recent.finished(500);
         }
         let now = recent.shape().expect("a shape");
         assert!((now.prompt - 50.0).abs() < 0.01 && (now.output - 500.0).abs() < 0.01, "{now:?}");
+        // Prompts grow to 2000 tokens: the shape follows as they arrive, before any finishes.
+        for _ in 0..1000 {
+            recent.arrived(2000);
+        }
+        let now = recent.shape().expect("a shape");
+        assert!((now.prompt - 2000.0).abs() < 1.0 && (now.output - 500.0).abs() < 0.01, "{now:?}");
     }
 
     #[test]

@@ -248,6 +248,7 @@ impl Backend for Relaying {
     fn submit(&mut self, request: Request, upstream: Upstream, reply: Reply, events: &mut Vec<Event>) {
         let caller = Caller { reply, upstream, attempt: 0, task: None, tokens: 0, usage: None };
         self.callers.insert(request.id, caller);
+        self.capacity.arrived(request.prompt);
         events.push(Event::Submit(request));
     }
 
@@ -325,7 +326,7 @@ impl Backend for Relaying {
                     End::Finished(reason) => {
                         let prompt = caller.usage.map_or(caller.upstream.tokens, |u| u.0);
                         let completion = caller.usage.and_then(|u| u.1).unwrap_or(caller.tokens);
-                        self.capacity.finished(prompt, completion);
+                        self.capacity.finished(completion);
                         Piece::End(Ok(caller.reply.finished(reason, prompt, completion)))
                     }
                     End::Unfinished(refusal) => Piece::End(Err(refusal)),

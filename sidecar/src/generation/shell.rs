@@ -132,7 +132,7 @@ pub(super) trait Backend: Send + 'static {
 const CAPACITY_PERIOD: Duration = Duration::from_secs(1);
 
 /// The capacity a backend exports: for the service's default deadlines (`targets`), at the
-/// shape of the requests it finished lately, once every [`CAPACITY_PERIOD`].
+/// shape of the requests it was asked for lately ([`RecentShape`]), once every [`CAPACITY_PERIOD`].
 pub(super) struct CapacityExport {
     targets: Targets,
     shape: RecentShape,
@@ -144,9 +144,14 @@ impl CapacityExport {
         CapacityExport { targets, shape: RecentShape::default(), due: None }
     }
 
-    /// A request finished with these many prompt and completion tokens.
-    pub(super) fn finished(&mut self, prompt: u32, completion: u32) {
-        self.shape.observe(prompt, completion);
+    /// A request of these many prompt tokens arrived.
+    pub(super) fn arrived(&mut self, prompt: u32) {
+        self.shape.arrived(prompt);
+    }
+
+    /// A request finished with these many completion tokens.
+    pub(super) fn finished(&mut self, completion: u32) {
+        self.shape.finished(completion);
     }
 
     /// Sets the capacity gauges from `capacity` (of the shape and the targets) when it is due

@@ -165,6 +165,7 @@ impl Backend for Steps {
             stop: StopMatcher::new(prompt.stop),
         };
         self.callers.insert(request.id, caller);
+        self.capacity.arrived(request.prompt);
         events.push(Event::Submit(request));
     }
 
@@ -352,7 +353,7 @@ impl Steps {
                     }
                 }
                 let completion_tokens = caller.tokens.len() as u32 - caller.prompt;
-                self.capacity.finished(caller.prompt, completion_tokens);
+                self.capacity.finished(completion_tokens);
                 let finished = caller.reply.finished(reason, caller.prompt, completion_tokens);
                 caller.reply.send(Piece::End(Ok(finished)), now);
             }
