@@ -62,6 +62,12 @@ enum Command {
         /// From asking for a pod to its serving; 60s, 180s and 300s when left out.
         #[arg(long, value_parser = ferry_core::duration::parse)]
         startup: Option<Duration>,
+        /// Ferry's spec.scaling.warmReplicas (examples/generation.yaml's: 1).
+        #[arg(long, default_value_t = 1)]
+        warm_replicas: u32,
+        /// Ferry's spec.scaling.scaleDownDelay (the default: 5m).
+        #[arg(long, default_value = "5m", value_parser = ferry_core::duration::parse)]
+        scale_down_delay: Duration,
         #[arg(long, conflicts_with = "markdown")]
         json: bool,
         /// The README's table rows.
@@ -248,7 +254,7 @@ fn main() -> ExitCode {
             });
             return print_runs(runs, json, markdown);
         }
-        Some(Command::SimulateGeneration { scenario, startup, json, markdown }) => {
+        Some(Command::SimulateGeneration { scenario, startup, warm_replicas, scale_down_delay, json, markdown }) => {
             if startup.is_some_and(|s| s.is_zero()) {
                 return refuse(&[(false, "--startup is 0s; it must be more than 0".to_owned())]).expect("refused");
             }
@@ -256,7 +262,10 @@ fn main() -> ExitCode {
             let scenarios = scenario.map_or(Scenario::ALL.to_vec(), |s| vec![s]);
             let runs = scenarios.into_iter().flat_map(|scenario| {
                 startups.clone().into_iter().map(move |startup| {
-                    let outcomes = generation_simulate::compare(scenario, startup);
+                    let mut world = generation_simulate::World::example(startup);
+                    world.target.warm_replicas = warm_replicas;
+                    world.target.scale_down_delay = scale_down_delay;
+                    let outcomes = generation_simulate::compare(&world, scenario);
                     Run {
                         json: serde_json::json!({
                             "scenario": scenario.name(),

@@ -599,10 +599,9 @@ impl<'a> Sim<'a> {
     }
 }
 
-/// Every compared policy on one scenario, at one start-up.
-pub fn compare(scenario: Scenario, startup: Duration) -> Vec<Outcome> {
-    let world = World::example(startup);
-    Policy::COMPARED.iter().map(|&p| run(&world, scenario, p)).collect()
+/// Every compared policy on one scenario.
+pub fn compare(world: &World, scenario: Scenario) -> Vec<Outcome> {
+    Policy::COMPARED.iter().map(|&p| run(world, scenario, p)).collect()
 }
 
 /// The README's row for `scenario` at the start-up of `outcomes` (`simulate-generation
