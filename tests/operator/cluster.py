@@ -188,13 +188,10 @@ class Kubelet:
                  {"status": status}, "application/merge-patch+json")
 
 
-class Traffic:
-    """An open-loop Poisson load at `rate` req/s on `path` of the ready pods, for `seconds`."""
+class Background:
+    """A thread that runs `_run` while a `with` block lasts, asked to stop when it ends."""
 
-    def __init__(self, kubelet, deployment, load, path, rate, seconds, extra=()):
-        self.kubelet, self.deployment, self.load = kubelet, deployment, load
-        self.path, self.rate, self.extra = path, rate, list(extra)
-        self.end = time.monotonic() + seconds
+    def __init__(self):
         self.processes = []
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -206,6 +203,19 @@ class Traffic:
     def __exit__(self, *exc):
         self._stop.set()
         self.thread.join(20)
+
+
+class Traffic(Background):
+    """An open-loop Poisson load at `rate` req/s on `path` of the ready pods, for `seconds`."""
+
+    def __init__(self, kubelet, deployment, load, path, rate, seconds, extra=()):
+        super().__init__()
+        self.kubelet, self.deployment, self.load = kubelet, deployment, load
+        self.path, self.rate, self.extra = path, rate, list(extra)
+        self.end = time.monotonic() + seconds
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
         self._kill()
 
     def _kill(self):
@@ -232,25 +242,15 @@ class Traffic:
             self._stop.wait(0.2)
 
 
-class Streams:
+class Streams(Background):
     """An open-loop Poisson load of streamed completions at `rate` req/s on the ready pods, for
     `seconds`: every `period` seconds a `ferry-load generate` per ready pod, at its share of the
     rate for that period; each runs its streams to their end. `summary()` adds up their counts."""
 
     def __init__(self, kubelet, deployment, load, model, rate, seconds, extra=(), period=4.0):
+        super().__init__()
         self.kubelet, self.deployment, self.load, self.model = kubelet, deployment, load, model
         self.rate, self.seconds, self.extra, self.period = rate, seconds, list(extra), period
-        self.processes = []
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self.thread.join(20)
 
     def _run(self):
         end = time.monotonic() + self.seconds

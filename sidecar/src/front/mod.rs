@@ -278,10 +278,10 @@ pub fn api(front: Shared) -> Router {
         .route(generate::COMPLETIONS, post(generate::completions))
         .route(generate::CHAT, post(generate::chat))
         .route(generate::MODELS, get(generate::models))
-        // Where the clients and gateways of OpenAI-compatible servers look (vLLM and llama.cpp
-        // serve both on their API port): readiness, and the metrics the admin port serves.
+        // Where the clients of OpenAI-compatible servers wait for readiness (vLLM and llama.cpp
+        // serve it on their API port). `/metrics` stays on the admin listener: callers of the API
+        // never see other tenants' figures (DESIGN.md).
         .route("/health", get(ready))
-        .route("/metrics", get(metrics))
         .fallback(no_route)
         .layer(middleware::from_fn_with_state(front.clone(), request_id))
         .with_state(front)
