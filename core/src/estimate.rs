@@ -286,35 +286,32 @@ fn fit<'a, const N: usize>(
 /// sequences — and 499 of a burst of 500 were refused.)
 fn refit<'a, const N: usize>(
     prior: [f64; N],
-    samples: impl Iterator<Item = &'a ([f64; N], f64)> + Clone,
+    samples: impl Iterator<Item = &'a ([f64; N], f64)>,
     n: usize,
 ) -> [f64; N] {
     let n = n as f64;
+    // One pass gathers what every round of pinning starts from: the features' mean squares and
+    // largest magnitudes, and the normal equations' sums (each round copies them rather than
+    // summing the window again: a refit runs after every step a pod takes).
     let mut scale = [0.0; N];
-    for (x, _) in samples.clone() {
-        for (acc, x) in scale.iter_mut().zip(x) {
-            *acc += x * x / n;
-        }
-    }
     let mut largest = [0.0f64; N];
-    for (x, _) in samples.clone() {
-        for (m, x) in largest.iter_mut().zip(x) {
-            *m = m.max(x.abs());
+    let mut sums = [[0.0; N]; N];
+    let mut sums_y = [0.0; N];
+    for (x, y) in samples {
+        for i in 0..N {
+            scale[i] += x[i] * x[i] / n;
+            largest[i] = largest[i].max(x[i].abs());
+            sums_y[i] += x[i] * y;
+            for j in 0..N {
+                sums[i][j] += x[i] * x[j];
+            }
         }
     }
     // The value each pinned cost is held at.
     let mut pinned: [Option<f64>; N] = [None; N];
     loop {
-        let mut a = [[0.0; N]; N];
-        let mut b = [0.0; N];
-        for (x, y) in samples.clone() {
-            for i in 0..N {
-                b[i] += x[i] * y;
-                for j in 0..N {
-                    a[i][j] += x[i] * x[j];
-                }
-            }
-        }
+        let mut a = sums;
+        let mut b = sums_y;
         for i in 0..N {
             let share = if i == 0 { FIXED_PRIOR_SHARE } else { 1.0 };
             let resolvable = if prior[i] > 0.0 { (GRAIN_NS / prior[i]).powi(2) } else { 0.0 };
