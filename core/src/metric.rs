@@ -69,7 +69,8 @@ pub const QUEUE_TOKENS: &str = "ferry_queue_tokens";
 pub const STEP_COST: &str = "ferry_step_cost_seconds";
 /// Gauge: generation requests a second this pod serves with its three promises kept in 99 % of
 /// them, at the shape of its recent requests (the prompts asked for, the answers finished:
-/// [`crate::generation::capacity::RecentShape`]); NaN until one has finished.
+/// [`crate::generation::capacity::RecentShape`]), from the start: at
+/// [`crate::generation::capacity::PRIOR_SHAPE`] until requests show their own.
 pub const CAPACITY_REQUESTS: &str = "ferry_capacity_requests_per_second";
 /// Gauge: the generated tokens a second of [`CAPACITY_REQUESTS`].
 pub const CAPACITY_TOKENS: &str = "ferry_capacity_tokens_per_second";

@@ -161,7 +161,7 @@ impl Metrics {
             capacity_requests: prometheus::GaugeVec::new(
                 Opts::new(
                     metric::CAPACITY_REQUESTS,
-                    "Generation requests a second this pod serves with its promises kept, at the recent requests' shape (NaN until one finished).",
+                    "Generation requests a second this pod serves with its promises kept, at the recent requests' shape (a 256-token prompt and answer until requests show theirs).",
                 ),
                 MV,
             )

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_core::generation::capacity::{capacity, Limits, RequestShape, Targets};
+use ferry_core::generation::capacity::{capacity, Limits, RequestShape, Targets, PRIOR_SHAPE};
 use ferry_core::generation::kv::BlockPool;
 use ferry_core::generation::ledger::Ledger;
 use ferry_core::generation::scheduler::{Discipline, Policy, Scheduler};
@@ -482,17 +482,23 @@ async fn a_stalled_step_fails_its_sequences_and_stops_the_generator_within_two_s
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_pod_exports_its_step_cost_at_once_and_its_capacity_once_requests_finish_at_the_prompts_asked_for() {
+async fn the_pod_exports_its_step_cost_and_a_prior_capacity_at_once_then_its_capacity_at_the_prompts_asked_for() {
     let s = service(1000, None);
     let exported = |s: &Service| {
         let [fixed, per_decode, per_prefill_token, per_context_token, per_attended_slot] =
             s.metrics.step_cost.each_ref().map(|g| Duration::from_secs_f64(g.get()));
         StepCost { fixed, per_decode, per_prefill_token, per_context_token, per_attended_slot }
     };
-    // Before any request: the prior (here the engine's own costs), and no capacity yet.
+    let limits = Limits { blocks: 1000, block_size: 4, watermark: 0, max_sequences: 8, max_batch_tokens: 2048 };
+    let close = |got: f64, want: f64| (got - want).abs() <= 1e-6 * want;
+    // Before any request: the prior (here the engine's own costs), and the capacity at the prior
+    // shape — a chat turn whose answer runs to the default cap of a chat completion.
     tokio::time::sleep(MS).await;
     assert_eq!(exported(&s), s.engine.cost());
-    assert!(s.metrics.capacity_requests.get().is_nan(), "no shape: no figure");
+    assert_eq!(PRIOR_SHAPE.output, f64::from(ferry_sidecar::front::prompt::DEFAULT_CHAT_MAX_TOKENS));
+    let prior = capacity(&exported(&s), &PRIOR_SHAPE, &TARGETS, &limits);
+    assert!(prior.requests_per_second > 0.0, "{prior:?}");
+    assert!(close(s.metrics.capacity_requests.get(), prior.requests_per_second), "{prior:?}");
     // Requests of 9 + 3 and 3 + 5 tokens finish: the shape is their mean, 6 prompt and 4 output
     // tokens, and the capacity at it is the function's for the service's targets and limits.
     let mut shape = RequestShape::default();
@@ -506,10 +512,8 @@ async fn the_pod_exports_its_step_cost_at_once_and_its_capacity_once_requests_fi
     assert_eq!(shape, RequestShape { prompt: 6.0, output: 4.0 });
     // It is computed once a second.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let limits = Limits { blocks: 1000, block_size: 4, watermark: 0, max_sequences: 8, max_batch_tokens: 2048 };
     let expected = capacity(&exported(&s), &shape, &TARGETS, &limits);
-    assert!(expected.requests_per_second > 0.0, "{expected:?}");
-    let close = |got: f64, want: f64| (got - want).abs() <= 1e-6 * want;
+    assert!(expected.requests_per_second > prior.requests_per_second, "shorter than the prior: {expected:?}");
     assert!(close(s.metrics.capacity_requests.get(), expected.requests_per_second), "{expected:?}");
     assert!(close(s.metrics.capacity_tokens.get(), expected.tokens_per_second), "{expected:?}");
     assert_eq!(s.metrics.queue_tokens.get(), 0, "nothing waits");

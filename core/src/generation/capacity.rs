@@ -95,11 +95,19 @@ impl Limits {
 /// a pod serves without one odd request moving it.
 const RECENT_REQUESTS: u32 = 100;
 
+/// The shape a pod assumes until its requests show their own: a chat turn of a few hundred
+/// prompt tokens whose answer runs to the sidecar's default cap for a chat completion that names
+/// no `max_tokens` (256). With it a fresh pod exports a capacity from the step costs it took at
+/// load before its first request, so that the operator sizes a new service by the pods' own
+/// arithmetic rather than by the request-level fallback; an answer is no longer than its cap, so
+/// the prior errs towards more pods.
+pub const PRIOR_SHAPE: RequestShape = RequestShape { prompt: 256.0, output: 256.0 };
+
 /// The mean prompt of the requests a pod was asked to serve lately, and the mean output of those
 /// it finished lately ([`RECENT_REQUESTS`] of each). A prompt's length is known when the request
 /// arrives, so a shift to longer prompts lowers the capacity a pod exports at once, not a whole
 /// answer later; how long an answer runs is known only at its end (`max_tokens` is a bound that
-/// most answers stop short of).
+/// most answers stop short of). Each half is [`PRIOR_SHAPE`]'s until a request shows it.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct RecentShape {
     prompts: u32,
@@ -122,9 +130,13 @@ impl RecentShape {
         self.mean.output += weight * (f64::from(output) - self.mean.output);
     }
 
-    /// `None` until a request has finished.
-    pub fn shape(&self) -> Option<RequestShape> {
-        (self.prompts > 0 && self.outputs > 0).then_some(self.mean)
+    /// The recent shape, each half [`PRIOR_SHAPE`]'s until a request has arrived (the prompt) or
+    /// finished (the output).
+    pub fn shape(&self) -> RequestShape {
+        RequestShape {
+            prompt: if self.prompts > 0 { self.mean.prompt } else { PRIOR_SHAPE.prompt },
+            output: if self.outputs > 0 { self.mean.output } else { PRIOR_SHAPE.output },
+        }
     }
 }
 
@@ -481,25 +493,26 @@ mod tests {
     #[test]
     fn the_shape_is_the_mean_of_the_first_requests_then_follows_the_recent_ones() {
         let mut recent = RecentShape::default();
+        assert_eq!(recent.shape(), RequestShape { prompt: 256.0, output: 256.0 }, "nothing seen: the prior");
         recent.arrived(100);
-        assert_eq!(recent.shape(), None, "nothing finished: no shape");
+        assert_eq!(recent.shape(), RequestShape { prompt: 100.0, output: 256.0 }, "nothing finished: its output");
         recent.arrived(300);
         for output in [10, 30] {
             recent.finished(output);
         }
-        assert_eq!(recent.shape(), Some(RequestShape { prompt: 200.0, output: 20.0 }));
+        assert_eq!(recent.shape(), RequestShape { prompt: 200.0, output: 20.0 });
         // Traffic changes: 1000 requests of 50 prompt tokens and 500 output tokens.
         for _ in 0..1000 {
             recent.arrived(50);
             recent.finished(500);
         }
-        let now = recent.shape().expect("a shape");
+        let now = recent.shape();
         assert!((now.prompt - 50.0).abs() < 0.01 && (now.output - 500.0).abs() < 0.01, "{now:?}");
         // Prompts grow to 2000 tokens: the shape follows as they arrive, before any finishes.
         for _ in 0..1000 {
             recent.arrived(2000);
         }
-        let now = recent.shape().expect("a shape");
+        let now = recent.shape();
         assert!((now.prompt - 2000.0).abs() < 1.0 && (now.output - 500.0).abs() < 0.01, "{now:?}");
     }
 

@@ -154,8 +154,8 @@ impl CapacityExport {
         self.shape.finished(completion);
     }
 
-    /// Sets the capacity gauges from `capacity` (of the shape and the targets) when it is due
-    /// and a request has finished.
+    /// Sets the capacity gauges from `capacity` (of the shape and the targets) when it is due:
+    /// from the first, at the prior shape until requests show theirs.
     pub(super) fn publish(
         &mut self,
         now: Instant,
@@ -166,11 +166,9 @@ impl CapacityExport {
             return;
         }
         self.due = Some(now + CAPACITY_PERIOD);
-        if let Some(shape) = self.shape.shape() {
-            let c = capacity(&shape, &self.targets);
-            metrics.capacity_requests.set(c.requests_per_second);
-            metrics.capacity_tokens.set(c.tokens_per_second);
-        }
+        let c = capacity(&self.shape.shape(), &self.targets);
+        metrics.capacity_requests.set(c.requests_per_second);
+        metrics.capacity_tokens.set(c.tokens_per_second);
     }
 }
 
