@@ -147,6 +147,20 @@ def test_bad_requests_get_openai_errors_that_name_the_field(sidecar):
     with pytest.raises(openai.NotFoundError) as e:
         sidecar.client.completions.create(model="gpt-4", prompt="a")
     assert "'gpt-4' is unknown" in e.value.message
+    # A field that would change the answer is refused, naming it, rather than ignored; at its
+    # neutral value (what a client library may fill in) it is accepted.
+    with pytest.raises(openai.BadRequestError) as e:
+        sidecar.client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "a"}], response_format={"type": "json_object"}
+        )
+    assert "'response_format' is" in e.value.message and "does not act on it" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        sidecar.client.completions.create(model=MODEL, prompt="a", presence_penalty=0.5)
+    assert "'presence_penalty' is 0.5" in e.value.message
+    r = sidecar.client.completions.create(
+        model=MODEL, prompt="a b", presence_penalty=0, user="u", seed=-5, extra_body={"max_tokens": 2.0}
+    )
+    assert r.usage.completion_tokens == 2
 
 
 def test_an_answer_that_cannot_meet_its_deadline_is_refused_at_once_with_the_max_tokens_that_fit(sidecar):

@@ -25,6 +25,7 @@ mod idempotent;
 pub mod oip;
 pub mod openai;
 pub mod prompt;
+pub mod unserved;
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

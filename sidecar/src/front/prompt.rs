@@ -1,12 +1,16 @@
 //! The body of OpenAI's `POST /v1/completions` and `POST /v1/chat/completions`, read and checked:
 //! the prompt (or the conversation, rendered with the model's own chat template), `max_tokens`
 //! (or `max_completion_tokens`), sampling (`temperature`, `top_p`, `seed`), `stop`, `n` = 1,
-//! `stream` and `stream_options.include_usage`. Fields this server does not act on (`user`,
-//! `logit_bias`, ...) are accepted and ignored, as vLLM does; `logprobs` and `n` > 1 are refused,
-//! saying so, rather than answered without what they ask for.
+//! `stream` and `stream_options.include_usage`. Fields that would change the answer and that the
+//! built-in engines do not act on are refused, naming them ([`super::unserved`]), as are
+//! `logprobs` and `n` > 1, rather than answered without what they ask for; fields that do not
+//! change it (`user`, `metadata`, ...) are accepted and ignored, as vLLM does. Whole numbers may
+//! be written as floats (`610.0`) and seeds may be negative, as OpenAI's schema allows.
 
 use serde::Deserialize;
+use serde_json::{Map, Value};
 
+use super::unserved;
 use crate::generation::engine::{LanguageModel, Message, Sampling};
 use ferry_core::outcome::Refusal;
 
@@ -79,25 +83,51 @@ struct Body {
     #[serde(default)]
     messages: Option<Vec<ChatMessage>>,
     #[serde(default)]
-    max_tokens: Option<u64>,
+    max_tokens: Option<Value>,
     #[serde(default)]
-    max_completion_tokens: Option<u64>,
+    max_completion_tokens: Option<Value>,
     #[serde(default)]
     temperature: Option<f64>,
     #[serde(default)]
     top_p: Option<f64>,
     #[serde(default)]
-    seed: Option<u64>,
+    seed: Option<Value>,
     #[serde(default)]
     stop: Option<Stop>,
     #[serde(default)]
-    n: Option<u64>,
+    n: Option<Value>,
     #[serde(default)]
     stream: Option<bool>,
     #[serde(default)]
     stream_options: Option<StreamOptions>,
     #[serde(default)]
-    logprobs: Option<serde_json::Value>,
+    logprobs: Option<Value>,
+    /// Every other field, for [`unserved::check`].
+    #[serde(flatten)]
+    rest: Map<String, Value>,
+}
+
+/// A whole number written as JSON's integer or as a float with no fraction (`610.0`: clients
+/// that keep every number as a double send those, and OpenAI accepts them), in `[min, max]`;
+/// `None` when absent or null.
+fn whole(field: &str, value: Option<Value>, min: i128, max: i128) -> Result<Option<i128>, Refusal> {
+    let Some(value) = value.filter(|v| !v.is_null()) else { return Ok(None) };
+    let n = match &value {
+        Value::Number(n) => n
+            .as_i64()
+            .map(i128::from)
+            .or_else(|| n.as_u64().map(i128::from))
+            .or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 2f64.powi(64)).map(|f| f as i128)),
+        _ => None,
+    };
+    let n = n.ok_or_else(|| Refusal::invalid(format!("'{field}' is {value}; it must be a whole number")))?;
+    if n < min {
+        return Err(Refusal::invalid(format!("'{field}' is {value}; it must be at least {min}")));
+    }
+    if n > max {
+        return Err(Refusal::invalid(format!("'{field}' is {value}; it must be at most {max}")));
+    }
+    Ok(Some(n))
 }
 
 /// A request ready for the generator (its prompt still as text: tokenizing is the model's).
@@ -184,18 +214,10 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
         }
     };
     let max_tokens = match (body.max_completion_tokens, body.max_tokens) {
-        (Some(n), _) => Some(("max_completion_tokens", n)),
-        (None, Some(n)) => Some(("max_tokens", n)),
-        (None, None) => None,
-    };
-    let max_tokens = match max_tokens {
-        Some((field, 0)) => return Err(Refusal::invalid(format!("'{field}' is 0; it must be at least 1"))),
-        Some((field, n)) if n > u64::from(u32::MAX) => {
-            return Err(Refusal::invalid(format!("'{field}' is {n}; it must be at most {}", u32::MAX)))
-        }
-        Some((_, n)) => Some(n as u32),
-        None => None,
-    };
+        (Some(n), _) if !n.is_null() => whole("max_completion_tokens", Some(n), 1, i128::from(u32::MAX))?,
+        (_, n) => whole("max_tokens", n, 1, i128::from(u32::MAX))?,
+    }
+    .map(|n| n as u32);
     let temperature = body.temperature.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
         return Err(Refusal::invalid(format!("'temperature' is {temperature}; it must be between 0 and 2")));
@@ -204,8 +226,13 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(Refusal::invalid(format!("'top_p' is {top_p}; it must be more than 0 and at most 1")));
     }
-    if let Some(n) = body.n.filter(|n| *n != 1) {
+    if let Some(n) = whole("n", body.n, 1, i128::from(u32::MAX))?.filter(|n| *n != 1) {
         return Err(Refusal::invalid(format!("'n' is {n}; this server generates one choice per request (n = 1)")));
+    }
+    // OpenAI's seed is a signed 64-bit integer; a negative one draws as its two's complement.
+    let seed = whole("seed", body.seed, i128::from(i64::MIN), i128::from(u64::MAX))?.map(|s| s as u64);
+    if model.is_some() {
+        unserved::check(&body.rest)?;
     }
     if body.logprobs.as_ref().is_some_and(|v| !v.is_null() && *v != serde_json::Value::Bool(false)) {
         return Err(Refusal::invalid("'logprobs' is not supported by this server"));
@@ -232,7 +259,7 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
         sampling: Sampling {
             temperature: temperature as f32,
             top_p: top_p as f32,
-            seed: body.seed.unwrap_or_else(rand::random),
+            seed: seed.unwrap_or_else(rand::random),
         },
         stop,
         stream,
@@ -277,6 +304,38 @@ mod tests {
         )
         .unwrap();
         assert_eq!((c.prompt.as_str(), c.max_tokens, c.stream), ("be brief hi there", Some(3), false));
+    }
+
+    #[test]
+    fn whole_numbers_written_as_floats_and_negative_seeds_are_read_as_openai_reads_them() {
+        let c = call(Kind::Completion, json!({"model": "m", "prompt": "a", "max_tokens": 610.0, "n": 1.0, "seed": -1}))
+            .unwrap();
+        assert_eq!((c.max_tokens, c.sampling.seed), (Some(610), u64::MAX));
+        let c = call(Kind::Completion, json!({"model": "m", "prompt": "a", "seed": 7.0, "max_tokens": null})).unwrap();
+        assert_eq!((c.max_tokens, c.sampling.seed), (None, 7));
+        let err = |body| call(Kind::Completion, body).unwrap_err().message;
+        assert_eq!(
+            err(json!({"model": "m", "prompt": "a", "max_tokens": 5.5})),
+            "'max_tokens' is 5.5; it must be a whole number"
+        );
+        assert_eq!(
+            err(json!({"model": "m", "prompt": "a", "max_tokens": -3})),
+            "'max_tokens' is -3; it must be at least 1"
+        );
+        assert_eq!(
+            err(json!({"model": "m", "prompt": "a", "max_completion_tokens": "9"})),
+            "'max_completion_tokens' is \"9\"; it must be a whole number"
+        );
+    }
+
+    #[test]
+    fn a_field_the_engine_would_ignore_is_refused_but_a_relay_sends_it_on() {
+        let body = json!({"model": "m", "prompt": "a", "frequency_penalty": 1.5, "user": "u"});
+        let refused = call(Kind::Completion, body.clone()).unwrap_err();
+        assert_eq!(refused.outcome, ferry_core::outcome::Outcome::Invalid);
+        assert!(refused.message.starts_with("'frequency_penalty' is 1.5;"), "{}", refused.message);
+        // Without a model here, an upstream server answers: it reads the field itself.
+        assert!(parse(body.to_string().as_bytes(), Kind::Completion, None).is_ok());
     }
 
     #[test]

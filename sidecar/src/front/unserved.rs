@@ -1,0 +1,174 @@
+//! Fields of OpenAI's (and vLLM's) completion requests that change the answer but that the
+//! built-in engines do not act on yet. A client that sends one expects a different answer — JSON
+//! for `response_format`, a tool call for `tools`, fewer repeats for a penalty — so it is refused
+//! with a 400 naming the field, rather than answered with free prose and a 200. Each is accepted
+//! at its neutral value (what sending nothing means), since clients and SDKs fill some of them in
+//! by default. Fields that do not change the answer (`user`, `metadata`, `store`, `service_tier`,
+//! vendor extensions) stay accepted and ignored, as vLLM does. A relay's upstream gets the body as
+//! sent, so this check is the built-in engines' alone.
+
+use serde_json::{Map, Value};
+
+use ferry_core::outcome::Refusal;
+
+/// A field's neutral values: what the field means when it is absent.
+enum Neutral {
+    /// A number equal to one of these.
+    Numbers(&'static [f64]),
+    Bool(bool),
+    /// An empty object or list, or an empty string.
+    Empty,
+    /// One of these strings.
+    Strings(&'static [&'static str]),
+    /// An object whose `type` is this (`response_format: {"type": "text"}`).
+    Type(&'static str),
+    /// A list of `"text"` alone (`modalities`).
+    TextOnly,
+    /// Only `null`.
+    Null,
+}
+
+impl Neutral {
+    fn holds(&self, value: &Value) -> bool {
+        if value.is_null() {
+            return true;
+        }
+        match self {
+            Neutral::Numbers(neutral) => value.as_f64().is_some_and(|v| neutral.contains(&v)),
+            Neutral::Bool(neutral) => value.as_bool() == Some(*neutral),
+            Neutral::Empty => match value {
+                Value::Object(o) => o.is_empty(),
+                Value::Array(a) => a.is_empty(),
+                Value::String(s) => s.is_empty(),
+                _ => false,
+            },
+            Neutral::Strings(neutral) => value.as_str().is_some_and(|v| neutral.contains(&v)),
+            Neutral::Type(neutral) => value.get("type").and_then(Value::as_str) == Some(*neutral),
+            Neutral::TextOnly => value.as_array().is_some_and(|m| m.iter().all(|m| m == "text")),
+            Neutral::Null => false,
+        }
+    }
+
+    /// What to send instead, for the refusal.
+    fn describe(&self) -> String {
+        match self {
+            Neutral::Numbers(n) => {
+                format!("leave it out or send {}", n.iter().map(f64::to_string).collect::<Vec<_>>().join(" or "))
+            }
+            Neutral::Bool(b) => format!("leave it out or send {b}"),
+            Neutral::Empty => "leave it out or send it empty".into(),
+            Neutral::Strings(s) => format!(
+                "leave it out or send {}",
+                s.iter().map(|s| format!("\"{s}\"")).collect::<Vec<_>>().join(" or ")
+            ),
+            Neutral::Type(t) => format!("leave it out or send {{\"type\": \"{t}\"}}"),
+            Neutral::TextOnly => "leave it out or send [\"text\"]".into(),
+            Neutral::Null => "leave it out".into(),
+        }
+    }
+}
+
+/// The fields, in the order a refusal names the first one sent.
+const UNSERVED: &[(&str, Neutral)] = &[
+    ("presence_penalty", Neutral::Numbers(&[0.0])),
+    ("frequency_penalty", Neutral::Numbers(&[0.0])),
+    ("repetition_penalty", Neutral::Numbers(&[1.0])),
+    ("top_k", Neutral::Numbers(&[-1.0, 0.0])),
+    ("min_p", Neutral::Numbers(&[0.0])),
+    ("logit_bias", Neutral::Empty),
+    ("min_tokens", Neutral::Numbers(&[0.0])),
+    ("ignore_eos", Neutral::Bool(false)),
+    ("stop_token_ids", Neutral::Empty),
+    ("include_stop_str_in_output", Neutral::Bool(false)),
+    ("top_logprobs", Neutral::Numbers(&[0.0])),
+    ("prompt_logprobs", Neutral::Null),
+    ("echo", Neutral::Bool(false)),
+    ("best_of", Neutral::Numbers(&[1.0])),
+    ("use_beam_search", Neutral::Bool(false)),
+    ("suffix", Neutral::Empty),
+    ("response_format", Neutral::Type("text")),
+    ("guided_json", Neutral::Null),
+    ("guided_regex", Neutral::Null),
+    ("guided_choice", Neutral::Null),
+    ("guided_grammar", Neutral::Null),
+    ("structured_outputs", Neutral::Null),
+    ("tools", Neutral::Empty),
+    ("functions", Neutral::Empty),
+    ("tool_choice", Neutral::Strings(&["none", "auto"])),
+    ("function_call", Neutral::Strings(&["none", "auto"])),
+    ("modalities", Neutral::TextOnly),
+    ("audio", Neutral::Null),
+    ("web_search_options", Neutral::Null),
+    ("chat_template", Neutral::Null),
+    ("chat_template_kwargs", Neutral::Empty),
+    ("add_generation_prompt", Neutral::Bool(true)),
+    ("continue_final_message", Neutral::Bool(false)),
+];
+
+/// The longest value a refusal repeats.
+const SHOWN: usize = 80;
+
+/// `Err` naming the first field of `rest` (the body's fields this server does not read itself)
+/// that the built-in engines would not honour.
+pub fn check(rest: &Map<String, Value>) -> Result<(), Refusal> {
+    for (field, neutral) in UNSERVED {
+        let Some(value) = rest.get(*field) else { continue };
+        if !neutral.holds(value) {
+            let mut shown = value.to_string();
+            if shown.len() > SHOWN {
+                let cut = (0..=SHOWN).rev().find(|i| shown.is_char_boundary(*i)).unwrap_or(0);
+                shown.truncate(cut);
+                shown.push_str("...");
+            }
+            return Err(Refusal::invalid(format!(
+                "'{field}' is {shown}; this model's engine does not act on it yet ({})",
+                neutral.describe()
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn refused(body: Value) -> Option<String> {
+        check(body.as_object().unwrap()).err().map(|r| r.message)
+    }
+
+    #[test]
+    fn a_field_that_would_change_the_answer_is_named_with_its_value_and_what_to_send() {
+        assert_eq!(
+            refused(json!({"presence_penalty": 0.5})).unwrap(),
+            "'presence_penalty' is 0.5; this model's engine does not act on it yet (leave it out or send 0)"
+        );
+        assert_eq!(
+            refused(json!({"response_format": {"type": "json_object"}})).unwrap(),
+            "'response_format' is {\"type\":\"json_object\"}; this model's engine does not act on it yet \
+             (leave it out or send {\"type\": \"text\"})"
+        );
+        assert!(refused(json!({"tools": [{"type": "function", "function": {"name": "f"}}]}))
+            .unwrap()
+            .starts_with("'tools' is"));
+        assert!(refused(json!({"top_k": 40})).unwrap().contains("send -1 or 0"));
+        assert!(refused(json!({"tool_choice": "required"})).unwrap().contains("\"none\" or \"auto\""));
+        assert!(refused(json!({"modalities": ["text", "audio"]})).unwrap().starts_with("'modalities'"));
+        let long =
+            refused(json!({"logit_bias": (0..100).map(|i| (i.to_string(), json!(1))).collect::<Map<_, _>>()})).unwrap();
+        assert!(long.contains("...;") && long.len() < 200, "{long}");
+    }
+
+    #[test]
+    fn neutral_values_and_fields_that_do_not_change_the_answer_pass() {
+        let neutral = json!({
+            "presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1, "top_k": -1, "min_p": 0,
+            "logit_bias": {}, "min_tokens": 0, "ignore_eos": false, "stop_token_ids": [], "top_logprobs": null,
+            "echo": false, "best_of": 1, "suffix": "", "response_format": {"type": "text"}, "tools": [],
+            "tool_choice": "none", "modalities": ["text"], "add_generation_prompt": true,
+            "user": "u", "metadata": {"a": "b"}, "store": false, "service_tier": "auto", "x_vendor": 1
+        });
+        assert_eq!(refused(neutral), None);
+    }
+}
