@@ -219,6 +219,11 @@ impl Model {
         KvCache::bytes_per_token(self.config.layers, self.config.kv_dim())
     }
 
+    /// Token ids the model knows: `0..vocab_size`.
+    pub fn vocab_size(&self) -> u32 {
+        self.config.vocab as u32
+    }
+
     /// Prompt plus produced tokens a sequence may hold.
     pub fn context_length(&self) -> u32 {
         self.positions as u32

@@ -339,6 +339,9 @@ impl LanguageModel for WithEnd {
     fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
         self.sim.model().encode(text)
     }
+    fn vocab_size(&self) -> u32 {
+        self.sim.model().vocab_size()
+    }
     fn chat(&self, messages: &[Message]) -> Result<String, String> {
         self.sim.model().chat(messages)
     }

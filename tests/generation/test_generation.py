@@ -137,7 +137,22 @@ def test_a_stop_string_ends_the_answer_and_is_never_sent(sidecar):
 
 
 def test_models_lists_the_served_model(sidecar):
-    assert [m.id for m in sidecar.client.models.list()] == [MODEL]
+    models = sidecar.client.models.list().data
+    assert [m.id for m in models] == [MODEL]
+    # The fields vLLM adds, which clients read the context length from.
+    assert models[0].model_extra["root"] == MODEL
+    assert models[0].model_extra["max_model_len"] > 0
+
+
+def test_a_prompt_may_come_as_token_ids(sidecar):
+    sidecar.client.completions.create(model=MODEL, prompt="a b", max_tokens=1)
+    with pytest.raises(openai.BadRequestError) as e:
+        sidecar.client.completions.create(model=MODEL, prompt=[0, 10**6], max_tokens=1)
+    assert "'prompt'[1] is token 1000000; this model's token ids are 0 to " in e.value.message
+    last = int(e.value.message.rsplit(" ", 1)[1])
+    for prompt in ([0, last, 0], [[0, last, 0]]):
+        r = sidecar.client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
+        assert r.usage.prompt_tokens == 3 and r.usage.completion_tokens == 2
 
 
 def test_bad_requests_get_openai_errors_that_name_the_field(sidecar):

@@ -51,15 +51,22 @@ pub(super) async fn chat(State(front): State<Shared>, headers: HeaderMap, body: 
     generate(front, headers, body, Kind::Chat).await
 }
 
-/// `GET /v1/models`: every model this sidecar serves.
+/// `GET /v1/models`: every model this sidecar serves, with the fields vLLM adds (`root`, and
+/// `max_model_len` where this sidecar runs the model).
 pub(super) async fn models(State(front): State<Shared>) -> Json<Value> {
     let created = front.started_unix;
     let data: Vec<Value> = front
         .generators
         .iter()
-        .map(|g| (g.name.as_str(), g.platform()))
-        .chain(front.models.iter().map(|m| (m.name.as_str(), m.engine.signature().platform.as_str())))
-        .map(|(id, owner)| json!({"id": id, "object": "model", "created": created, "owned_by": owner}))
+        .map(|g| (g.name.as_str(), g.platform(), g.context_length()))
+        .chain(front.models.iter().map(|m| (m.name.as_str(), m.engine.signature().platform.as_str(), None)))
+        .map(|(id, owner, context)| {
+            let mut model = json!({"id": id, "object": "model", "created": created, "owned_by": owner, "root": id});
+            if let Some(context) = context {
+                model["max_model_len"] = json!(context);
+            }
+            model
+        })
         .collect();
     Json(json!({"object": "list", "data": data}))
 }
@@ -169,8 +176,20 @@ async fn admit(
             let engine = engine.clone();
             let read = move || -> Result<(Call, Vec<u32>), Refusal> {
                 let model = engine.model();
-                let call = prompt::parse(&bytes, kind, Some(model))?;
-                let tokens = model.encode(&call.prompt).map_err(Refusal::invalid)?;
+                let mut call = prompt::parse(&bytes, kind, Some(model))?;
+                let tokens = match call.ids.take() {
+                    Some(ids) => {
+                        let vocab = model.vocab_size();
+                        if let Some((i, id)) = ids.iter().enumerate().find(|(_, id)| **id >= vocab) {
+                            return Err(Refusal::invalid(format!(
+                                "'prompt'[{i}] is token {id}; this model's token ids are 0 to {}",
+                                vocab.saturating_sub(1)
+                            )));
+                        }
+                        ids
+                    }
+                    None => model.encode(&call.prompt).map_err(Refusal::invalid)?,
+                };
                 if tokens.is_empty() {
                     return Err(Refusal::invalid("the prompt has no tokens"));
                 }
@@ -188,7 +207,11 @@ async fn admit(
         Backend::Relay(relay) => {
             let call = prompt::parse(&bytes, kind, None)?;
             let body: Value = serde_json::from_slice(&bytes).map_err(|e| Refusal::invalid(e.to_string()))?;
-            let estimate = relay.estimate_tokens(call.prompt.len());
+            // Token ids are counted; a text is estimated from its bytes.
+            let estimate = match &call.ids {
+                Some(ids) => (ids.len() as u32).max(1),
+                None => relay.estimate_tokens(call.prompt.len()),
+            };
             (call, Tokens::Estimated(estimate), Some(body))
         }
     };

@@ -104,6 +104,15 @@ impl Generating {
         }
     }
 
+    /// Prompt plus answer tokens one request may hold (vLLM's `max_model_len`); unknown for an
+    /// upstream server, which says so itself.
+    pub fn context_length(&self) -> Option<u32> {
+        match &self.backend {
+            Backend::Steps { engine, .. } => Some(engine.model().context_length()),
+            Backend::Relay(_) => None,
+        }
+    }
+
     /// What serves the model (OpenAI's `owned_by`).
     pub fn platform(&self) -> &str {
         match &self.backend {

@@ -37,6 +37,9 @@ pub const MAX_STOP_BYTES: usize = 256;
 enum Prompt {
     One(String),
     Many(Vec<String>),
+    /// Token ids, as OpenAI and vLLM take them.
+    Ids(Vec<u32>),
+    ManyIds(Vec<Vec<u32>>),
     Other(serde::de::IgnoredAny),
 }
 
@@ -134,7 +137,11 @@ fn whole(field: &str, value: Option<Value>, min: i128, max: i128) -> Result<Opti
 #[derive(Debug, Clone, PartialEq)]
 pub struct Call {
     pub model: String,
+    /// The prompt's text (empty when it came as token ids).
     pub prompt: String,
+    /// The prompt as token ids, when it came so (checked against the vocabulary by the caller,
+    /// which knows the model).
+    pub ids: Option<Vec<u32>>,
     pub max_tokens: Option<u32>,
     pub sampling: Sampling,
     pub stop: Vec<String>,
@@ -158,19 +165,27 @@ pub fn model_of(bytes: &[u8]) -> Result<String, Refusal> {
 pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Result<Call, Refusal> {
     let body: Body = serde_json::from_slice(bytes)
         .map_err(|e| Refusal::invalid(format!("the body is not a valid completion request: {e}")))?;
+    let many = |n: usize| {
+        Refusal::invalid(format!("'prompt' is a list of {n} prompts; this server takes one prompt per request"))
+    };
+    let mut ids = None;
     let prompt = match kind {
         Kind::Completion => match body.prompt {
             Some(Prompt::One(text)) => text,
             Some(Prompt::Many(mut texts)) if texts.len() == 1 => texts.remove(0),
-            Some(Prompt::Many(texts)) => {
-                return Err(Refusal::invalid(format!(
-                    "'prompt' is a list of {} prompts; this server takes one prompt per request",
-                    texts.len()
-                )))
+            Some(Prompt::Many(texts)) => return Err(many(texts.len())),
+            Some(Prompt::Ids(list)) => {
+                ids = Some(list);
+                String::new()
             }
+            Some(Prompt::ManyIds(mut lists)) if lists.len() == 1 => {
+                ids = Some(lists.remove(0));
+                String::new()
+            }
+            Some(Prompt::ManyIds(lists)) => return Err(many(lists.len())),
             Some(Prompt::Other(_)) => {
                 return Err(Refusal::invalid(
-                    "'prompt' must be a string; token ids are not accepted (the model tokenizes its own text)",
+                    "'prompt' must be a string, a list of one string, or token ids (whole numbers from 0)",
                 ))
             }
             None => return Err(Refusal::invalid("'prompt' is missing")),
@@ -255,6 +270,7 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
     Ok(Call {
         model: body.model,
         prompt,
+        ids,
         max_tokens,
         sampling: Sampling {
             temperature: temperature as f32,
@@ -307,6 +323,14 @@ mod tests {
     }
 
     #[test]
+    fn a_prompt_may_come_as_token_ids() {
+        for prompt in [json!([5, 0, 7]), json!([[5, 0, 7]])] {
+            let c = call(Kind::Completion, json!({"model": "m", "prompt": prompt})).unwrap();
+            assert_eq!((c.prompt.as_str(), c.ids), ("", Some(vec![5, 0, 7])));
+        }
+    }
+
+    #[test]
     fn whole_numbers_written_as_floats_and_negative_seeds_are_read_as_openai_reads_them() {
         let c = call(Kind::Completion, json!({"model": "m", "prompt": "a", "max_tokens": 610.0, "n": 1.0, "seed": -1}))
             .unwrap();
@@ -352,7 +376,8 @@ mod tests {
         assert!(err(Kind::Completion, json!({"model": "m", "prompt": "a", "temperature": 3}))
             .contains("'temperature' is 3"));
         assert!(err(Kind::Completion, json!({"model": "m", "prompt": "a", "top_p": 0})).contains("'top_p' is 0"));
-        assert!(err(Kind::Completion, json!({"model": "m", "prompt": [1, 2]})).contains("token ids are not accepted"));
+        assert!(err(Kind::Completion, json!({"model": "m", "prompt": [1, -2]})).contains("or token ids"));
+        assert!(err(Kind::Completion, json!({"model": "m", "prompt": [[1], [2]]})).contains("list of 2 prompts"));
         assert!(err(Kind::Completion, json!({"model": "m", "prompt": ["a", "b"]})).contains("list of 2 prompts"));
         assert!(err(Kind::Completion, json!({"model": "m", "prompt": "a", "stop": ["1", "2", "3", "4", "5"]}))
             .contains("'stop' has 5"));

@@ -69,6 +69,9 @@ pub trait LanguageModel: Send + Sync + 'static {
     /// The token ids of a text. The message (a 400 body) says what cannot be tokenized.
     fn encode(&self, text: &str) -> Result<Vec<u32>, String>;
 
+    /// Token ids the model knows, `0..vocab_size` (a prompt given as ids is checked against it).
+    fn vocab_size(&self) -> u32;
+
     /// The prompt of a conversation, rendered with the model's own chat template.
     fn chat(&self, messages: &[Message]) -> Result<String, String>;
 

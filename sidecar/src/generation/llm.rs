@@ -120,6 +120,10 @@ impl LanguageModel for LlmEngine {
         self.model.text().encode(text)
     }
 
+    fn vocab_size(&self) -> u32 {
+        self.model.vocab_size()
+    }
+
     fn chat(&self, messages: &[Message]) -> Result<String, String> {
         let messages: Vec<ferry_llm::Message> =
             messages.iter().map(|m| ferry_llm::Message { role: m.role.clone(), content: m.content.clone() }).collect();

@@ -282,7 +282,8 @@ impl Backend for Relaying {
             }
             Said::Usage { prompt_tokens, completion_tokens } => {
                 caller.usage = Some((prompt_tokens as u32, completion_tokens.map(|c| c as u32)));
-                if prompt_tokens > 0 {
+                // A prompt sent as token ids has no bytes to learn the ratio from.
+                if prompt_tokens > 0 && caller.upstream.bytes > 0 {
                     let bytes = f64::from(caller.upstream.bytes);
                     let observed = bytes / prompt_tokens as f64;
                     let old = f64::from_bits(self.bytes_per_token.load(Ordering::Relaxed));

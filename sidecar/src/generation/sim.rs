@@ -115,6 +115,11 @@ impl LanguageModel for SimLlm {
         Ok(ids)
     }
 
+    /// The words seen so far: an id names one of them.
+    fn vocab_size(&self) -> u32 {
+        self.vocabulary.lock().expect("vocabulary lock").words.len() as u32
+    }
+
     fn chat(&self, messages: &[Message]) -> Result<String, String> {
         Ok(messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join(" "))
     }
