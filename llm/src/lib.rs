@@ -44,16 +44,23 @@ use cpu::Rope;
 use kv::KvCache;
 use weights::Weights;
 
-/// How the next token is drawn. Greedy at temperature 0.
+/// How the next token is drawn ([`sample::sample`]). Greedy at temperature 0.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Sampling {
+pub struct Sampling<'a> {
     pub temperature: f32,
     pub top_p: f32,
     pub seed: u64,
+    /// Only the `top_k` most likely tokens may be drawn; 0 for all.
+    pub top_k: u32,
+    /// Only tokens at least `min_p` times as likely as the most likely one may be drawn.
+    pub min_p: f32,
+    /// Added to the logits of these tokens before anything else (greedy included).
+    pub logit_bias: &'a [(u32, f32)],
 }
 
-impl Sampling {
-    pub const GREEDY: Sampling = Sampling { temperature: 0.0, top_p: 1.0, seed: 0 };
+impl Sampling<'_> {
+    pub const GREEDY: Sampling<'static> =
+        Sampling { temperature: 0.0, top_p: 1.0, seed: 0, top_k: 0, min_p: 0.0, logit_bias: &[] };
 }
 
 /// One sequence's part of a step: the tokens it feeds at positions `start..`, its block table
@@ -63,7 +70,7 @@ pub struct Seq<'a> {
     pub tokens: &'a [u32],
     pub start: u32,
     pub blocks: &'a [u32],
-    pub sample: Option<Sampling>,
+    pub sample: Option<Sampling<'a>>,
 }
 
 /// What a step produced: one token per sampling sequence, in order, and their logits.

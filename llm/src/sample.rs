@@ -1,5 +1,7 @@
-//! Drawing the next token from logits: greedy at temperature 0, else from the softmax at the
-//! temperature, cut to the nucleus of `top_p`.
+//! Drawing the next token from logits, in vLLM's order: `logit_bias` added to the logits; greedy
+//! at temperature 0; else the softmax at the temperature, cut to the tokens at least `min_p` times
+//! as likely as the most likely one, then to the `top_k` most likely, then to the nucleus of
+//! `top_p` (the smallest set of most likely tokens whose mass reaches it).
 //!
 //! A draw is a function of the request's seed and the token's position only, so a sequence
 //! that was preempted and recomputed draws the very tokens it drew before, and the same
@@ -11,16 +13,38 @@ use rand::{Rng, SeedableRng};
 use crate::Sampling;
 
 pub fn sample(logits: &[f32], s: &Sampling, position: u32) -> u32 {
+    let biased;
+    let logits = if s.logit_bias.is_empty() {
+        logits
+    } else {
+        let mut l = logits.to_vec();
+        for &(token, bias) in s.logit_bias {
+            if let Some(l) = l.get_mut(token as usize) {
+                *l += bias;
+            }
+        }
+        biased = l;
+        &biased
+    };
     if s.temperature <= 0.0 {
         return argmax(logits);
     }
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    // Each token's probability relative to the most likely one's (which is 1).
     let mut probs: Vec<(u32, f32)> =
         logits.iter().enumerate().map(|(i, &l)| (i as u32, ((l - max) / s.temperature).exp())).collect();
+    if s.min_p > 0.0 {
+        probs.retain(|p| p.1 >= s.min_p);
+    }
+    let by_likelihood = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if s.top_k > 0 && (s.top_k as usize) < probs.len() {
+        probs.sort_unstable_by(by_likelihood);
+        probs.truncate(s.top_k as usize);
+    }
     let total: f32 = probs.iter().map(|p| p.1).sum();
     // The nucleus: the most likely tokens whose mass reaches top_p (at least one).
     let mass = if s.top_p < 1.0 {
-        probs.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        probs.sort_unstable_by(by_likelihood);
         let (mut kept, mut cumulative) = (0, 0.0);
         for p in &probs {
             cumulative += p.1;
@@ -64,14 +88,14 @@ mod tests {
 
     #[test]
     fn greedy_takes_the_first_maximum() {
-        let s = Sampling { temperature: 0.0, top_p: 1.0, seed: 1 };
+        let s = Sampling { temperature: 0.0, top_p: 1.0, seed: 1, ..Sampling::GREEDY };
         assert_eq!(sample(&[0.1, 3.0, -1.0, 3.0], &s, 0), 1);
     }
 
     #[test]
     fn draws_depend_on_seed_and_position_only() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
-        let s = Sampling { temperature: 1.0, top_p: 1.0, seed: 42 };
+        let s = Sampling { temperature: 1.0, top_p: 1.0, seed: 42, ..Sampling::GREEDY };
         let draws: Vec<u32> = (0..64).map(|p| sample(&logits, &s, p)).collect();
         assert_eq!(draws, (0..64).map(|p| sample(&logits, &s, p)).collect::<Vec<_>>());
         let other = Sampling { seed: 43, ..s };
@@ -87,7 +111,7 @@ mod tests {
     fn top_p_keeps_only_the_nucleus() {
         // Token 3 holds ~93 % of the mass; top_p 0.5 leaves only it.
         let logits = [0.0, 0.0, 0.0, 4.0, 0.0];
-        let s = Sampling { temperature: 1.0, top_p: 0.5, seed: 0 };
+        let s = Sampling { temperature: 1.0, top_p: 0.5, seed: 0, ..Sampling::GREEDY };
         assert!((0..200).all(|p| sample(&logits, &s, p) == 3));
         // Without the cut, the others are drawn sometimes.
         let all = Sampling { top_p: 1.0, ..s };
@@ -98,12 +122,48 @@ mod tests {
     fn the_empirical_distribution_follows_the_softmax() {
         // p = softmax([ln 1, ln 2, ln 7]) = [0.1, 0.2, 0.7].
         let logits = [0.0f32, 2f32.ln(), 7f32.ln()];
-        let s = Sampling { temperature: 1.0, top_p: 1.0, seed: 9 };
+        let s = Sampling { temperature: 1.0, top_p: 1.0, seed: 9, ..Sampling::GREEDY };
         let mut counts = [0u32; 3];
         for p in 0..10_000 {
             counts[sample(&logits, &s, p) as usize] += 1;
         }
         let share = |i: usize| counts[i] as f64 / 10_000.0;
         assert!((share(0) - 0.1).abs() < 0.02 && (share(1) - 0.2).abs() < 0.02 && (share(2) - 0.7).abs() < 0.02);
+    }
+
+    #[test]
+    fn a_logit_bias_moves_greedy_and_random_draws_alike() {
+        let logits = [1.0, 3.0, 2.0];
+        let greedy = Sampling::GREEDY;
+        assert_eq!(sample(&logits, &greedy, 0), 1);
+        // OpenAI's -100 bans a token; +100 all but forces one.
+        let banned = Sampling { logit_bias: &[(1, -100.0)], ..greedy };
+        assert_eq!(sample(&logits, &banned, 0), 2);
+        let forced = Sampling { temperature: 1.0, logit_bias: &[(0, 100.0)], ..greedy };
+        assert!((0..200).all(|p| sample(&logits, &forced, p) == 0));
+        // An id past the vocabulary is no token (the front refuses it before it gets here).
+        assert_eq!(sample(&logits, &Sampling { logit_bias: &[(7, 100.0)], ..greedy }, 0), 1);
+    }
+
+    #[test]
+    fn top_k_and_min_p_cut_the_unlikely_tokens() {
+        // Likelihoods 1 : 0.5 : 0.25 : 0.125 relative to the best (logits ln of those).
+        let logits = [0.0f32, -(2f32.ln()), -(4f32.ln()), -(8f32.ln())];
+        let all = Sampling { temperature: 1.0, seed: 3, ..Sampling::GREEDY };
+        let drawn = |s: &Sampling| {
+            let mut seen: Vec<u32> = (0..2000).map(|p| sample(&logits, s, p)).collect();
+            seen.sort();
+            seen.dedup();
+            seen
+        };
+        assert_eq!(drawn(&all), vec![0, 1, 2, 3]);
+        assert_eq!(drawn(&Sampling { top_k: 2, ..all }), vec![0, 1]);
+        assert_eq!(drawn(&Sampling { top_k: 9, ..all }), vec![0, 1, 2, 3], "more than the vocabulary: all");
+        assert_eq!(drawn(&Sampling { min_p: 0.3, ..all }), vec![0, 1], "0.25 < 0.3 of the best");
+        assert_eq!(drawn(&Sampling { min_p: 0.2, ..all }), vec![0, 1, 2]);
+        // Within what is kept, the draw follows the renormalised likelihoods: 2/3 and 1/3.
+        let s = Sampling { top_k: 2, ..all };
+        let first = (0..6000).filter(|p| sample(&logits, &s, *p) == 0).count() as f64 / 6000.0;
+        assert!((first - 2.0 / 3.0).abs() < 0.03, "{first}");
     }
 }

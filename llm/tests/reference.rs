@@ -215,7 +215,7 @@ fn paged_batched_and_recomputed_sequences_equal_their_full_runs() {
     // blocks, chunked, it goes on with the same tokens — at temperature 1 too, whose draws
     // depend on (seed, position) only.
     let p = &prompts[0];
-    let sampled = Some(Sampling { temperature: 1.0, top_p: 0.9, seed: 5 });
+    let sampled = Some(Sampling { temperature: 1.0, top_p: 0.9, seed: 5, ..Sampling::GREEDY });
     let run = |blocks: &[u32], tokens: &mut Vec<u32>, upto: usize, from: usize| {
         while tokens.len() < upto {
             let mut all = p.clone();

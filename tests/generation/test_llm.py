@@ -98,6 +98,43 @@ def test_sampling_is_seeded(sidecar):
     assert len({ask(s) for s in range(8, 12)} | {first}) > 1
 
 
+def test_vllms_sampling_controls_draw_as_defined(sidecar):
+    # "The capital of France is", as the reference's token ids: transformers' greedy first token is
+    # 7042, and its runner-up 260 (logits 17.37 and 14.89; the third is 13.24).
+    case = REFERENCE["cases"][0]
+    assert case["text"] == "The capital of France is" and [t for t, _ in case["steps"][0]["top"][:2]] == [7042, 260]
+
+    def first(**extra):
+        r = sidecar.client.completions.create(model=MODEL, prompt=case["prompt"], max_tokens=1, temperature=0, **extra)
+        return r.choices[0].text
+
+    paris, runner_up = first(), first(logit_bias={"260": 100})
+    assert paris != runner_up
+    # A bias of -100 bans the greedy token: the runner-up comes instead.
+    assert first(logit_bias={"7042": -100}) == runner_up
+    # Keeping only the most likely token (top_k 1, or min_p 1) draws the greedy answer at any seed.
+    greedy = sidecar.client.completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0
+    ).choices[0].text
+    for seed in range(1, 4):
+        for cut in ({"top_k": 1}, {"min_p": 1.0}):
+            drawn = sidecar.client.completions.create(
+                model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=1.0, seed=seed, extra_body=cut
+            ).choices[0].text
+            assert drawn == greedy, (seed, cut)
+    # An end-of-turn token (<|im_end|>, id 2), forced, ends the answer, unless ignore_eos.
+    forced = {"logit_bias": {"2": 100}}
+    ended = sidecar.client.completions.create(model=MODEL, prompt=case["prompt"], max_tokens=5, temperature=0, **forced)
+    assert (ended.usage.completion_tokens, ended.choices[0].finish_reason) == (1, "stop")
+    kept = sidecar.client.completions.create(
+        model=MODEL, prompt=case["prompt"], max_tokens=5, temperature=0, extra_body={"ignore_eos": True}, **forced
+    )
+    assert (kept.usage.completion_tokens, kept.choices[0].finish_reason) == (5, "length")
+    with pytest.raises(openai.BadRequestError) as e:
+        first(logit_bias={"49152": 1})
+    assert "'logit_bias' names token 49152; this model's token ids are 0 to 49151" in e.value.message
+
+
 def test_a_prompt_past_the_context_is_refused_naming_the_limit(sidecar):
     with pytest.raises(openai.BadRequestError) as e:
         sidecar.client.completions.create(model=MODEL, prompt="hello " * 9000, max_tokens=4)

@@ -190,6 +190,12 @@ async fn admit(
                     }
                     None => model.encode(&call.prompt).map_err(Refusal::invalid)?,
                 };
+                if let Some((token, _)) = call.sampling.logit_bias.iter().find(|(t, _)| *t >= model.vocab_size()) {
+                    return Err(Refusal::invalid(format!(
+                        "'logit_bias' names token {token}; this model's token ids are 0 to {}",
+                        model.vocab_size().saturating_sub(1)
+                    )));
+                }
                 if tokens.is_empty() {
                     return Err(Refusal::invalid("the prompt has no tokens"));
                 }
@@ -235,7 +241,7 @@ async fn admit(
             let max_tokens =
                 call.max_tokens.unwrap_or_else(|| default.min(context.saturating_sub(tokens.len() as u32).max(1)));
             Admitted::Steps(Submission {
-                prompt: Prompt { tokens, sampling: call.sampling, stop: call.stop.clone() },
+                prompt: Prompt { tokens, sampling: call.sampling.clone(), stop: call.stop.clone() },
                 max_tokens,
                 priority,
                 tenant: tenant.id,

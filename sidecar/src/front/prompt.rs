@@ -1,6 +1,7 @@
 //! The body of OpenAI's `POST /v1/completions` and `POST /v1/chat/completions`, read and checked:
 //! the prompt (or the conversation, rendered with the model's own chat template), `max_tokens`
-//! (or `max_completion_tokens`), sampling (`temperature`, `top_p`, `seed`), `stop`, `n` = 1,
+//! (or `max_completion_tokens`), sampling (`temperature`, `top_p`, `seed`, `top_k`, `min_p`,
+//! `logit_bias`, `ignore_eos`: vLLM's ranges and meanings), `stop`, `n` = 1,
 //! `stream` and `stream_options.include_usage`. Fields that would change the answer and that the
 //! built-in engines do not act on are refused, naming them ([`super::unserved`]), as are
 //! `logprobs` and `n` > 1, rather than answered without what they ask for; fields that do not
@@ -105,9 +106,46 @@ struct Body {
     stream_options: Option<StreamOptions>,
     #[serde(default)]
     logprobs: Option<Value>,
+    #[serde(default)]
+    top_k: Option<Value>,
+    #[serde(default)]
+    min_p: Option<f64>,
+    #[serde(default)]
+    logit_bias: Option<Map<String, Value>>,
+    #[serde(default)]
+    ignore_eos: Option<bool>,
     /// Every other field, for [`unserved::check`].
     #[serde(flatten)]
     rest: Map<String, Value>,
+}
+
+/// The most entries a `logit_bias` may have (OpenAI's limit).
+pub const MAX_LOGIT_BIAS: usize = 300;
+
+/// OpenAI's `logit_bias`: token ids (as strings) to a bias from -100 to 100, added to their
+/// logits. Whether the ids are in the vocabulary is the model's to say.
+fn logit_bias(map: Map<String, Value>) -> Result<std::sync::Arc<[(u32, f32)]>, Refusal> {
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(Refusal::invalid(format!(
+            "'logit_bias' has {} entries; at most {MAX_LOGIT_BIAS} are allowed",
+            map.len()
+        )));
+    }
+    map.into_iter()
+        .map(|(key, value)| {
+            let token = key.parse::<u32>().map_err(|_| {
+                Refusal::invalid(format!(
+                    "'logit_bias' has the key \"{key}\"; keys are token ids (whole numbers from 0)"
+                ))
+            })?;
+            match value.as_f64() {
+                Some(bias) if (-100.0..=100.0).contains(&bias) => Ok((token, bias as f32)),
+                _ => Err(Refusal::invalid(format!(
+                    "'logit_bias'[\"{key}\"] is {value}; it must be a number from -100 to 100"
+                ))),
+            }
+        })
+        .collect()
 }
 
 /// A whole number written as JSON's integer or as a float with no fraction (`610.0`: clients
@@ -266,6 +304,13 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
             long.len()
         )));
     }
+    // vLLM's: -1 (or 0) for every token.
+    let top_k = whole("top_k", body.top_k, -1, i128::from(u32::MAX))?.map_or(0, |k| k.max(0) as u32);
+    let min_p = body.min_p.unwrap_or(0.0);
+    if !(0.0..=1.0).contains(&min_p) {
+        return Err(Refusal::invalid(format!("'min_p' is {min_p}; it must be between 0 and 1")));
+    }
+    let logit_bias = logit_bias(body.logit_bias.unwrap_or_default())?;
     let stream = body.stream.unwrap_or(false);
     Ok(Call {
         model: body.model,
@@ -276,6 +321,10 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
             temperature: temperature as f32,
             top_p: top_p as f32,
             seed: seed.unwrap_or_else(rand::random),
+            top_k,
+            min_p: min_p as f32,
+            logit_bias,
+            ignore_eos: body.ignore_eos.unwrap_or(false),
         },
         stop,
         stream,
@@ -320,6 +369,41 @@ mod tests {
         )
         .unwrap();
         assert_eq!((c.prompt.as_str(), c.max_tokens, c.stream), ("be brief hi there", Some(3), false));
+    }
+
+    #[test]
+    fn vllms_sampling_controls_are_read_with_its_ranges() {
+        let c = call(
+            Kind::Completion,
+            json!({"model": "m", "prompt": "a", "top_k": 40, "min_p": 0.05, "logit_bias": {"7": -100, "3": 2.5},
+                   "ignore_eos": true}),
+        )
+        .unwrap();
+        let mut bias = c.sampling.logit_bias.to_vec();
+        bias.sort_by_key(|b| b.0);
+        assert_eq!((c.sampling.top_k, c.sampling.min_p, c.sampling.ignore_eos), (40, 0.05, true));
+        assert_eq!(bias, vec![(3, 2.5), (7, -100.0)]);
+        let c = call(Kind::Completion, json!({"model": "m", "prompt": "a", "top_k": -1})).unwrap();
+        assert_eq!((c.sampling.top_k, c.sampling.min_p, c.sampling.ignore_eos), (0, 0.0, false));
+        let err = |body| call(Kind::Completion, body).unwrap_err().message;
+        assert_eq!(err(json!({"model": "m", "prompt": "a", "top_k": -2})), "'top_k' is -2; it must be at least -1");
+        assert_eq!(
+            err(json!({"model": "m", "prompt": "a", "min_p": 1.5})),
+            "'min_p' is 1.5; it must be between 0 and 1"
+        );
+        assert_eq!(
+            err(json!({"model": "m", "prompt": "a", "logit_bias": {"x": 1}})),
+            "'logit_bias' has the key \"x\"; keys are token ids (whole numbers from 0)"
+        );
+        assert_eq!(
+            err(json!({"model": "m", "prompt": "a", "logit_bias": {"5": 101}})),
+            "'logit_bias'[\"5\"] is 101; it must be a number from -100 to 100"
+        );
+        let many: Map<String, Value> = (0..301).map(|i| (i.to_string(), json!(1))).collect();
+        assert_eq!(
+            err(json!({"model": "m", "prompt": "a", "logit_bias": many})),
+            "'logit_bias' has 301 entries; at most 300 are allowed"
+        );
     }
 
     #[test]

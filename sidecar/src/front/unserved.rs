@@ -73,11 +73,7 @@ const UNSERVED: &[(&str, Neutral)] = &[
     ("presence_penalty", Neutral::Numbers(&[0.0])),
     ("frequency_penalty", Neutral::Numbers(&[0.0])),
     ("repetition_penalty", Neutral::Numbers(&[1.0])),
-    ("top_k", Neutral::Numbers(&[-1.0, 0.0])),
-    ("min_p", Neutral::Numbers(&[0.0])),
-    ("logit_bias", Neutral::Empty),
     ("min_tokens", Neutral::Numbers(&[0.0])),
-    ("ignore_eos", Neutral::Bool(false)),
     ("stop_token_ids", Neutral::Empty),
     ("include_stop_str_in_output", Neutral::Bool(false)),
     ("top_logprobs", Neutral::Numbers(&[0.0])),
@@ -152,19 +148,18 @@ mod tests {
         assert!(refused(json!({"tools": [{"type": "function", "function": {"name": "f"}}]}))
             .unwrap()
             .starts_with("'tools' is"));
-        assert!(refused(json!({"top_k": 40})).unwrap().contains("send -1 or 0"));
+        assert!(refused(json!({"best_of": 3})).unwrap().contains("send 1"));
         assert!(refused(json!({"tool_choice": "required"})).unwrap().contains("\"none\" or \"auto\""));
         assert!(refused(json!({"modalities": ["text", "audio"]})).unwrap().starts_with("'modalities'"));
-        let long =
-            refused(json!({"logit_bias": (0..100).map(|i| (i.to_string(), json!(1))).collect::<Map<_, _>>()})).unwrap();
+        let long = refused(json!({"tools": (0..100).map(|i| json!({"n": i})).collect::<Vec<_>>()})).unwrap();
         assert!(long.contains("...;") && long.len() < 200, "{long}");
     }
 
     #[test]
     fn neutral_values_and_fields_that_do_not_change_the_answer_pass() {
         let neutral = json!({
-            "presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1, "top_k": -1, "min_p": 0,
-            "logit_bias": {}, "min_tokens": 0, "ignore_eos": false, "stop_token_ids": [], "top_logprobs": null,
+            "presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1, "min_tokens": 0,
+            "stop_token_ids": [], "top_logprobs": null,
             "echo": false, "best_of": 1, "suffix": "", "response_format": {"type": "text"}, "tools": [],
             "tool_choice": "none", "modalities": ["text"], "add_generation_prompt": true,
             "user": "u", "metadata": {"a": "b"}, "store": false, "service_tier": "auto", "x_vendor": 1

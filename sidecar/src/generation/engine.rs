@@ -10,25 +10,46 @@
 //! The text side belongs to the model, behind [`LanguageModel`]: tokenization, the chat
 //! template, incremental detokenization that never splits a character, the end-of-sequence test.
 
+use std::sync::Arc;
+
 use ferry_core::generation::kv::Block;
 use ferry_core::generation::sequence::SeqId;
 use ferry_core::generation::step::{StepCost, StepShape};
 
 use crate::engine::{BoxFuture, EngineError};
 
-/// How a sequence's next token is drawn. Greedy at temperature 0.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// How a sequence's next token is drawn (vLLM's sampling parameters, as far as they are served).
+/// Greedy at temperature 0. `sim-llm` answers with its prompt's words whatever they say: it has
+/// no distribution to draw from.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Sampling {
     pub temperature: f32,
     pub top_p: f32,
     /// Draws are a function of the seed and the token's position, so that a sequence recomputed
     /// after a preemption draws the same tokens again.
     pub seed: u64,
+    /// The most likely tokens drawn from; 0 for all.
+    pub top_k: u32,
+    /// The least likelihood, relative to the most likely token's, of a token drawn.
+    pub min_p: f32,
+    /// Added to the logits of these tokens (OpenAI's `logit_bias`); shared, since every step
+    /// that samples the sequence passes it to the engine.
+    pub logit_bias: Arc<[(u32, f32)]>,
+    /// An end-of-sequence token does not end the answer (vLLM's `ignore_eos`).
+    pub ignore_eos: bool,
 }
 
 impl Default for Sampling {
     fn default() -> Self {
-        Sampling { temperature: 1.0, top_p: 1.0, seed: 0 }
+        Sampling {
+            temperature: 1.0,
+            top_p: 1.0,
+            seed: 0,
+            top_k: 0,
+            min_p: 0.0,
+            logit_bias: Arc::new([]),
+            ignore_eos: false,
+        }
     }
 }
 

@@ -172,8 +172,16 @@ impl StepEngine for LlmEngine {
         let model = self.model.clone();
         Box::pin(async move {
             tokio::task::spawn_blocking(move || {
-                let sampling =
-                    |s: &Sampling| ferry_llm::Sampling { temperature: s.temperature, top_p: s.top_p, seed: s.seed };
+                fn sampling(s: &Sampling) -> ferry_llm::Sampling<'_> {
+                    ferry_llm::Sampling {
+                        temperature: s.temperature,
+                        top_p: s.top_p,
+                        seed: s.seed,
+                        top_k: s.top_k,
+                        min_p: s.min_p,
+                        logit_bias: &s.logit_bias,
+                    }
+                }
                 let seqs: Vec<Seq> = step
                     .sequences
                     .iter()

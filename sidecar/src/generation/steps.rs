@@ -314,7 +314,7 @@ impl Steps {
                 let sampling = plan.members.iter().filter(|m| m.sample);
                 for (m, token) in sampling.zip(tokens) {
                     let Some(caller) = self.callers.get_mut(&m.id) else { continue };
-                    let end = model.is_end(token);
+                    let end = model.is_end(token) && !caller.sampling.ignore_eos;
                     let released = if end {
                         // The end of the sequence: what the detokenizer holds (a character's
                         // first bytes) and what the stop matcher held back (a tail that could
@@ -374,7 +374,7 @@ impl Steps {
                     start: m.start,
                     prompt: m.prompt,
                     blocks: m.blocks.clone(),
-                    sample: m.sample.then_some(caller.sampling),
+                    sample: m.sample.then(|| caller.sampling.clone()),
                 }
             })
             .collect();
