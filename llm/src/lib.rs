@@ -56,11 +56,39 @@ pub struct Sampling<'a> {
     pub min_p: f32,
     /// Added to the logits of these tokens before anything else (greedy included).
     pub logit_bias: &'a [(u32, f32)],
+    /// Subtracted from the logit of every token the answer holds already (vLLM's and OpenAI's
+    /// `presence_penalty`).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once for every time the answer holds it.
+    pub frequency_penalty: f32,
+    /// Divides a positive logit, and multiplies a negative one, of every token in the prompt or
+    /// the answer (vLLM's `repetition_penalty`; 1 for none).
+    pub repetition_penalty: f32,
+    /// The sequence so far, `prompt` tokens of prompt then the answer: what the penalties count.
+    /// Empty where none is set.
+    pub history: &'a [u32],
+    pub prompt: u32,
 }
 
 impl Sampling<'_> {
-    pub const GREEDY: Sampling<'static> =
-        Sampling { temperature: 0.0, top_p: 1.0, seed: 0, top_k: 0, min_p: 0.0, logit_bias: &[] };
+    pub const GREEDY: Sampling<'static> = Sampling {
+        temperature: 0.0,
+        top_p: 1.0,
+        seed: 0,
+        top_k: 0,
+        min_p: 0.0,
+        logit_bias: &[],
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        repetition_penalty: 1.0,
+        history: &[],
+        prompt: 0,
+    };
+
+    /// Whether a penalty is set (and the history must be passed).
+    pub fn penalised(&self) -> bool {
+        self.presence_penalty != 0.0 || self.frequency_penalty != 0.0 || self.repetition_penalty != 1.0
+    }
 }
 
 /// One sequence's part of a step: the tokens it feeds at positions `start..`, its block table

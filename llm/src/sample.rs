@@ -1,5 +1,6 @@
-//! Drawing the next token from logits, in vLLM's order: `logit_bias` added to the logits; greedy
-//! at temperature 0; else the softmax at the temperature, cut to the tokens at least `min_p` times
+//! Drawing the next token from logits, in vLLM's order: `logit_bias` added to the logits; the
+//! repetition, frequency and presence penalties (vLLM's definitions: the first over the prompt and
+//! the answer, the others over the answer); greedy at temperature 0; else the softmax at the temperature, cut to the tokens at least `min_p` times
 //! as likely as the most likely one, then to the `top_k` most likely, then to the nucleus of
 //! `top_p` (the smallest set of most likely tokens whose mass reaches it).
 //!
@@ -13,8 +14,8 @@ use rand::{Rng, SeedableRng};
 use crate::Sampling;
 
 pub fn sample(logits: &[f32], s: &Sampling, position: u32) -> u32 {
-    let biased;
-    let logits = if s.logit_bias.is_empty() {
+    let adjusted;
+    let logits = if s.logit_bias.is_empty() && !s.penalised() {
         logits
     } else {
         let mut l = logits.to_vec();
@@ -23,8 +24,11 @@ pub fn sample(logits: &[f32], s: &Sampling, position: u32) -> u32 {
                 *l += bias;
             }
         }
-        biased = l;
-        &biased
+        if s.penalised() {
+            penalise(&mut l, s);
+        }
+        adjusted = l;
+        &adjusted
     };
     if s.temperature <= 0.0 {
         return argmax(logits);
@@ -69,6 +73,31 @@ pub fn sample(logits: &[f32], s: &Sampling, position: u32) -> u32 {
         u -= p;
     }
     probs.last().map_or(0, |p| p.0)
+}
+
+/// The penalties, on logits already biased.
+fn penalise(logits: &mut [f32], s: &Sampling) {
+    let prompt = (s.prompt as usize).min(s.history.len());
+    // Times each token occurs in the answer, and whether it occurs at all.
+    let mut answer: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+    for &t in &s.history[prompt..] {
+        *answer.entry(t).or_default() += 1;
+    }
+    if s.repetition_penalty != 1.0 {
+        let mut seen: Vec<u32> = s.history.to_vec();
+        seen.sort_unstable();
+        seen.dedup();
+        for t in seen {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = if *l > 0.0 { *l / s.repetition_penalty } else { *l * s.repetition_penalty };
+            }
+        }
+    }
+    for (&t, &n) in &answer {
+        if let Some(l) = logits.get_mut(t as usize) {
+            *l -= s.frequency_penalty * n as f32 + s.presence_penalty;
+        }
+    }
 }
 
 /// The most likely token (the first of equals, as `torch.argmax`).
@@ -165,5 +194,28 @@ mod tests {
         let s = Sampling { top_k: 2, ..all };
         let first = (0..6000).filter(|p| sample(&logits, &s, *p) == 0).count() as f64 / 6000.0;
         assert!((first - 2.0 / 3.0).abs() < 0.03, "{first}");
+    }
+
+    #[test]
+    fn penalties_follow_vllms_definitions() {
+        // Tokens 0..4; the prompt is [3], the answer so far [1, 1, 2].
+        let logits = [2.0f32, 4.0, -1.0, 3.0];
+        let history = [3, 1, 1, 2];
+        let s = Sampling { history: &history, prompt: 1, ..Sampling::GREEDY };
+        let adjusted = |s: &Sampling| {
+            let mut l = logits.to_vec();
+            penalise(&mut l, s);
+            l
+        };
+        // Frequency: once per occurrence in the answer (the prompt's token 3 is not counted).
+        assert_eq!(adjusted(&Sampling { frequency_penalty: 1.5, ..s }), vec![2.0, 1.0, -2.5, 3.0]);
+        // Presence: once for any occurrence.
+        assert_eq!(adjusted(&Sampling { presence_penalty: 0.5, ..s }), vec![2.0, 3.5, -1.5, 3.0]);
+        // Repetition: prompt and answer, dividing positive logits and multiplying negative ones.
+        assert_eq!(adjusted(&Sampling { repetition_penalty: 2.0, ..s }), vec![2.0, 2.0, -2.0, 1.5]);
+        // Greedy follows: token 1 (4.0) loses to token 3 (3.0) under a frequency penalty of 1.
+        assert_eq!(sample(&logits, &s, 0), 1);
+        assert_eq!(sample(&logits, &Sampling { frequency_penalty: 1.0, ..s }, 0), 3);
+        assert!(!s.penalised() && Sampling { repetition_penalty: 1.1, ..s }.penalised());
     }
 }

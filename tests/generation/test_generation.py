@@ -170,10 +170,10 @@ def test_bad_requests_get_openai_errors_that_name_the_field(sidecar):
         )
     assert "'response_format' is" in e.value.message and "does not act on it" in e.value.message
     with pytest.raises(openai.BadRequestError) as e:
-        sidecar.client.completions.create(model=MODEL, prompt="a", presence_penalty=0.5)
-    assert "'presence_penalty' is 0.5" in e.value.message
+        sidecar.client.completions.create(model=MODEL, prompt="a", extra_body={"min_tokens": 3})
+    assert "'min_tokens' is 3" in e.value.message
     r = sidecar.client.completions.create(
-        model=MODEL, prompt="a b", presence_penalty=0, user="u", seed=-5, extra_body={"max_tokens": 2.0}
+        model=MODEL, prompt="a b", extra_body={"min_tokens": 0, "max_tokens": 2.0}, user="u", seed=-5
     )
     assert r.usage.completion_tokens == 2
 

@@ -135,6 +135,33 @@ def test_vllms_sampling_controls_draw_as_defined(sidecar):
     assert "'logit_bias' names token 49152; this model's token ids are 0 to 49151" in e.value.message
 
 
+def test_penalties_follow_vllms_definitions_on_the_reference_logits(sidecar):
+    # Greedy, transformers answers "The capital of France is" with 7042 (" Paris"), 30 ("."), then
+    # 198 at 18.01, ahead of 378 (16.59) and 7042 (16.42); 30 is not among its five best (< 15.83).
+    case = REFERENCE["cases"][0]
+    third = case["steps"][2]["top"]
+    assert [s["token"] for s in case["steps"][:3]] == [7042, 30, 198] and third[2][0] == 7042
+    assert 30 not in [t for t, _ in third]
+
+    def answer(n, **extra):
+        r = sidecar.client.completions.create(
+            model=MODEL, prompt=case["prompt"], max_tokens=n, temperature=0, extra_body=extra
+        )
+        return r.choices[0].text
+
+    paris, two, three = answer(1), answer(2), answer(3)
+    assert two.startswith(paris) and three.startswith(two) and three != two + paris
+    # Every token already answered gains 2 (a negative penalty): 7042 reaches 18.42 and passes
+    # 198; 30 stays below 17.83. Presence counts it once, frequency once per occurrence (once here).
+    for penalty in ({"presence_penalty": -2}, {"frequency_penalty": -2}):
+        assert answer(3, **penalty) == two + paris, penalty
+    # A repetition penalty under 1 divides positive logits by it, over prompt and answer alike:
+    # 7042 reaches 16.42 / 0.9 = 18.24; the answer's 30 and the prompt's tokens stay under 17.6.
+    assert answer(3, repetition_penalty=0.9) == two + paris
+    # Small penalties leave the greedy answer as it is.
+    assert answer(3, presence_penalty=0.1, repetition_penalty=1.01) == three
+
+
 def test_a_prompt_past_the_context_is_refused_naming_the_limit(sidecar):
     with pytest.raises(openai.BadRequestError) as e:
         sidecar.client.completions.create(model=MODEL, prompt="hello " * 9000, max_tokens=4)

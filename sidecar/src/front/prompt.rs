@@ -114,10 +114,20 @@ struct Body {
     logit_bias: Option<Map<String, Value>>,
     #[serde(default)]
     ignore_eos: Option<bool>,
+    #[serde(default)]
+    presence_penalty: Option<f64>,
+    #[serde(default)]
+    frequency_penalty: Option<f64>,
+    #[serde(default)]
+    repetition_penalty: Option<f64>,
     /// Every other field, for [`unserved::check`].
     #[serde(flatten)]
     rest: Map<String, Value>,
 }
+
+/// The largest `repetition_penalty` (vLLM takes any positive value; past this a prompt's tokens
+/// are all but banned, which no client means).
+pub const MAX_REPETITION_PENALTY: f64 = 10.0;
 
 /// The most entries a `logit_bias` may have (OpenAI's limit).
 pub const MAX_LOGIT_BIAS: usize = 300;
@@ -311,6 +321,23 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
         return Err(Refusal::invalid(format!("'min_p' is {min_p}; it must be between 0 and 1")));
     }
     let logit_bias = logit_bias(body.logit_bias.unwrap_or_default())?;
+    let mut penalties = [0.0f32; 2];
+    for (value, (field, given)) in penalties
+        .iter_mut()
+        .zip([("presence_penalty", body.presence_penalty), ("frequency_penalty", body.frequency_penalty)])
+    {
+        let p = given.unwrap_or(0.0);
+        if !(-2.0..=2.0).contains(&p) {
+            return Err(Refusal::invalid(format!("'{field}' is {p}; it must be between -2 and 2")));
+        }
+        *value = p as f32;
+    }
+    let repetition_penalty = body.repetition_penalty.unwrap_or(1.0);
+    if !(repetition_penalty > 0.0 && repetition_penalty <= MAX_REPETITION_PENALTY) {
+        return Err(Refusal::invalid(format!(
+            "'repetition_penalty' is {repetition_penalty}; it must be more than 0 and at most {MAX_REPETITION_PENALTY}"
+        )));
+    }
     let stream = body.stream.unwrap_or(false);
     Ok(Call {
         model: body.model,
@@ -325,6 +352,9 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
             min_p: min_p as f32,
             logit_bias,
             ignore_eos: body.ignore_eos.unwrap_or(false),
+            presence_penalty: penalties[0],
+            frequency_penalty: penalties[1],
+            repetition_penalty: repetition_penalty as f32,
         },
         stop,
         stream,
@@ -383,7 +413,25 @@ mod tests {
         bias.sort_by_key(|b| b.0);
         assert_eq!((c.sampling.top_k, c.sampling.min_p, c.sampling.ignore_eos), (40, 0.05, true));
         assert_eq!(bias, vec![(3, 2.5), (7, -100.0)]);
+        let c = call(
+            Kind::Completion,
+            json!({"model": "m", "prompt": "a", "presence_penalty": -2, "frequency_penalty": 0.5,
+                   "repetition_penalty": 1.2}),
+        )
+        .unwrap();
+        let s = &c.sampling;
+        assert_eq!((s.presence_penalty, s.frequency_penalty, s.repetition_penalty), (-2.0, 0.5, 1.2));
+        assert!(s.penalised());
+        assert_eq!(
+            call(Kind::Completion, json!({"model": "m", "prompt": "a", "frequency_penalty": 2.5})).unwrap_err().message,
+            "'frequency_penalty' is 2.5; it must be between -2 and 2"
+        );
+        assert_eq!(
+            call(Kind::Completion, json!({"model": "m", "prompt": "a", "repetition_penalty": 0})).unwrap_err().message,
+            "'repetition_penalty' is 0; it must be more than 0 and at most 10"
+        );
         let c = call(Kind::Completion, json!({"model": "m", "prompt": "a", "top_k": -1})).unwrap();
+        assert!(!c.sampling.penalised());
         assert_eq!((c.sampling.top_k, c.sampling.min_p, c.sampling.ignore_eos), (0, 0.0, false));
         let err = |body| call(Kind::Completion, body).unwrap_err().message;
         assert_eq!(err(json!({"model": "m", "prompt": "a", "top_k": -2})), "'top_k' is -2; it must be at least -1");
@@ -438,10 +486,10 @@ mod tests {
 
     #[test]
     fn a_field_the_engine_would_ignore_is_refused_but_a_relay_sends_it_on() {
-        let body = json!({"model": "m", "prompt": "a", "frequency_penalty": 1.5, "user": "u"});
+        let body = json!({"model": "m", "prompt": "a", "response_format": {"type": "json_object"}, "user": "u"});
         let refused = call(Kind::Completion, body.clone()).unwrap_err();
         assert_eq!(refused.outcome, ferry_core::outcome::Outcome::Invalid);
-        assert!(refused.message.starts_with("'frequency_penalty' is 1.5;"), "{}", refused.message);
+        assert!(refused.message.starts_with("'response_format' is {"), "{}", refused.message);
         // Without a model here, an upstream server answers: it reads the field itself.
         assert!(parse(body.to_string().as_bytes(), Kind::Completion, None).is_ok());
     }

@@ -37,6 +37,18 @@ pub struct Sampling {
     pub logit_bias: Arc<[(u32, f32)]>,
     /// An end-of-sequence token does not end the answer (vLLM's `ignore_eos`).
     pub ignore_eos: bool,
+    /// OpenAI's `presence_penalty` and `frequency_penalty` (over the answer) and vLLM's
+    /// `repetition_penalty` (over prompt and answer; 1 for none).
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub repetition_penalty: f32,
+}
+
+impl Sampling {
+    /// Whether a penalty is set: the engine is then given the sequence's tokens so far.
+    pub fn penalised(&self) -> bool {
+        self.presence_penalty != 0.0 || self.frequency_penalty != 0.0 || self.repetition_penalty != 1.0
+    }
 }
 
 impl Default for Sampling {
@@ -49,6 +61,9 @@ impl Default for Sampling {
             min_p: 0.0,
             logit_bias: Arc::new([]),
             ignore_eos: false,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
         }
     }
 }
@@ -66,6 +81,10 @@ pub struct SeqInput {
     pub blocks: Vec<Block>,
     /// Sample a token after the last one (its chunk reaches its last known token).
     pub sample: Option<Sampling>,
+    /// Its tokens so far (prompt, then answer) when it samples with a penalty, which counts them;
+    /// empty otherwise (copying every sequence's tokens into every step would cost more than
+    /// the step at thousands of streams).
+    pub history: Arc<[u32]>,
 }
 
 /// One engine step.

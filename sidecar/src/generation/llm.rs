@@ -13,7 +13,7 @@ use std::time::Duration;
 use ferry_core::generation::step::{attended, StepCost};
 use ferry_llm::{KvSize, Model, Seq};
 
-use super::engine::{Detokenizer, KvLayout, LanguageModel, Message, Sampling, StepEngine, StepInput};
+use super::engine::{Detokenizer, KvLayout, LanguageModel, Message, Sampling, SeqInput, StepEngine, StepInput};
 use crate::embed::Device;
 use crate::engine::{BoxFuture, EngineError};
 
@@ -172,7 +172,7 @@ impl StepEngine for LlmEngine {
         let model = self.model.clone();
         Box::pin(async move {
             tokio::task::spawn_blocking(move || {
-                fn sampling(s: &Sampling) -> ferry_llm::Sampling<'_> {
+                fn sampling<'a>(s: &'a Sampling, seq: &'a SeqInput) -> ferry_llm::Sampling<'a> {
                     ferry_llm::Sampling {
                         temperature: s.temperature,
                         top_p: s.top_p,
@@ -180,6 +180,11 @@ impl StepEngine for LlmEngine {
                         top_k: s.top_k,
                         min_p: s.min_p,
                         logit_bias: &s.logit_bias,
+                        presence_penalty: s.presence_penalty,
+                        frequency_penalty: s.frequency_penalty,
+                        repetition_penalty: s.repetition_penalty,
+                        history: &seq.history,
+                        prompt: seq.prompt,
                     }
                 }
                 let seqs: Vec<Seq> = step
@@ -189,7 +194,7 @@ impl StepEngine for LlmEngine {
                         tokens: &s.tokens,
                         start: s.start,
                         blocks: &s.blocks,
-                        sample: s.sample.as_ref().map(sampling),
+                        sample: s.sample.as_ref().map(|m| sampling(m, s)),
                     })
                     .collect();
                 model.step(&seqs).map(|s| s.tokens).map_err(EngineError)

@@ -375,6 +375,11 @@ impl Steps {
                     prompt: m.prompt,
                     blocks: m.blocks.clone(),
                     sample: m.sample.then(|| caller.sampling.clone()),
+                    history: if m.sample && caller.sampling.penalised() {
+                        caller.tokens.as_slice().into()
+                    } else {
+                        Arc::from([])
+                    },
                 }
             })
             .collect();
