@@ -68,6 +68,9 @@ pub struct Sampling<'a> {
     /// Empty where none is set.
     pub history: &'a [u32],
     pub prompt: u32,
+    /// Tokens that may not be drawn: the end tokens while an answer is shorter than its
+    /// `min_tokens`.
+    pub suppress: &'a [u32],
 }
 
 impl Sampling<'_> {
@@ -83,6 +86,7 @@ impl Sampling<'_> {
         repetition_penalty: 1.0,
         history: &[],
         prompt: 0,
+        suppress: &[],
     };
 
     /// Whether a penalty is set (and the history must be passed).

@@ -1,6 +1,7 @@
 //! Drawing the next token from logits, in vLLM's order: `logit_bias` added to the logits; the
 //! repetition, frequency and presence penalties (vLLM's definitions: the first over the prompt and
-//! the answer, the others over the answer); greedy at temperature 0; else the softmax at the temperature, cut to the tokens at least `min_p` times
+//! the answer, the others over the answer); the end tokens masked while an answer is shorter
+//! than its `min_tokens`; greedy at temperature 0; else the softmax at the temperature, cut to the tokens at least `min_p` times
 //! as likely as the most likely one, then to the `top_k` most likely, then to the nucleus of
 //! `top_p` (the smallest set of most likely tokens whose mass reaches it).
 //!
@@ -15,7 +16,7 @@ use crate::Sampling;
 
 pub fn sample(logits: &[f32], s: &Sampling, position: u32) -> u32 {
     let adjusted;
-    let logits = if s.logit_bias.is_empty() && !s.penalised() {
+    let logits = if s.logit_bias.is_empty() && !s.penalised() && s.suppress.is_empty() {
         logits
     } else {
         let mut l = logits.to_vec();
@@ -26,6 +27,11 @@ pub fn sample(logits: &[f32], s: &Sampling, position: u32) -> u32 {
         }
         if s.penalised() {
             penalise(&mut l, s);
+        }
+        for &token in s.suppress {
+            if let Some(l) = l.get_mut(token as usize) {
+                *l = f32::NEG_INFINITY;
+            }
         }
         adjusted = l;
         &adjusted
@@ -217,5 +223,9 @@ mod tests {
         assert_eq!(sample(&logits, &s, 0), 1);
         assert_eq!(sample(&logits, &Sampling { frequency_penalty: 1.0, ..s }, 0), 3);
         assert!(!s.penalised() && Sampling { repetition_penalty: 1.1, ..s }.penalised());
+        // A suppressed token is never drawn, greedy or not.
+        let ended = Sampling { suppress: &[1, 3], ..s };
+        assert_eq!(sample(&logits, &ended, 0), 0);
+        assert!((0..100).all(|p| sample(&logits, &Sampling { temperature: 1.0, ..ended }, p).is_multiple_of(2)));
     }
 }

@@ -269,6 +269,13 @@ impl Text {
         self.ends.contains(&token)
     }
 
+    /// The tokens that end an answer, in order.
+    pub fn end_tokens(&self) -> Vec<u32> {
+        let mut ends: Vec<u32> = self.ends.iter().copied().collect();
+        ends.sort_unstable();
+        ends
+    }
+
     /// A token's text as output (empty for special tokens).
     pub fn token_bytes(&self, token: u32) -> &[u8] {
         self.bytes.get(token as usize).map_or(&[], Vec::as_slice)

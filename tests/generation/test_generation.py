@@ -136,6 +136,17 @@ def test_a_stop_string_ends_the_answer_and_is_never_sent(sidecar):
     assert "".join(c.choices[0].text for c in chunks) == "a b "
 
 
+def test_no_stop_string_is_looked_for_before_min_tokens(sidecar):
+    # The answer cycles the prompt's words: a b c d a b c d. Its 3rd token is the first "c"; with
+    # min_tokens 4, the stop is found at the 7th.
+    ask = lambda **extra: sidecar.client.completions.create(  # noqa: E731
+        model=MODEL, prompt="a b c d", max_tokens=8, stop=["c"], extra_body=extra
+    ).choices[0]
+    assert ask().text == "a b "
+    stopped = ask(min_tokens=4)
+    assert (stopped.text, stopped.finish_reason) == ("a b c d a b ", "stop")
+
+
 def test_models_lists_the_served_model(sidecar):
     models = sidecar.client.models.list().data
     assert [m.id for m in models] == [MODEL]
@@ -170,10 +181,10 @@ def test_bad_requests_get_openai_errors_that_name_the_field(sidecar):
         )
     assert "'response_format' is" in e.value.message and "does not act on it" in e.value.message
     with pytest.raises(openai.BadRequestError) as e:
-        sidecar.client.completions.create(model=MODEL, prompt="a", extra_body={"min_tokens": 3})
-    assert "'min_tokens' is 3" in e.value.message
+        sidecar.client.completions.create(model=MODEL, prompt="a", extra_body={"top_logprobs": 3})
+    assert "'top_logprobs' is 3" in e.value.message
     r = sidecar.client.completions.create(
-        model=MODEL, prompt="a b", extra_body={"min_tokens": 0, "max_tokens": 2.0}, user="u", seed=-5
+        model=MODEL, prompt="a b", extra_body={"top_logprobs": 0, "max_tokens": 2.0}, user="u", seed=-5
     )
     assert r.usage.completion_tokens == 2
 

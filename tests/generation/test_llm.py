@@ -130,6 +130,11 @@ def test_vllms_sampling_controls_draw_as_defined(sidecar):
         model=MODEL, prompt=case["prompt"], max_tokens=5, temperature=0, extra_body={"ignore_eos": True}, **forced
     )
     assert (kept.usage.completion_tokens, kept.choices[0].finish_reason) == (5, "length")
+    # min_tokens 3 masks the end tokens for the first three: the forced one comes fourth.
+    late = sidecar.client.completions.create(
+        model=MODEL, prompt=case["prompt"], max_tokens=5, temperature=0, extra_body={"min_tokens": 3}, **forced
+    )
+    assert (late.usage.completion_tokens, late.choices[0].finish_reason) == (4, "stop")
     with pytest.raises(openai.BadRequestError) as e:
         first(logit_bias={"49152": 1})
     assert "'logit_bias' names token 49152; this model's token ids are 0 to 49151" in e.value.message

@@ -120,6 +120,8 @@ struct Body {
     frequency_penalty: Option<f64>,
     #[serde(default)]
     repetition_penalty: Option<f64>,
+    #[serde(default)]
+    min_tokens: Option<Value>,
     /// Every other field, for [`unserved::check`].
     #[serde(flatten)]
     rest: Map<String, Value>,
@@ -332,6 +334,10 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
         }
         *value = p as f32;
     }
+    let min_tokens = whole("min_tokens", body.min_tokens, 0, i128::from(u32::MAX))?.unwrap_or(0) as u32;
+    if let Some(max) = max_tokens.filter(|max| min_tokens > *max) {
+        return Err(Refusal::invalid(format!("'min_tokens' is {min_tokens}; it must be at most max_tokens ({max})")));
+    }
     let repetition_penalty = body.repetition_penalty.unwrap_or(1.0);
     if !(repetition_penalty > 0.0 && repetition_penalty <= MAX_REPETITION_PENALTY) {
         return Err(Refusal::invalid(format!(
@@ -355,6 +361,7 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
             presence_penalty: penalties[0],
             frequency_penalty: penalties[1],
             repetition_penalty: repetition_penalty as f32,
+            min_tokens,
         },
         stop,
         stream,
@@ -432,6 +439,15 @@ mod tests {
         );
         let c = call(Kind::Completion, json!({"model": "m", "prompt": "a", "top_k": -1})).unwrap();
         assert!(!c.sampling.penalised());
+        assert_eq!(c.sampling.min_tokens, 0);
+        let c = call(Kind::Completion, json!({"model": "m", "prompt": "a", "min_tokens": 4, "max_tokens": 4})).unwrap();
+        assert_eq!(c.sampling.min_tokens, 4);
+        assert_eq!(
+            call(Kind::Completion, json!({"model": "m", "prompt": "a", "min_tokens": 5, "max_tokens": 4}))
+                .unwrap_err()
+                .message,
+            "'min_tokens' is 5; it must be at most max_tokens (4)"
+        );
         assert_eq!((c.sampling.top_k, c.sampling.min_p, c.sampling.ignore_eos), (0, 0.0, false));
         let err = |body| call(Kind::Completion, body).unwrap_err().message;
         assert_eq!(err(json!({"model": "m", "prompt": "a", "top_k": -2})), "'top_k' is -2; it must be at least -1");

@@ -70,7 +70,6 @@ impl Neutral {
 
 /// The fields, in the order a refusal names the first one sent.
 const UNSERVED: &[(&str, Neutral)] = &[
-    ("min_tokens", Neutral::Numbers(&[0.0])),
     ("stop_token_ids", Neutral::Empty),
     ("include_stop_str_in_output", Neutral::Bool(false)),
     ("top_logprobs", Neutral::Numbers(&[0.0])),
@@ -134,8 +133,8 @@ mod tests {
     #[test]
     fn a_field_that_would_change_the_answer_is_named_with_its_value_and_what_to_send() {
         assert_eq!(
-            refused(json!({"min_tokens": 5})).unwrap(),
-            "'min_tokens' is 5; this model's engine does not act on it yet (leave it out or send 0)"
+            refused(json!({"top_logprobs": 5})).unwrap(),
+            "'top_logprobs' is 5; this model's engine does not act on it yet (leave it out or send 0)"
         );
         assert_eq!(
             refused(json!({"response_format": {"type": "json_object"}})).unwrap(),
@@ -155,7 +154,7 @@ mod tests {
     #[test]
     fn neutral_values_and_fields_that_do_not_change_the_answer_pass() {
         let neutral = json!({
-            "min_tokens": 0, "stop_token_ids": [], "top_logprobs": null,
+            "stop_token_ids": [], "top_logprobs": null,
             "echo": false, "best_of": 1, "suffix": "", "response_format": {"type": "text"}, "tools": [],
             "tool_choice": "none", "modalities": ["text"], "add_generation_prompt": true,
             "user": "u", "metadata": {"a": "b"}, "store": false, "service_tier": "auto", "x_vendor": 1

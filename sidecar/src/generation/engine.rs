@@ -42,6 +42,9 @@ pub struct Sampling {
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
     pub repetition_penalty: f32,
+    /// The answer's least tokens: until then no end token is drawn and no `stop` string looked
+    /// for (vLLM's `min_tokens`).
+    pub min_tokens: u32,
 }
 
 impl Sampling {
@@ -64,6 +67,7 @@ impl Default for Sampling {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
+            min_tokens: 0,
         }
     }
 }

@@ -19,6 +19,8 @@ use crate::engine::{BoxFuture, EngineError};
 
 pub struct LlmEngine {
     model: Arc<Model>,
+    /// The model's end tokens, masked while an answer is shorter than its `min_tokens`.
+    ends: Arc<[u32]>,
     kv: KvLayout,
     cost: StepCost,
 }
@@ -63,7 +65,8 @@ impl LlmEngine {
         let model = Arc::new(model);
         let kv = KvLayout { blocks: model.kv_blocks(), block_size };
         let cost = calibrate(&model, block_size).map_err(|e| format!("the first steps failed: {e}"))?;
-        Ok(LlmEngine { model, kv, cost })
+        let ends = model.text().end_tokens().into();
+        Ok(LlmEngine { model, ends, kv, cost })
     }
 }
 
@@ -169,10 +172,12 @@ impl StepEngine for LlmEngine {
     }
 
     fn step(&self, step: StepInput) -> BoxFuture<Result<Vec<u32>, EngineError>> {
-        let model = self.model.clone();
+        let (model, ends) = (self.model.clone(), self.ends.clone());
         Box::pin(async move {
             tokio::task::spawn_blocking(move || {
-                fn sampling<'a>(s: &'a Sampling, seq: &'a SeqInput) -> ferry_llm::Sampling<'a> {
+                fn sampling<'a>(s: &'a Sampling, seq: &'a SeqInput, ends: &'a [u32]) -> ferry_llm::Sampling<'a> {
+                    // The tokens before the one drawn, less the prompt's, are the answer so far.
+                    let answered = (seq.start + seq.tokens.len() as u32).saturating_sub(seq.prompt);
                     ferry_llm::Sampling {
                         temperature: s.temperature,
                         top_p: s.top_p,
@@ -185,6 +190,7 @@ impl StepEngine for LlmEngine {
                         repetition_penalty: s.repetition_penalty,
                         history: &seq.history,
                         prompt: seq.prompt,
+                        suppress: if answered < s.min_tokens { ends } else { &[] },
                     }
                 }
                 let seqs: Vec<Seq> = step
@@ -194,7 +200,7 @@ impl StepEngine for LlmEngine {
                         tokens: &s.tokens,
                         start: s.start,
                         blocks: &s.blocks,
-                        sample: s.sample.as_ref().map(|m| sampling(m, s)),
+                        sample: s.sample.as_ref().map(|m| sampling(m, s, &ends)),
                     })
                     .collect();
                 model.step(&seqs).map(|s| s.tokens).map_err(EngineError)

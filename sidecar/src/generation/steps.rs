@@ -324,6 +324,9 @@ impl Steps {
                             released.text.push_str(&caller.stop.finish());
                         }
                         released
+                    } else if caller.tokens.len() as u32 - caller.prompt + 1 < caller.sampling.min_tokens {
+                        // Shorter than its min_tokens, this token included: no stop yet.
+                        caller.stop.pass(&caller.detokenizer.push(token))
                     } else {
                         caller.stop.push(&caller.detokenizer.push(token))
                     };

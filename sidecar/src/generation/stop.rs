@@ -43,6 +43,13 @@ impl StopMatcher {
         Released { text, stopped: false }
     }
 
+    /// Text of an answer still shorter than its `min_tokens`: sent as it is, no stop string
+    /// looked for (vLLM's rule; a stop string that began there is not found later either).
+    pub fn pass(&mut self, piece: &str) -> Released {
+        debug_assert!(self.held.is_empty(), "nothing is held before the stop strings are looked for");
+        Released { text: piece.to_owned(), stopped: false }
+    }
+
     /// The answer ended without a stop string: what was held is part of it.
     pub fn finish(&mut self) -> String {
         std::mem::take(&mut self.held)
