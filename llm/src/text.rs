@@ -14,7 +14,7 @@
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::{json, Value as Json};
 use tokenizers::Tokenizer;
@@ -50,6 +50,9 @@ pub struct Text {
     add_bos: bool,
     template: Option<String>,
     eos_text: String,
+    /// The tokenizer with special tokens read as plain text, for what users wrote
+    /// ([`Text::chat_tokens`]); made on first use.
+    plain: OnceLock<Tokenizer>,
 }
 
 impl std::fmt::Debug for Text {
@@ -155,6 +158,7 @@ impl Text {
             bos,
             template: g.get("tokenizer.chat_template").and_then(Value::as_str).map(str::to_owned),
             eos_text: eos_text.unwrap_or_default(),
+            plain: OnceLock::new(),
         })
     }
 
@@ -216,6 +220,7 @@ impl Text {
             add_bos: false,
             template,
             eos_text,
+            plain: OnceLock::new(),
         })
     }
 
@@ -230,6 +235,70 @@ impl Text {
                 ids.insert(0, *bos);
             }
             // A post-processor's BOS before a template's own.
+            if ids.len() >= 2 && ids[0] == *bos && ids[1] == *bos {
+                ids.remove(0);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// The token ids of a conversation through the model's chat template, the special tokens the
+    /// template writes recognised and none that a message holds: a user who types
+    /// `<|im_start|>system` gets those characters as text, not a system turn. Where no message
+    /// holds a special token's text this is [`Text::encode`] of [`Text::chat`]; where one does,
+    /// the template is rendered again with a marker in place of each message, and the text
+    /// between the markers is tokenized with special tokens recognised, each message without.
+    /// A template that changes message text (a `trim`), so that the markers cannot stand for
+    /// the messages, is refused for such a message rather than let it through.
+    pub fn chat_tokens(&self, messages: &[Message]) -> Result<Vec<u32>, String> {
+        let rendered = self.chat(messages)?;
+        let specials: Vec<String> =
+            self.tokenizer.get_added_tokens_decoder().into_values().filter(|t| t.special).map(|t| t.content).collect();
+        let holds = |text: &str| specials.iter().find(|s| !s.is_empty() && text.contains(s.as_str())).cloned();
+        let Some((first, special)) = messages.iter().enumerate().find_map(|(i, m)| Some((i, holds(&m.content)?)))
+        else {
+            return self.encode(&rendered);
+        };
+        let marker = |i: usize| format!("\u{E000}ferry-message-{i}\u{E001}");
+        let marked: Vec<Message> =
+            messages.iter().enumerate().map(|(i, m)| Message { role: m.role.clone(), content: marker(i) }).collect();
+        let template = self.chat(&marked)?;
+        let cannot = || {
+            format!(
+                "messages[{first}] holds the special token '{special}', and this model's chat template changes \
+                 message text, so it cannot be kept apart as plain text; remove it"
+            )
+        };
+        // The template's own text between the messages, and each message in order.
+        let mut parts: Vec<(&str, bool)> = Vec::new();
+        let mut rest = template.as_str();
+        for (i, m) in messages.iter().enumerate() {
+            let at = rest.find(&marker(i)).ok_or_else(cannot)?;
+            parts.push((&rest[..at], true));
+            parts.push((m.content.as_str(), false));
+            rest = &rest[at + marker(i).len()..];
+        }
+        parts.push((rest, true));
+        if parts.iter().map(|p| p.0).collect::<String>() != rendered {
+            return Err(cannot());
+        }
+        let plain = self.plain.get_or_init(|| {
+            let mut t = self.tokenizer.clone();
+            t.set_encode_special_tokens(true);
+            t
+        });
+        let mut ids = Vec::new();
+        for (text, template) in parts.into_iter().filter(|p| !p.0.is_empty()) {
+            let tokenizer = if template { &self.tokenizer } else { plain };
+            // The post-processor (a BOS) once, at the start.
+            let encoding =
+                tokenizer.encode(text, ids.is_empty()).map_err(|e| format!("the prompt cannot be tokenized: {e}"))?;
+            ids.extend_from_slice(encoding.get_ids());
+        }
+        if let Some((bos, _)) = &self.bos {
+            if self.add_bos && ids.first() != Some(bos) {
+                ids.insert(0, *bos);
+            }
             if ids.len() >= 2 && ids[0] == *bos && ids[1] == *bos {
                 ids.remove(0);
             }

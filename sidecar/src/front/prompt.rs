@@ -271,9 +271,14 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
                 })
                 .collect::<Result<Vec<_>, Refusal>>()?;
             match model {
-                Some(model) => model
-                    .chat(&messages)
-                    .map_err(|e| Refusal::invalid(format!("'messages' cannot be rendered: {e}")))?,
+                Some(model) => {
+                    ids = Some(
+                        model
+                            .chat_tokens(&messages)
+                            .map_err(|e| Refusal::invalid(format!("'messages' cannot be rendered: {e}")))?,
+                    );
+                    String::new()
+                }
                 None => messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n"),
             }
         }
@@ -405,7 +410,8 @@ mod tests {
                    {"role": "user", "content": [{"type": "text", "text": "hi there"}]}], "max_completion_tokens": 3}),
         )
         .unwrap();
-        assert_eq!((c.prompt.as_str(), c.max_tokens, c.stream), ("be brief hi there", Some(3), false));
+        let rendered = model().encode("be brief hi there").unwrap();
+        assert_eq!((c.ids, c.max_tokens, c.stream), (Some(rendered), Some(3), false));
     }
 
     #[test]

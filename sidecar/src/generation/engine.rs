@@ -119,6 +119,13 @@ pub trait LanguageModel: Send + Sync + 'static {
     /// The prompt of a conversation, rendered with the model's own chat template.
     fn chat(&self, messages: &[Message]) -> Result<String, String>;
 
+    /// The token ids of a conversation through the chat template, with no special token read
+    /// from the messages' own text (where the model has special tokens: a user must not be able
+    /// to type a turn of another role).
+    fn chat_tokens(&self, messages: &[Message]) -> Result<Vec<u32>, String> {
+        self.encode(&self.chat(messages)?)
+    }
+
     /// A fresh incremental detokenizer for one sequence's produced tokens.
     fn detokenizer(&self) -> Box<dyn Detokenizer>;
 

@@ -128,9 +128,11 @@ impl LanguageModel for LlmEngine {
     }
 
     fn chat(&self, messages: &[Message]) -> Result<String, String> {
-        let messages: Vec<ferry_llm::Message> =
-            messages.iter().map(|m| ferry_llm::Message { role: m.role.clone(), content: m.content.clone() }).collect();
-        self.model.text().chat(&messages)
+        self.model.text().chat(&ours(messages))
+    }
+
+    fn chat_tokens(&self, messages: &[Message]) -> Result<Vec<u32>, String> {
+        self.model.text().chat_tokens(&ours(messages))
     }
 
     fn detokenizer(&self) -> Box<dyn Detokenizer> {
@@ -140,6 +142,11 @@ impl LanguageModel for LlmEngine {
     fn is_end(&self, token: u32) -> bool {
         self.model.text().is_end(token)
     }
+}
+
+/// The messages as the decoder's crate takes them.
+fn ours(messages: &[Message]) -> Vec<ferry_llm::Message> {
+    messages.iter().map(|m| ferry_llm::Message { role: m.role.clone(), content: m.content.clone() }).collect()
 }
 
 struct Text(ferry_llm::TextStream);
