@@ -256,7 +256,13 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
                             let mut text = String::new();
                             for (j, part) in parts.into_iter().enumerate() {
                                 match (part.kind.as_str(), part.text) {
-                                    ("text", Some(t)) => text.push_str(&t),
+                                    // vLLM joins a message's text parts with newlines.
+                                    ("text", Some(t)) => {
+                                        if j > 0 {
+                                            text.push('\n');
+                                        }
+                                        text.push_str(&t)
+                                    }
                                     (other, _) => {
                                         return Err(Refusal::invalid(format!(
                                             "messages[{i}].content[{j}] is of type '{other}'; this model takes text parts only"
@@ -407,11 +413,18 @@ mod tests {
         let c = call(
             Kind::Chat,
             json!({"model": "m", "messages": [{"role": "system", "content": "be brief"},
-                   {"role": "user", "content": [{"type": "text", "text": "hi there"}]}], "max_completion_tokens": 3}),
+                   {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]}],
+                   "max_completion_tokens": 3}),
         )
         .unwrap();
         let rendered = model().encode("be brief hi there").unwrap();
         assert_eq!((c.ids, c.max_tokens, c.stream), (Some(rendered), Some(3), false));
+        // A message's text parts are joined by newlines, as vLLM joins them (seen here where no
+        // template renders them: an upstream's prompt, for its size).
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"},
+                          {"type": "text", "text": "there"}]}]});
+        let c = parse(body.to_string().as_bytes(), Kind::Chat, None).unwrap();
+        assert_eq!(c.prompt, "hi\nthere");
     }
 
     #[test]
