@@ -89,6 +89,10 @@ pub enum FinishReason {
     Length,
     /// The model ended it (an end-of-sequence token, or a `stop` string).
     Stop,
+    /// An upstream server ended it with a tool call (`--engine openai`).
+    ToolCalls,
+    /// An upstream server's content filter ended it.
+    ContentFilter,
 }
 
 impl FinishReason {
@@ -96,6 +100,8 @@ impl FinishReason {
         match self {
             FinishReason::Length => "length",
             FinishReason::Stop => "stop",
+            FinishReason::ToolCalls => "tool_calls",
+            FinishReason::ContentFilter => "content_filter",
         }
     }
 }

@@ -402,14 +402,7 @@ async fn stream_upstream(client: &reqwest::Client, url: &str, body: &Value, repo
             .ok()
             .and_then(|v| v["error"]["message"].as_str().or_else(|| v["error"].as_str()).map(str::to_owned))
             .unwrap_or(text);
-        let message = format!("the upstream answered {}: {message}", status.as_u16());
-        let refusal = match status.as_u16() {
-            429 => fail(Outcome::QueueFull, message).retry_after(retry_after.unwrap_or(Duration::from_secs(1))),
-            503 => fail(Outcome::Unavailable, message).retry_after(retry_after.unwrap_or(Duration::from_secs(1))),
-            400..=499 => fail(Outcome::Invalid, message),
-            _ => fail(Outcome::Failed, message),
-        };
-        return report(Said::Failed(refusal));
+        return report(Said::Failed(refused(status.as_u16(), &message, retry_after)));
     }
     let mut buffer: Vec<u8> = Vec::new();
     let mut reason = None;
@@ -444,15 +437,49 @@ async fn stream_upstream(client: &reqwest::Client, url: &str, body: &Value, repo
                 if let Some(piece) = piece.filter(|p| !p.is_empty()) {
                     report(Said::Text(piece.to_owned()));
                 }
-                match choice["finish_reason"].as_str() {
-                    Some("length") => reason = Some(FinishReason::Length),
-                    Some(_) => reason = Some(FinishReason::Stop),
-                    None => {}
+                if let Some(said) = choice["finish_reason"].as_str() {
+                    match finish(said) {
+                        Ok(r) => reason = Some(r),
+                        Err(failed) => return report(Said::Failed(failed)),
+                    }
                 }
             }
         }
     }
     report(Said::Failed(fail(Outcome::Failed, "the upstream closed its stream before the end".to_owned())))
+}
+
+/// What the client is answered for an upstream's refusal: its overload as the sidecar's own
+/// (503 / 429 with their `Retry-After`); a request the upstream found malformed as the client's
+/// 400; but an upstream that does not know its model or this sidecar's credentials (401, 403,
+/// 404: a wrong `--upstream-model` or key) is no fault of the client's: a failure, saying so.
+fn refused(status: u16, message: &str, retry_after: Option<Duration>) -> Refusal {
+    let message = format!("the upstream answered {status}: {message}");
+    let again = retry_after.unwrap_or(Duration::from_secs(1));
+    match status {
+        429 => Refusal::new(Outcome::QueueFull, message).retry_after(again),
+        503 => Refusal::new(Outcome::Unavailable, message).retry_after(again),
+        401 | 403 | 404 => Refusal::new(
+            Outcome::Failed,
+            format!("{message} (the sidecar's --upstream-model or credentials do not match the upstream server)"),
+        ),
+        400..=499 => Refusal::invalid(message),
+        _ => Refusal::new(Outcome::Failed, message),
+    }
+}
+
+/// An upstream's `finish_reason`, as OpenAI's values say it; one that is no success (vLLM's
+/// `abort`, an `error`) is the request's failure rather than a `stop`.
+fn finish(reason: &str) -> Result<FinishReason, Refusal> {
+    match reason {
+        "length" => Ok(FinishReason::Length),
+        "stop" => Ok(FinishReason::Stop),
+        "tool_calls" | "function_call" => Ok(FinishReason::ToolCalls),
+        "content_filter" => Ok(FinishReason::ContentFilter),
+        other => {
+            Err(Refusal::new(Outcome::Failed, format!("the upstream ended the answer with finish_reason '{other}'")))
+        }
+    }
 }
 
 /// The end of the first complete server-sent event in `buffer` (after its blank line).
@@ -468,6 +495,31 @@ fn find_event_end(buffer: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_upstreams_refusal_is_the_clients_only_when_the_request_was_at_fault() {
+        let r = refused(404, "model 'x' not found", None);
+        assert_eq!(r.outcome, Outcome::Failed);
+        assert!(r
+            .message
+            .starts_with("the upstream answered 404: model 'x' not found (the sidecar's --upstream-model"));
+        assert_eq!(refused(401, "bad key", None).outcome, Outcome::Failed);
+        assert_eq!(refused(400, "bad field", None).outcome, Outcome::Invalid);
+        let busy = refused(429, "busy", Some(Duration::from_secs(3)));
+        assert_eq!((busy.outcome, busy.retry_after), (Outcome::QueueFull, Some(Duration::from_secs(3))));
+        assert_eq!(refused(502, "x", None).outcome, Outcome::Failed);
+    }
+
+    #[test]
+    fn finish_reasons_pass_through_and_an_abort_is_a_failure() {
+        assert_eq!(finish("length").unwrap(), FinishReason::Length);
+        assert_eq!(finish("stop").unwrap(), FinishReason::Stop);
+        assert_eq!(finish("tool_calls").unwrap().as_str(), "tool_calls");
+        assert_eq!(finish("content_filter").unwrap().as_str(), "content_filter");
+        let aborted = finish("abort").unwrap_err();
+        assert_eq!(aborted.outcome, Outcome::Failed);
+        assert_eq!(aborted.message, "the upstream ended the answer with finish_reason 'abort'");
+    }
 
     #[test]
     fn the_upstreams_kv_usage_is_read_under_the_names_servers_use() {
