@@ -229,7 +229,11 @@ impl Text {
     /// template that writes `{{ bos_token }}`).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
         let encoding = self.tokenizer.encode(text, true).map_err(|e| format!("the prompt cannot be tokenized: {e}"))?;
-        let mut ids = encoding.get_ids().to_vec();
+        Ok(self.with_bos(encoding.get_ids().to_vec()))
+    }
+
+    /// `ids` beginning with the beginning-of-sequence token where the model wants one, once.
+    fn with_bos(&self, mut ids: Vec<u32>) -> Vec<u32> {
         if let Some((bos, _)) = &self.bos {
             if self.add_bos && ids.first() != Some(bos) {
                 ids.insert(0, *bos);
@@ -239,7 +243,7 @@ impl Text {
                 ids.remove(0);
             }
         }
-        Ok(ids)
+        ids
     }
 
     /// The token ids of a conversation through the model's chat template, the special tokens the
@@ -249,7 +253,10 @@ impl Text {
     /// the template is rendered again with a marker in place of each message, and the text
     /// between the markers is tokenized with special tokens recognised, each message without.
     /// A template that changes message text (a `trim`), so that the markers cannot stand for
-    /// the messages, is refused for such a message rather than let it through.
+    /// the messages, is refused for such a message rather than let it through. (Tokenized in
+    /// parts, such a conversation may differ at the parts' edges from the whole text's tokens —
+    /// a Metaspace tokenizer begins each part with a word boundary — which is the price of not
+    /// reading the message's special tokens.)
     pub fn chat_tokens(&self, messages: &[Message]) -> Result<Vec<u32>, String> {
         let rendered = self.chat(messages)?;
         let specials: Vec<String> =
@@ -295,15 +302,7 @@ impl Text {
                 tokenizer.encode(text, ids.is_empty()).map_err(|e| format!("the prompt cannot be tokenized: {e}"))?;
             ids.extend_from_slice(encoding.get_ids());
         }
-        if let Some((bos, _)) = &self.bos {
-            if self.add_bos && ids.first() != Some(bos) {
-                ids.insert(0, *bos);
-            }
-            if ids.len() >= 2 && ids[0] == *bos && ids[1] == *bos {
-                ids.remove(0);
-            }
-        }
-        Ok(ids)
+        Ok(self.with_bos(ids))
     }
 
     /// The prompt of a conversation through the model's chat template.

@@ -136,15 +136,21 @@ def test_a_stop_string_ends_the_answer_and_is_never_sent(sidecar):
     assert "".join(c.choices[0].text for c in chunks) == "a b "
 
 
-def test_no_stop_string_is_looked_for_before_min_tokens(sidecar):
+def test_no_stop_string_is_looked_for_in_the_first_min_tokens(sidecar):
     # The answer cycles the prompt's words: a b c d a b c d. Its 3rd token is the first "c"; with
-    # min_tokens 4, the stop is found at the 7th.
+    # min_tokens 3 or 4 it is one of the first min_tokens, and the stop is found at the 7th.
     ask = lambda **extra: sidecar.client.completions.create(  # noqa: E731
         model=MODEL, prompt="a b c d", max_tokens=8, stop=["c"], extra_body=extra
     ).choices[0]
     assert ask().text == "a b "
-    stopped = ask(min_tokens=4)
-    assert (stopped.text, stopped.finish_reason) == ("a b c d a b ", "stop")
+    for min_tokens in (3, 4):
+        stopped = ask(min_tokens=min_tokens)
+        assert (stopped.text, stopped.finish_reason) == ("a b c d a b ", "stop"), min_tokens
+    assert ask(min_tokens=2).text == "a b "
+    # More than the default max_tokens (16 for a completion) cannot be promised.
+    with pytest.raises(openai.BadRequestError) as e:
+        sidecar.client.completions.create(model=MODEL, prompt="a", extra_body={"min_tokens": 20})
+    assert "'min_tokens' is 20; it must be at most max_tokens (16, the default)" in e.value.message
 
 
 def test_models_lists_the_served_model(sidecar):

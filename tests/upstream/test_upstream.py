@@ -158,7 +158,7 @@ def test_greedy_answers_through_ferry_equal_the_upstreams_own(llama, sidecar):
 
 def test_the_pod_exports_its_capacity_from_what_it_learned_of_the_upstream(sidecar):
     # Computed once a second from the window's fits, at the shape of the requests finished lately
-    # (at a prior shape before any).
+    # (NaN until one has finished: its costs are guesses until the upstream has answered).
     for prompt in PROMPTS:
         sidecar.client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
     deadline = time.monotonic() + 30

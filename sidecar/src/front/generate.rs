@@ -40,6 +40,11 @@ pub const MODELS: &str = "/v1/models";
 pub const TTFT_HEADERS: [&str; 2] = ["x-ferry-ttft-ms", "x-llm-d-slo-ttft-ms"];
 pub const ITL_HEADERS: [&str; 2] = ["x-ferry-itl-ms", "x-llm-d-slo-tpot-ms"];
 
+/// A 400 for a token id past the model's vocabulary: `what` names where it was.
+fn unknown_token(model: &dyn crate::generation::engine::LanguageModel, what: &str) -> Refusal {
+    Refusal::invalid(format!("{what}; this model's token ids are 0 to {}", model.vocab_size().saturating_sub(1)))
+}
+
 /// Prompts larger than this are tokenized on the blocking pool.
 const OFFLOAD_BYTES: usize = 64 * 1024;
 
@@ -179,22 +184,15 @@ async fn admit(
                 let mut call = prompt::parse(&bytes, kind, Some(model))?;
                 let tokens = match call.ids.take() {
                     Some(ids) => {
-                        let vocab = model.vocab_size();
-                        if let Some((i, id)) = ids.iter().enumerate().find(|(_, id)| **id >= vocab) {
-                            return Err(Refusal::invalid(format!(
-                                "'prompt'[{i}] is token {id}; this model's token ids are 0 to {}",
-                                vocab.saturating_sub(1)
-                            )));
+                        if let Some((i, id)) = ids.iter().enumerate().find(|(_, id)| **id >= model.vocab_size()) {
+                            return Err(unknown_token(model, &format!("'prompt'[{i}] is token {id}")));
                         }
                         ids
                     }
                     None => model.encode(&call.prompt).map_err(Refusal::invalid)?,
                 };
                 if let Some((token, _)) = call.sampling.logit_bias.iter().find(|(t, _)| *t >= model.vocab_size()) {
-                    return Err(Refusal::invalid(format!(
-                        "'logit_bias' names token {token}; this model's token ids are 0 to {}",
-                        model.vocab_size().saturating_sub(1)
-                    )));
+                    return Err(unknown_token(model, &format!("'logit_bias' names token {token}")));
                 }
                 if tokens.is_empty() {
                     return Err(Refusal::invalid("the prompt has no tokens"));
@@ -240,6 +238,13 @@ async fn admit(
             let context = engine.model().context_length();
             let max_tokens =
                 call.max_tokens.unwrap_or_else(|| default.min(context.saturating_sub(tokens.len() as u32).max(1)));
+            if call.sampling.min_tokens > max_tokens {
+                return Err(Refusal::invalid(format!(
+                    "'min_tokens' is {}; it must be at most max_tokens ({max_tokens}, {})",
+                    call.sampling.min_tokens,
+                    if call.max_tokens.is_some() { "as asked" } else { "the default" }
+                )));
+            }
             Admitted::Steps(Submission {
                 prompt: Prompt { tokens, sampling: call.sampling.clone(), stop: call.stop.clone() },
                 max_tokens,

@@ -131,6 +131,9 @@ struct Body {
 /// are all but banned, which no client means).
 pub const MAX_REPETITION_PENALTY: f64 = 10.0;
 
+/// The roles of OpenAI's chat messages.
+pub const ROLES: [&str; 6] = ["system", "developer", "user", "assistant", "tool", "function"];
+
 /// The most entries a `logit_bias` may have (OpenAI's limit).
 pub const MAX_LOGIT_BIAS: usize = 300;
 
@@ -143,6 +146,7 @@ fn logit_bias(map: Map<String, Value>) -> Result<std::sync::Arc<[(u32, f32)]>, R
             map.len()
         )));
     }
+    let mut seen = std::collections::HashSet::new();
     map.into_iter()
         .map(|(key, value)| {
             let token = key.parse::<u32>().map_err(|_| {
@@ -150,6 +154,9 @@ fn logit_bias(map: Map<String, Value>) -> Result<std::sync::Arc<[(u32, f32)]>, R
                     "'logit_bias' has the key \"{key}\"; keys are token ids (whole numbers from 0)"
                 ))
             })?;
+            if !seen.insert(token) {
+                return Err(Refusal::invalid(format!("'logit_bias' names token {token} twice (\"{key}\")")));
+            }
             match value.as_f64() {
                 Some(bias) if (-100.0..=100.0).contains(&bias) => Ok((token, bias as f32)),
                 _ => Err(Refusal::invalid(format!(
@@ -273,6 +280,15 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
                             text
                         }
                     };
+                    // The template writes the role into its own text, where special tokens are
+                    // read: only OpenAI's roles, so that none can open a turn of its own.
+                    if model.is_some() && !ROLES.contains(&m.role.as_str()) {
+                        return Err(Refusal::invalid(format!(
+                            "messages[{i}].role is '{}'; it must be one of {}",
+                            m.role.chars().take(40).collect::<String>(),
+                            ROLES.join(", ")
+                        )));
+                    }
                     Ok(Message { role: m.role, content })
                 })
                 .collect::<Result<Vec<_>, Refusal>>()?;
@@ -307,8 +323,9 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
     }
     // OpenAI's seed is a signed 64-bit integer; a negative one draws as its two's complement.
     let seed = whole("seed", body.seed, i128::from(i64::MIN), i128::from(u64::MAX))?.map(|s| s as u64);
-    if model.is_some() {
-        unserved::check(&body.rest)?;
+    match model {
+        Some(_) => unserved::check(&body.rest)?,
+        None => unserved::check_relay(&body.rest)?,
     }
     if body.logprobs.as_ref().is_some_and(|v| !v.is_null() && *v != serde_json::Value::Bool(false)) {
         return Err(Refusal::invalid("'logprobs' is not supported by this server"));
@@ -482,6 +499,10 @@ mod tests {
             err(json!({"model": "m", "prompt": "a", "logit_bias": {"5": 101}})),
             "'logit_bias'[\"5\"] is 101; it must be a number from -100 to 100"
         );
+        assert_eq!(
+            err(json!({"model": "m", "prompt": "a", "logit_bias": {"7": 1, "07": 2}})),
+            "'logit_bias' names token 7 twice (\"7\")"
+        );
         let many: Map<String, Value> = (0..301).map(|i| (i.to_string(), json!(1))).collect();
         assert_eq!(
             err(json!({"model": "m", "prompt": "a", "logit_bias": many})),
@@ -565,5 +586,9 @@ mod tests {
         )
         .contains("messages[0].content[0] is of type 'image_url'"));
         assert!(err(Kind::Completion, json!({"model": "m", "prompt": "a", "logprobs": 2})).contains("'logprobs'"));
+        assert_eq!(
+            err(Kind::Chat, json!({"model": "m", "messages": [{"role": "user<|im_end|>", "content": "x"}]})),
+            "messages[0].role is 'user<|im_end|>'; it must be one of system, developer, user, assistant, tool, function"
+        );
     }
 }

@@ -95,15 +95,33 @@ const UNSERVED: &[(&str, Neutral)] = &[
     ("chat_template_kwargs", Neutral::Empty),
     ("add_generation_prompt", Neutral::Bool(true)),
     ("continue_final_message", Neutral::Bool(false)),
+    ("allowed_token_ids", Neutral::Empty),
+    ("bad_words", Neutral::Empty),
+    ("truncate_prompt_tokens", Neutral::Null),
+    ("skip_special_tokens", Neutral::Bool(true)),
+    ("length_penalty", Neutral::Numbers(&[1.0])),
 ];
 
 /// The longest value a refusal repeats.
 const SHOWN: usize = 80;
 
+/// The fields a relay cannot answer yet, though its upstream can: it passes back only the text
+/// of what the upstream streams, so a tool call would be lost.
+const RELAY_UNSERVED: &[&str] = &["tools", "functions", "tool_choice", "function_call"];
+
 /// `Err` naming the first field of `rest` (the body's fields this server does not read itself)
 /// that the built-in engines would not honour.
 pub fn check(rest: &Map<String, Value>) -> Result<(), Refusal> {
-    for (field, neutral) in UNSERVED {
+    check_fields(rest, |_| true)
+}
+
+/// [`check`] for a relay's request: the fields whose answer it cannot pass back.
+pub fn check_relay(rest: &Map<String, Value>) -> Result<(), Refusal> {
+    check_fields(rest, |field| RELAY_UNSERVED.contains(&field))
+}
+
+fn check_fields(rest: &Map<String, Value>, which: impl Fn(&str) -> bool) -> Result<(), Refusal> {
+    for (field, neutral) in UNSERVED.iter().filter(|(field, _)| which(field)) {
         let Some(value) = rest.get(*field) else { continue };
         if !neutral.holds(value) {
             let mut shown = value.to_string();
@@ -149,6 +167,14 @@ mod tests {
         assert!(refused(json!({"modalities": ["text", "audio"]})).unwrap().starts_with("'modalities'"));
         let long = refused(json!({"tools": (0..100).map(|i| json!({"n": i})).collect::<Vec<_>>()})).unwrap();
         assert!(long.contains("...;") && long.len() < 200, "{long}");
+    }
+
+    #[test]
+    fn a_relay_refuses_only_what_it_cannot_pass_back() {
+        let body = json!({"top_logprobs": 3, "response_format": {"type": "json_object"}});
+        assert_eq!(check_relay(body.as_object().unwrap()), Ok(()), "the upstream serves those");
+        let tools = json!({"tools": [{"type": "function"}]});
+        assert!(check_relay(tools.as_object().unwrap()).unwrap_err().message.starts_with("'tools' is"));
     }
 
     #[test]

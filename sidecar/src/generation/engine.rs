@@ -48,6 +48,12 @@ pub struct Sampling {
 }
 
 impl Sampling {
+    /// Whether the next token, after `answered` tokens of answer, is one of the answer's first
+    /// `min_tokens`: not an end token, and no `stop` string is looked for in it (vLLM's rule).
+    pub fn holds_ends(&self, answered: u32) -> bool {
+        answered < self.min_tokens
+    }
+
     /// Whether a penalty is set: the engine is then given the sequence's tokens so far.
     pub fn penalised(&self) -> bool {
         self.presence_penalty != 0.0 || self.frequency_penalty != 0.0 || self.repetition_penalty != 1.0

@@ -197,7 +197,7 @@ impl StepEngine for LlmEngine {
                         repetition_penalty: s.repetition_penalty,
                         history: &seq.history,
                         prompt: seq.prompt,
-                        suppress: if answered < s.min_tokens { ends } else { &[] },
+                        suppress: if s.holds_ends(answered) { ends } else { &[] },
                     }
                 }
                 let seqs: Vec<Seq> = step

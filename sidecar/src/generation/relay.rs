@@ -112,7 +112,7 @@ impl Relay {
             reports,
             oldest: oldest.clone(),
             bytes_per_token: bytes_per_token.clone(),
-            capacity: CapacityExport::new(targets),
+            capacity: CapacityExport::new(targets, false),
         };
         let handle = Handle::spawn(relaying, reports_rx, oldest, metrics);
         Relay { handle, ready, bytes_per_token, base, model: model.to_owned() }
@@ -468,17 +468,18 @@ fn refused(status: u16, message: &str, retry_after: Option<Duration>) -> Refusal
     }
 }
 
-/// An upstream's `finish_reason`, as OpenAI's values say it; one that is no success (vLLM's
-/// `abort`, an `error`) is the request's failure rather than a `stop`.
+/// An upstream's `finish_reason`, as OpenAI's values say it; one that says the answer did not
+/// succeed (vLLM's `abort`, an `error`) is the request's failure rather than a `stop`; any other a
+/// server writes (TGI's `eos_token`, `stop_sequence`) is a `stop`.
 fn finish(reason: &str) -> Result<FinishReason, Refusal> {
     match reason {
         "length" => Ok(FinishReason::Length),
-        "stop" => Ok(FinishReason::Stop),
         "tool_calls" | "function_call" => Ok(FinishReason::ToolCalls),
         "content_filter" => Ok(FinishReason::ContentFilter),
-        other => {
-            Err(Refusal::new(Outcome::Failed, format!("the upstream ended the answer with finish_reason '{other}'")))
+        "abort" | "error" => {
+            Err(Refusal::new(Outcome::Failed, format!("the upstream ended the answer with finish_reason '{reason}'")))
         }
+        _ => Ok(FinishReason::Stop),
     }
 }
 
@@ -514,6 +515,8 @@ mod tests {
     fn finish_reasons_pass_through_and_an_abort_is_a_failure() {
         assert_eq!(finish("length").unwrap(), FinishReason::Length);
         assert_eq!(finish("stop").unwrap(), FinishReason::Stop);
+        assert_eq!(finish("eos_token").unwrap(), FinishReason::Stop, "TGI's");
+        assert_eq!(finish("error").unwrap_err().outcome, Outcome::Failed);
         assert_eq!(finish("tool_calls").unwrap().as_str(), "tool_calls");
         assert_eq!(finish("content_filter").unwrap().as_str(), "content_filter");
         let aborted = finish("abort").unwrap_err();

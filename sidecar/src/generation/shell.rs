@@ -137,11 +137,16 @@ pub(super) struct CapacityExport {
     targets: Targets,
     shape: RecentShape,
     due: Option<Instant>,
+    /// Whether the costs behind the figure are known before a request finishes: a step
+    /// engine's are (configured, or timed at load); a relay's are guesses until its upstream has
+    /// answered, so it exports nothing until then.
+    prior: bool,
+    finished: bool,
 }
 
 impl CapacityExport {
-    pub(super) fn new(targets: Targets) -> CapacityExport {
-        CapacityExport { targets, shape: RecentShape::default(), due: None }
+    pub(super) fn new(targets: Targets, prior: bool) -> CapacityExport {
+        CapacityExport { targets, shape: RecentShape::default(), due: None, prior, finished: false }
     }
 
     /// A request of these many prompt tokens arrived.
@@ -152,10 +157,12 @@ impl CapacityExport {
     /// A request finished with these many completion tokens.
     pub(super) fn finished(&mut self, completion: u32) {
         self.shape.finished(completion);
+        self.finished = true;
     }
 
     /// Sets the capacity gauges from `capacity` (of the shape and the targets) when it is due:
-    /// from the first, at the prior shape until requests show theirs.
+    /// from the first where the costs are known (at the prior shape until requests show theirs),
+    /// else once a request has finished.
     pub(super) fn publish(
         &mut self,
         now: Instant,
@@ -166,6 +173,9 @@ impl CapacityExport {
             return;
         }
         self.due = Some(now + CAPACITY_PERIOD);
+        if !self.prior && !self.finished {
+            return;
+        }
         let c = capacity(&self.shape.shape(), &self.targets);
         metrics.capacity_requests.set(c.requests_per_second);
         metrics.capacity_tokens.set(c.tokens_per_second);

@@ -61,7 +61,7 @@ pub fn spawn(ledger: Ledger, engine: Arc<dyn StepEngine>, metrics: GenerationMet
         oldest: oldest.clone(),
         watchdog: None,
         failed_steps: 0,
-        capacity: CapacityExport::new(targets),
+        capacity: CapacityExport::new(targets, true),
     };
     Handle::spawn(steps, done_rx, oldest, metrics)
 }
@@ -324,8 +324,8 @@ impl Steps {
                             released.text.push_str(&caller.stop.finish());
                         }
                         released
-                    } else if caller.tokens.len() as u32 - caller.prompt + 1 < caller.sampling.min_tokens {
-                        // Shorter than its min_tokens, this token included: no stop yet.
+                    } else if caller.sampling.holds_ends(caller.tokens.len() as u32 - caller.prompt) {
+                        // One of the answer's first min_tokens tokens: no stop string yet.
                         caller.stop.pass(&caller.detokenizer.push(token))
                     } else {
                         caller.stop.push(&caller.detokenizer.push(token))

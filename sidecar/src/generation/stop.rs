@@ -43,8 +43,9 @@ impl StopMatcher {
         Released { text, stopped: false }
     }
 
-    /// Text of an answer still shorter than its `min_tokens`: sent as it is, no stop string
-    /// looked for (vLLM's rule; a stop string that began there is not found later either).
+    /// Text of the answer's first `min_tokens` tokens: sent as it is, no stop string looked for
+    /// in it (vLLM's rule; unlike vLLM, a stop string that begins there and ends later is not
+    /// found either).
     pub fn pass(&mut self, piece: &str) -> Released {
         debug_assert!(self.held.is_empty(), "nothing is held before the stop strings are looked for");
         Released { text: piece.to_owned(), stopped: false }
