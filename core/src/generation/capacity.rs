@@ -118,16 +118,17 @@ pub struct RecentShape {
 impl RecentShape {
     /// A request arrived (whether admitted or not: it is what the pod is asked for).
     pub fn arrived(&mut self, prompt: u32) {
-        self.prompts = self.prompts.saturating_add(1);
-        let weight = 1.0 / f64::from(self.prompts.min(RECENT_REQUESTS));
-        self.mean.prompt += weight * (f64::from(prompt) - self.mean.prompt);
+        follow(&mut self.mean.prompt, &mut self.prompts, prompt);
     }
 
     /// A request finished after `output` generated tokens.
     pub fn finished(&mut self, output: u32) {
-        self.outputs = self.outputs.saturating_add(1);
-        let weight = 1.0 / f64::from(self.outputs.min(RECENT_REQUESTS));
-        self.mean.output += weight * (f64::from(output) - self.mean.output);
+        follow(&mut self.mean.output, &mut self.outputs, output);
+    }
+
+    /// Whether a request has finished (the output is measured, not the prior's).
+    pub fn has_finished(&self) -> bool {
+        self.outputs > 0
     }
 
     /// The recent shape, each half [`PRIOR_SHAPE`]'s until a request has arrived (the prompt) or
@@ -138,6 +139,14 @@ impl RecentShape {
             output: if self.outputs > 0 { self.mean.output } else { PRIOR_SHAPE.output },
         }
     }
+}
+
+/// Moves `mean` of `count` values towards `value`: the plain mean of the first
+/// [`RECENT_REQUESTS`], then an exponentially weighted one.
+fn follow(mean: &mut f64, count: &mut u32, value: u32) {
+    *count = count.saturating_add(1);
+    let weight = 1.0 / f64::from((*count).min(RECENT_REQUESTS));
+    *mean += weight * (f64::from(value) - *mean);
 }
 
 /// What bounds a pod's rate.

@@ -141,12 +141,11 @@ pub(super) struct CapacityExport {
     /// engine's are (configured, or timed at load); a relay's are guesses until its upstream has
     /// answered, so it exports nothing until then.
     prior: bool,
-    finished: bool,
 }
 
 impl CapacityExport {
     pub(super) fn new(targets: Targets, prior: bool) -> CapacityExport {
-        CapacityExport { targets, shape: RecentShape::default(), due: None, prior, finished: false }
+        CapacityExport { targets, shape: RecentShape::default(), due: None, prior }
     }
 
     /// A request of these many prompt tokens arrived.
@@ -157,7 +156,6 @@ impl CapacityExport {
     /// A request finished with these many completion tokens.
     pub(super) fn finished(&mut self, completion: u32) {
         self.shape.finished(completion);
-        self.finished = true;
     }
 
     /// Sets the capacity gauges from `capacity` (of the shape and the targets) when it is due:
@@ -173,7 +171,7 @@ impl CapacityExport {
             return;
         }
         self.due = Some(now + CAPACITY_PERIOD);
-        if !self.prior && !self.finished {
+        if !self.prior && !self.shape.has_finished() {
             return;
         }
         let c = capacity(&self.shape.shape(), &self.targets);
