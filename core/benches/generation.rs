@@ -14,6 +14,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion};
 use ferry_core::generation::forecast;
 use ferry_core::generation::kv::BlockPool;
+use ferry_core::generation::prefix::Prefix;
 use ferry_core::generation::scheduler::{Discipline, Late, Policy, Scheduler};
 use ferry_core::generation::sequence::Request;
 use ferry_core::generation::step::{StepCost, StepEstimator};
@@ -74,7 +75,7 @@ fn loaded(t0: Instant, deadline: impl Fn(u64) -> Duration) -> (Scheduler, Instan
     let blocks = (RUNNING + WAITING) as u32 * (PROMPT + 4096).div_ceil(BLOCK);
     let mut s = Scheduler::new(policy, BlockPool::new(blocks, BLOCK), StepEstimator::new(cost()));
     for id in 0..RUNNING {
-        s.insert(request(id, t0, HOUR, deadline(id)));
+        s.insert(request(id, t0, HOUR, deadline(id)), Prefix::default());
     }
     let mut now = t0;
     // Prefill them all (chunks cut to the decodes' 100 ms), then a few tokens each.
@@ -88,7 +89,7 @@ fn loaded(t0: Instant, deadline: impl Fn(u64) -> Duration) -> (Scheduler, Instan
     }
     assert_eq!(s.running(), RUNNING as usize, "every seat taken");
     for id in RUNNING..RUNNING + WAITING {
-        s.insert(request(id, now, HOUR, HOUR));
+        s.insert(request(id, now, HOUR, HOUR), Prefix::default());
     }
     assert_eq!(s.waiting(), WAITING as usize);
     (s, now)
@@ -103,15 +104,15 @@ fn admission(c: &mut Criterion) {
     let margin = Duration::from_millis(2);
     let (generous, now) = loaded(t0, |_| HOUR);
     let r = request(newcomer, now, HOUR, HOUR);
-    assert!(forecast::admit(&generous, None, &r, now, margin).is_ok(), "admitted");
+    assert!(forecast::admit(&generous, None, &r, &Prefix::default(), now, margin).is_ok(), "admitted");
     group.bench_function("generous deadlines: admitted", |b| {
-        b.iter(|| black_box(forecast::admit(&generous, None, &r, now, margin)))
+        b.iter(|| black_box(forecast::admit(&generous, None, &r, &Prefix::default(), now, margin)))
     });
 
     let r = request(newcomer, now, Duration::from_millis(200), HOUR);
-    assert!(forecast::admit(&generous, None, &r, now, margin).is_err(), "refused");
+    assert!(forecast::admit(&generous, None, &r, &Prefix::default(), now, margin).is_err(), "refused");
     group.bench_function("tight first-token deadline: refused", |b| {
-        b.iter(|| black_box(forecast::admit(&generous, None, &r, now, margin)))
+        b.iter(|| black_box(forecast::admit(&generous, None, &r, &Prefix::default(), now, margin)))
     });
 
     // Each running sequence's deadline 20 ms after its forecast end without the newcomer: the
@@ -122,9 +123,9 @@ fn admission(c: &mut Criterion) {
         loaded(t0, |id| fates.get(id).and_then(|f| f.end).expect("finishes") - t0 + Duration::from_millis(20));
     assert_eq!(at, now);
     let r = request(newcomer, now, HOUR, HOUR);
-    assert!(forecast::admit(&tight, None, &r, now, margin).is_err(), "it would make some late");
+    assert!(forecast::admit(&tight, None, &r, &Prefix::default(), now, margin).is_err(), "it would make some late");
     group.bench_function("running deadlines just met: refused", |b| {
-        b.iter(|| black_box(forecast::admit(&tight, None, &r, now, margin)))
+        b.iter(|| black_box(forecast::admit(&tight, None, &r, &Prefix::default(), now, margin)))
     });
     group.finish();
 }

@@ -5,7 +5,8 @@
 //!
 //! # Layout
 //! - [`sequence`]: what the scheduler knows of a request (sizes, deadlines, priority).
-//! - [`kv`]: KV-cache blocks: the pool and the sequences' block tables.
+//! - [`kv`]: KV-cache blocks: the pool and the sequences' block tables, shared where the prefix
+//!   cache finds a prompt's blocks computed already; [`prefix`]: the hashes that name them.
 //! - [`step`]: a step's shape and the step-time estimator learned online.
 //! - [`scheduler`]: the step rule — which sequences a step runs, and how much of each;
 //!   preemption by recompute; sequences that can no longer finish in time. [`discipline`]: where
@@ -30,6 +31,7 @@ pub mod fleet;
 pub mod forecast;
 pub mod kv;
 pub mod ledger;
+pub mod prefix;
 pub mod replay;
 pub mod scheduler;
 pub mod sequence;

@@ -54,6 +54,11 @@ pub const PREEMPTIONS: &str = "ferry_preemptions_total";
 pub const PROMPT_TOKENS: &str = "ferry_prompt_tokens_total";
 /// Counter: tokens generated and sent.
 pub const GENERATION_TOKENS: &str = "ferry_generation_tokens_total";
+/// Counter: prompt tokens of admitted generations looked up in the prefix cache (vLLM's
+/// `prefix_cache_queries`: every prompt token, with the cache on).
+pub const PREFIX_CACHE_QUERIES: &str = "ferry_prefix_cache_queries_total";
+/// Counter: those of them the prefix cache held, not prefilled (vLLM's `prefix_cache_hits`).
+pub const PREFIX_CACHE_HITS: &str = "ferry_prefix_cache_hits_total";
 /// Histogram: tokens fed to the model per engine step.
 pub const STEP_TOKENS: &str = "ferry_step_tokens";
 /// Histogram: engine seconds per step.
@@ -92,7 +97,7 @@ pub const PROMISE: &str = "promise";
 pub const ADMISSION_LOCKED: &str = "ferry_admission_locked";
 
 /// The generation metrics above, for tests that check an exposition against the contract.
-pub const GENERATION: [&str; 15] = [
+pub const GENERATION: [&str; 17] = [
     TIME_TO_FIRST_TOKEN,
     INTER_TOKEN_LATENCY,
     SEQUENCES,
@@ -101,6 +106,8 @@ pub const GENERATION: [&str; 15] = [
     PREEMPTIONS,
     PROMPT_TOKENS,
     GENERATION_TOKENS,
+    PREFIX_CACHE_QUERIES,
+    PREFIX_CACHE_HITS,
     STEP_TOKENS,
     STEP_DURATION,
     STEP_SEQUENCES,

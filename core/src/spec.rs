@@ -357,6 +357,10 @@ pub struct GenerationSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "kube", schemars(range(min = 1)))]
     pub max_queue_tokens: Option<u64>,
+    /// Reuse the KV of prompt prefixes computed before, as vLLM's automatic prefix caching
+    /// (engines `llm` and `sim-llm`; default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<bool>,
 }
 
 /// A duration in the Gateway API format (`10ms`, `1s`, `5m`, `1h`, `1m30s`), kept as written.

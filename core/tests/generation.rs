@@ -1,5 +1,6 @@
 //! Property tests of the generation scheduler over random traces, replayed in virtual time with
-//! the `sim-llm` model reading its tokens back from the KV blocks it was given.
+//! the `sim-llm` model reading its tokens back from the KV blocks it was given — blocks that
+//! prompts starting alike share through the prefix cache among them.
 //! `PROPTEST_CASES` overrides the number of cases (300 by default).
 
 use std::time::Duration;
@@ -64,9 +65,14 @@ fn arrival(cancels: bool) -> impl Strategy<Value = Arrival> {
         (20u64..2_000, 5u64..500, 20u64..5_000),
         prop::bool::weighted(0.3),
         prop::option::weighted(0.2, 1u64..300),
+        // Some prompts start with one of two shared prompts, which the prefix cache may hold.
+        prop::option::weighted(0.4, (0u32..2, 1u32..200)),
     )
-        .prop_map(move |(at, prompt, max_tokens, (ttft, itl, timeout), batch, cancel)| {
+        .prop_map(move |(at, prompt, max_tokens, (ttft, itl, timeout), batch, cancel, shared)| {
             let mut a = Arrival::new(at, prompt, max_tokens).ttft_ms(ttft).itl_ms(itl).timeout_ms(timeout);
+            if let Some((group, tokens)) = shared {
+                a = a.shared(group, tokens);
+            }
             if batch {
                 a = a.priority(Priority::Batch);
             }
@@ -90,12 +96,18 @@ fn invariants(setup: &Setup, arrivals: &[Arrival], trace: &Trace) -> Result<(), 
         let context: u64 = members.iter().map(|m| u64::from(m.start + m.len)).sum();
         let decodes = members.iter().filter(|m| m.decode).count() as u32;
         prop_assert_eq!((shape.decodes, shape.context, shape.attended), (decodes, context, attended));
-        let mut blocks: Vec<u32> = step.plan.members.iter().flat_map(|m| m.blocks.iter().copied()).collect();
-        let n = blocks.len();
-        blocks.sort_unstable();
-        blocks.dedup();
-        prop_assert_eq!(blocks.len(), n, "a block in two tables of one step");
-        prop_assert!(blocks.iter().all(|b| *b < setup.blocks));
+        // A block a member writes (its new tokens') is in no other table of the step; blocks
+        // shared from the prefix cache are only read.
+        let b = setup.block_size;
+        let written: Vec<(u64, u32)> = members
+            .iter()
+            .flat_map(|m| m.blocks[(m.start / b) as usize..].iter().map(move |blk| (m.id, *blk)))
+            .collect();
+        for (id, block) in &written {
+            let holders = members.iter().filter(|m| m.blocks.contains(block)).count();
+            prop_assert_eq!(holders, 1, "block {} written by {} is in another table of the step", block, id);
+        }
+        prop_assert!(members.iter().flat_map(|m| &m.blocks).all(|b| *b < setup.blocks));
         for m in &step.plan.members {
             prop_assert!(
                 m.blocks.len() as u32 * setup.block_size >= m.start + m.len,
@@ -108,6 +120,7 @@ fn invariants(setup: &Setup, arrivals: &[Arrival], trace: &Trace) -> Result<(), 
     }
     prop_assert_eq!(trace.quiet.last().copied(), Some((0, 0)), "blocks left held at the end");
     prop_assert_eq!(trace.double_ends, 0, "a sequence ended twice");
+    prop_assert!(trace.pool_errors.is_empty(), "the KV pool's audit: {:?}", trace.pool_errors);
     let (mut admitted, mut ended) = (0, 0);
     for (i, fate) in trace.fates.iter().enumerate() {
         let Some((_, ending)) = &fate.end else {

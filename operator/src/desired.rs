@@ -219,6 +219,7 @@ pub fn sidecar_args(spec: &InferenceServiceSpec, checked: &Checked) -> Vec<Strin
         args.extend(g.kv_block_size.map(|n| format!("--kv-block-size={n}")));
         args.extend(g.kv_blocks.map(|n| format!("--kv-blocks={n}")));
         args.extend(g.max_queue_tokens.map(|n| format!("--max-queue-tokens={n}")));
+        args.extend(g.prefix_cache.map(|on| format!("--prefix-cache={on}")));
     }
     if spec.tenants.is_some() {
         args.push(format!("--tenants={TENANTS_MOUNT}/{TENANTS_FILE}"));

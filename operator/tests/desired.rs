@@ -118,6 +118,7 @@ fn the_sidecar_reads_its_arguments_as_the_spec_says() {
                 assert_eq!(Some(s.max_inter_token_latency), g.max_inter_token_latency.map(|d| d.duration()), "{name}");
                 assert_eq!(Some(s.kv_block_size), g.kv_block_size, "{name}");
                 assert_eq!(s.kv_blocks, g.kv_blocks, "{name}");
+                assert_eq!(s.prefix_cache, g.prefix_cache.unwrap_or(true), "{name}");
             }
             (EngineKind::OpenAi, EngineSettings::OpenAi { upstream, model }) => {
                 assert_eq!(upstream, &format!("http://127.0.0.1:{}", spec.engine.port), "{name}");

@@ -162,6 +162,11 @@ pub struct Cli {
     /// Prompt tokens waiting to be prefilled (spec.generation.maxQueueTokens). [default: 262144]
     #[arg(long, env = "FERRY_MAX_QUEUE_TOKENS")]
     pub max_queue_tokens: Option<u64>,
+    /// Keep the KV of computed prompt blocks and reuse it for prompts that start with the same
+    /// tokens, as vLLM's automatic prefix caching (spec.generation.prefixCache; engines llm and
+    /// sim-llm). --prefix-cache=false turns it off. [default: true]
+    #[arg(long, env = "FERRY_PREFIX_CACHE", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub prefix_cache: Option<bool>,
     /// Fixed time per step of the sim-llm engine (spec.engine.sim.stepTime). [default: 10ms]
     #[arg(long, env = "FERRY_SIM_STEP_TIME", value_parser = duration::parse_fine)]
     pub sim_step_time: Option<Duration>,
@@ -189,6 +194,8 @@ pub struct GenerationSettings {
     pub kv_blocks: Option<u32>,
     pub kv_block_size: u32,
     pub max_queue_tokens: u64,
+    /// Prompts share the KV blocks they start with ([`ferry_core::generation::prefix`]).
+    pub prefix_cache: bool,
 }
 
 /// The engine to run, with its settings.
@@ -431,6 +438,7 @@ impl Settings {
                 kv_blocks: cli.kv_blocks.or(generation.kv_blocks),
                 kv_block_size: cli.kv_block_size.or(generation.kv_block_size).unwrap_or(16),
                 max_queue_tokens: cli.max_queue_tokens.or(generation.max_queue_tokens).unwrap_or(1 << 18),
+                prefix_cache: cli.prefix_cache.or(generation.prefix_cache).unwrap_or(true),
             },
         };
         s.check()?;
@@ -633,5 +641,20 @@ spec:
     fn a_bad_flag_value_is_refused_by_the_parser() {
         let err = Cli::try_parse_from(["ferry-sidecar", "--max-wait", "10"]).unwrap_err();
         assert!(err.to_string().contains("'10' is not a duration"), "{err}");
+    }
+
+    #[test]
+    fn the_prefix_cache_is_on_unless_turned_off_by_flag_or_manifest() {
+        let on = |args: &[&str], manifest: &str| {
+            let m = if manifest.is_empty() { Manifest::default() } else { parse_manifest(manifest).unwrap() };
+            Settings::merge(cli(args), m).unwrap().generation.prefix_cache
+        };
+        assert!(on(&[], ""));
+        assert!(!on(&["--prefix-cache=false"], ""));
+        let off = format!("{MANIFEST}  generation: {{prefixCache: false}}\n");
+        assert!(!on(&[], &off));
+        assert!(on(&["--prefix-cache"], &off), "the flag overrides");
+        let err = Cli::try_parse_from(["ferry-sidecar", "--prefix-cache=maybe"]).unwrap_err();
+        assert!(err.to_string().contains("maybe"), "{err}");
     }
 }

@@ -37,6 +37,8 @@ pub struct Metrics {
     preemptions: IntCounterVec,
     prompt_tokens: IntCounterVec,
     generation_tokens: IntCounterVec,
+    prefix_queries: IntCounterVec,
+    prefix_hits: IntCounterVec,
     step_tokens: HistogramVec,
     step_duration: HistogramVec,
     step_sequences: HistogramVec,
@@ -134,6 +136,16 @@ impl Metrics {
                 .expect("valid counter"),
             generation_tokens: IntCounterVec::new(Opts::new(metric::GENERATION_TOKENS, "Tokens generated and sent."), MV)
                 .expect("valid counter"),
+            prefix_queries: IntCounterVec::new(
+                Opts::new(metric::PREFIX_CACHE_QUERIES, "Prompt tokens of admitted generations looked up in the prefix cache."),
+                MV,
+            )
+            .expect("valid counter"),
+            prefix_hits: IntCounterVec::new(
+                Opts::new(metric::PREFIX_CACHE_HITS, "Prompt tokens the prefix cache held (not prefilled)."),
+                MV,
+            )
+            .expect("valid counter"),
             step_tokens: hist(
                 metric::STEP_TOKENS,
                 "Tokens fed to the model per engine step.",
@@ -205,6 +217,8 @@ impl Metrics {
             Box::new(m.preemptions.clone()),
             Box::new(m.prompt_tokens.clone()),
             Box::new(m.generation_tokens.clone()),
+            Box::new(m.prefix_queries.clone()),
+            Box::new(m.prefix_hits.clone()),
             Box::new(m.step_tokens.clone()),
             Box::new(m.step_duration.clone()),
             Box::new(m.step_sequences.clone()),
@@ -286,6 +300,8 @@ impl Metrics {
             preemptions: self.preemptions.with_label_values(&mv),
             prompt_tokens: self.prompt_tokens.with_label_values(&mv),
             generation_tokens: self.generation_tokens.with_label_values(&mv),
+            prefix_queries: self.prefix_queries.with_label_values(&mv),
+            prefix_hits: self.prefix_hits.with_label_values(&mv),
             step_tokens: self.step_tokens.with_label_values(&mv),
             step_duration: self.step_duration.with_label_values(&mv),
             step_sequences: self.step_sequences.with_label_values(&mv),
@@ -387,6 +403,8 @@ pub struct GenerationMetrics {
     pub preemptions: prometheus::IntCounter,
     pub prompt_tokens: prometheus::IntCounter,
     pub generation_tokens: prometheus::IntCounter,
+    pub prefix_queries: prometheus::IntCounter,
+    pub prefix_hits: prometheus::IntCounter,
     pub step_tokens: prometheus::Histogram,
     pub step_duration: prometheus::Histogram,
     pub step_sequences: prometheus::Histogram,

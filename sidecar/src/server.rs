@@ -228,7 +228,9 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, Str
             );
             let ledger =
                 generation::ledger::Ledger::new(scheduler, settings.deadline_margin, settings.retry.max_attempts);
-            Backend::Steps { generator: steps::spawn(ledger, engine.clone(), model_metrics, targets), engine }
+            let prefix_cache = g.prefix_cache.then(|| generation::prefix::seed(&settings.model, &settings.version));
+            let generator = steps::spawn(ledger, engine.clone(), model_metrics, targets, prefix_cache);
+            Backend::Steps { generator, engine }
         }
         (None, EngineSettings::OpenAi { upstream, model }) => {
             let policy = WindowPolicy {

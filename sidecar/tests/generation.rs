@@ -47,9 +47,14 @@ struct Service {
 /// A generator over `blocks` KV blocks of 4 tokens; the estimator starts from `prior` (the
 /// engine's true cost unless a test says otherwise).
 fn service(blocks: u32, prior: Option<StepCost>) -> Service {
+    service_with(blocks, prior, None)
+}
+
+/// [`service`] with the prefix cache on (its hashes seeded with `seed`) or off.
+fn service_with(blocks: u32, prior: Option<StepCost>, prefix_cache: Option<u64>) -> Service {
     let engine = Arc::new(SimLlm::new(times(), KvLayout { blocks, block_size: 4 }));
     let cost = prior.unwrap_or_else(|| engine.cost());
-    let (generator, metrics) = spawn(engine.clone(), POLICY, cost, Duration::ZERO);
+    let (generator, metrics) = spawn(engine.clone(), POLICY, cost, Duration::ZERO, prefix_cache);
     Service { generator, engine, metrics, start: ferry_core::clock::now() }
 }
 
@@ -66,18 +71,19 @@ const POLICY: Policy = Policy {
 };
 
 /// The shell over `engine` and all its KV blocks, the estimator starting from `prior`, with the
-/// deadline margin's floor at `margin`.
+/// deadline margin's floor at `margin`, the prefix cache on where `prefix_cache` seeds it.
 fn spawn(
     engine: Arc<dyn StepEngine>,
     policy: Policy,
     prior: StepCost,
     margin: Duration,
+    prefix_cache: Option<u64>,
 ) -> (Generator, GenerationMetrics) {
     let kv = engine.kv();
     let scheduler = Scheduler::new(policy, BlockPool::new(kv.blocks, kv.block_size), StepEstimator::new(prior));
     let metrics = Metrics::new().generation("m", "1");
     let targets = Targets { margin, ..TARGETS };
-    (steps::spawn(Ledger::new(scheduler, margin, 3), engine, metrics.clone(), targets), metrics)
+    (steps::spawn(Ledger::new(scheduler, margin, 3), engine, metrics.clone(), targets, prefix_cache), metrics)
 }
 
 /// The service's default deadlines, which its exported capacity keeps.
@@ -260,7 +266,7 @@ async fn a_long_prompt_prefills_beside_decodes_without_stretching_their_steps() 
     let engine = Arc::new(SimLlm::new(times, KvLayout { blocks, block_size }));
     let policy = Policy { max_sequences: 64, max_context: 32_768, ..POLICY };
     // The deadline margin's floor at its default, 2 ms: steps beside decodes keep it free.
-    let (generator, metrics) = spawn(engine.clone(), policy, engine.cost(), 2 * MS);
+    let (generator, metrics) = spawn(engine.clone(), policy, engine.cost(), 2 * MS, None);
     let s = Service { generator, engine, metrics, start: ferry_core::clock::now() };
     let target = 50 * MS;
 
@@ -379,7 +385,7 @@ async fn an_answer_that_ends_keeps_the_text_a_stop_string_held_back() {
     let sim = SimLlm::new(times(), KvLayout { blocks: 100, block_size: 4 });
     let end = sim.model().encode("</s>").unwrap()[0];
     let engine = Arc::new(WithEnd { sim, end });
-    let (generator, metrics) = spawn(engine.clone(), POLICY, engine.cost(), Duration::ZERO);
+    let (generator, metrics) = spawn(engine.clone(), POLICY, engine.cost(), Duration::ZERO, None);
     let answer = |stop: &[&str]| {
         let now = ferry_core::clock::now();
         let submission = Submission {
@@ -458,7 +464,7 @@ impl StepEngine for Breaks {
 fn breaking(after: u32, how: Break) -> Service {
     let sim = Arc::new(SimLlm::new(times(), KvLayout { blocks: 1000, block_size: 4 }));
     let engine = Arc::new(Breaks { sim: sim.clone(), after, how, steps: 0.into() });
-    let (generator, metrics) = spawn(engine, POLICY, sim.cost(), Duration::ZERO);
+    let (generator, metrics) = spawn(engine, POLICY, sim.cost(), Duration::ZERO, None);
     Service { generator, engine: sim, metrics, start: ferry_core::clock::now() }
 }
 
@@ -576,4 +582,31 @@ async fn an_engine_that_fails_every_step_stops_the_generator() {
         assert!(!generator.is_alive());
         assert_eq!(s.metrics.outcome_total(Outcome::Failed), 2);
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_prompt_that_starts_like_one_before_reuses_its_kv_blocks_and_answers_alike() {
+    // A 1500-word system prompt, then a question: A's prefill is 1503 tokens (10 + 150.3 ms);
+    // B's first 1500 tokens are A's 375 blocks of 4, cached, so B prefills its last 4 (10.4 ms).
+    let system: String = (0..1500).map(|i| format!("w{i} ")).collect();
+    let (first, second) = (format!("{system}q1 a b"), format!("{system}q2 c d e"));
+    let mut ttft = Vec::new();
+    for cache in [Some(7), None] {
+        let s = service_with(2000, None, cache);
+        let (_, end) = collect(&s, s.submit(&first, 3, HOUR)).await;
+        let Piece::End(Ok(a)) = end else { panic!("{end:?}") };
+        // B's answer is its prompt, read back from its blocks: the cached ones hold its words.
+        let (b, end) = collect(&s, s.submit(&second, 1504, HOUR)).await;
+        let Piece::End(Ok(b_done)) = end else { panic!("{end:?}") };
+        assert_eq!(b.iter().map(|(_, t)| t.as_str()).collect::<String>(), second);
+        ttft.push((a.ttft, b_done.ttft));
+        let hits = if cache.is_some() { 1500 } else { 0 };
+        assert_eq!((s.metrics.prefix_queries.get(), s.metrics.prefix_hits.get()), (1503 + 1504, hits), "{cache:?}");
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let [(a, b), (a_off, b_off)] = [ttft[0], ttft[1]].map(|(a, b)| (ms(a), ms(b)));
+    // tokio's timer rounds a step's end up to its millisecond.
+    assert_eq!((a, a_off, b_off), (161.0, 161.0, 161.0), "the first prompt, and either without the cache");
+    assert_eq!(b, 11.0);
+    assert!(b <= 0.15 * a);
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::capacity::{Limits, Targets};
 use super::ledger::{Effect, Event, Ledger, StepOutcome};
+use super::prefix::Prefix;
 use super::replay::Setup;
 use super::scheduler::Scheduler;
 use super::sequence::{End, Request, SeqId};
@@ -155,7 +156,7 @@ impl Pod {
         if let Some((step, _)) = self.engine.take_if(|(_, end)| *end == now) {
             events.push(Event::StepDone { step, outcome: StepOutcome::Ran { stopped: Vec::new() } });
         }
-        events.extend(request.map(Event::Submit));
+        events.extend(request.map(|r| Event::Submit(r, Prefix::default())));
         let mut effects = std::mem::take(&mut self.effects);
         self.ledger.step(now, events, &mut effects);
         for effect in effects.drain(..) {

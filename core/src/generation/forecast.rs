@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use std::time::Instant;
 
+use super::prefix::Prefix;
 use super::scheduler::{Late, Progress, Scheduler, StepPlan};
 use super::sequence::{Request, SeqId};
 use crate::outcome::{Outcome, Refusal};
@@ -67,24 +68,26 @@ pub(crate) enum Method {
     Steps,
 }
 
-/// The forecast from `now` with `newcomer` taken in (stopping once its promise is lost), by
-/// `method`; from events falls back to steps where it declines.
+/// The forecast from `now` with `newcomer` taken in (stopping once its promise is lost), its
+/// prompt's full blocks named by `prefix`, by `method`; from events falls back to steps where it
+/// declines.
 fn forecast(
     s: &Scheduler,
     in_flight: Option<InFlight<'_>>,
     now: Instant,
     margin: Duration,
-    newcomer: Option<&Request>,
+    (newcomer, prefix): (Option<&Request>, &Prefix),
     method: Method,
 ) -> Fates {
     if method == Method::Events {
-        if let Ok(fates) = events::run(s, in_flight, now, margin, newcomer) {
+        let cached = newcomer.map_or(0, |r| s.cached_tokens(r, prefix));
+        if let Ok(fates) = events::run(s, in_flight, now, margin, newcomer, cached) {
             return fates;
         }
     }
     let mut sim = s.clone();
     if let Some(r) = newcomer {
-        sim.insert(*r);
+        sim.insert(*r, prefix.clone());
     }
     run(sim, in_flight, now, margin, newcomer).into()
 }
@@ -113,7 +116,7 @@ pub struct InFlight<'a> {
 /// Runs the scheduler forward from `now` with nothing more arriving, step by step: the
 /// reference the event-driven forecast is tested against.
 pub fn simulate(s: &Scheduler, in_flight: Option<InFlight<'_>>, now: Instant, margin: Duration) -> Fates {
-    forecast(s, in_flight, now, margin, None, Method::Steps)
+    forecast(s, in_flight, now, margin, (None, &Prefix::default()), Method::Steps)
 }
 
 /// [`simulate`] on a copy the caller made; with `newcomer`, it stops as soon as that request's
@@ -202,38 +205,41 @@ enum Broken {
 }
 
 /// Admits `r` if the forecast with it keeps its promises and those of every admitted sequence
-/// (that keeps them without it); otherwise says which promise breaks, with the numbers.
+/// (that keeps them without it); otherwise says which promise breaks, with the numbers. The
+/// blocks of its prompt that the prefix cache holds (`prefix` names them) are not prefilled.
 pub fn admit(
     s: &Scheduler,
     in_flight: Option<InFlight<'_>>,
     r: &Request,
+    prefix: &Prefix,
     now: Instant,
     margin: Duration,
 ) -> Result<(), Refusal> {
-    admit_by(s, in_flight, r, now, margin, Method::Events)
+    admit_by(s, in_flight, (r, prefix), now, margin, Method::Events)
 }
 
 /// [`admit`], its forecasts computed by `method`.
 pub(crate) fn admit_by(
     s: &Scheduler,
     in_flight: Option<InFlight<'_>>,
-    r: &Request,
+    (r, prefix): (&Request, &Prefix),
     now: Instant,
     margin: Duration,
     method: Method,
 ) -> Result<(), Refusal> {
     if method == Method::Events {
-        if bound::clearly_kept(s, in_flight, r, now, margin) {
+        let cached = s.cached_tokens(r, prefix);
+        if bound::clearly_kept(s, in_flight, r, cached, now, margin) {
             return Ok(());
         }
-        match events::judge(s, in_flight, now, margin, r) {
+        match events::judge(s, in_flight, now, margin, r, cached) {
             Ok(events::Judged::Keeps) => return Ok(()),
             Ok(events::Judged::Harms) => return Err(harms(s)),
             Ok(events::Judged::Own(fate)) => return Err(own(s, r, &fate, margin)),
             Err(events::Declined) => {}
         }
     }
-    let fates = forecast(s, in_flight, now, margin, Some(r), Method::Steps);
+    let fates = forecast(s, in_flight, now, margin, (Some(r), prefix), Method::Steps);
     let fate = *fates.get(r.id).expect("the newcomer's fate");
     if broken(r, &fate, margin, false).is_some() {
         return Err(own(s, r, &fate, margin));
@@ -253,7 +259,7 @@ pub(crate) fn admit_by(
         return Ok(());
     }
     // Would they keep their promises without it?
-    let without = forecast(s, in_flight, now, margin, None, Method::Steps);
+    let without = forecast(s, in_flight, now, margin, (None, prefix), Method::Steps);
     let harmed: Vec<SeqId> = victims
         .into_iter()
         .filter(|id| {

@@ -17,6 +17,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use super::forecast::{self, InFlight};
+use super::prefix::Prefix;
 use super::scheduler::{Late, Progress, Scheduler, StepPlan};
 use super::sequence::{End, Request, SeqId};
 use super::step::StepCost;
@@ -26,8 +27,9 @@ use crate::outcome::{Outcome, Refusal};
 /// What happened, for the ledger to take into account.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    /// A request arrives.
-    Submit(Request),
+    /// A request arrives, with the hashes of its prompt's full blocks for the prefix cache (empty
+    /// where the cache is off).
+    Submit(Request, Prefix),
     /// Its caller went away.
     Cancel(SeqId),
     /// Step `step` ended, as `outcome` says.
@@ -148,14 +150,14 @@ impl Ledger {
             // The next step leaves before the first newcomer is admitted: admission forecasts
             // with that step in flight, and a burst of arrivals never holds the engine idle for
             // the time its forecasts take (the newcomers join the step after).
-            if matches!(command, Event::Submit(_)) && !dispatched {
+            if matches!(command, Event::Submit(..)) && !dispatched {
                 dispatched = true;
                 if self.running.is_none() {
                     self.dispatch(now, effects);
                 }
             }
             match command {
-                Event::Submit(r) => self.submit(r, now, effects),
+                Event::Submit(r, prefix) => self.submit(r, prefix, now, effects),
                 Event::Cancel(id) => {
                     self.scheduler.remove(id);
                     self.failures.remove(&id);
@@ -173,23 +175,23 @@ impl Ledger {
         self.scheduler.policy().discipline.keeps_deadlines()
     }
 
-    fn submit(&mut self, r: Request, now: Instant, effects: &mut Vec<Effect>) {
+    fn submit(&mut self, r: Request, prefix: Prefix, now: Instant, effects: &mut Vec<Effect>) {
         let in_flight = self.running.as_ref().map(|(_, plan, at)| InFlight { plan, end: *at + plan.expected });
         let admitted = self.scheduler.check_bounds(&r).and_then(|()| {
             if self.enforces_deadlines() {
-                forecast::admit(&self.scheduler, in_flight, &r, now, self.margin.get())
+                forecast::admit(&self.scheduler, in_flight, &r, &prefix, now, self.margin.get())
             } else {
                 Ok(())
             }
         });
         match admitted {
-            Ok(()) => self.scheduler.insert(r),
+            Ok(()) => self.scheduler.insert(r, prefix),
             Err(refusal)
                 if refusal.outcome == Outcome::Infeasible
                     && self.running.is_none()
-                    && self.scheduler.probe_fits(&r, now, self.margin.floor()) =>
+                    && self.scheduler.probe_fits(&r, &prefix, now, self.margin.floor()) =>
             {
-                self.scheduler.insert_probe(r)
+                self.scheduler.insert_probe(r, prefix)
             }
             Err(mut refusal) => {
                 let margin = self.margin.get();

@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use super::kv::BlockPool;
 use super::ledger::{Effect, Event, Ledger, StepOutcome};
+use super::prefix::Prefix;
 use super::scheduler::{Policy, Scheduler, StepPlan};
 use super::sequence::{End, FinishReason, Request, SeqId};
 use super::step::{StepCost, StepEstimator, StepShape};
@@ -37,6 +38,9 @@ pub struct Arrival {
     pub weight: u32,
     /// The caller goes away this long after arrival.
     pub cancel_after: Option<Duration>,
+    /// Its prompt starts with the first `.1` tokens of shared prompt `.0` (a system prompt, a
+    /// conversation so far), which the prefix cache may hold; else every token is its own.
+    pub shared: Option<(u32, u32)>,
 }
 
 impl Arrival {
@@ -54,6 +58,7 @@ impl Arrival {
             tenant: DEFAULT_TENANT,
             weight: 1,
             cancel_after: None,
+            shared: None,
         }
     }
 
@@ -89,6 +94,13 @@ impl Arrival {
 
     pub fn cancel_after_ms(mut self, ms: u64) -> Self {
         self.cancel_after = Some(Duration::from_millis(ms));
+        self
+    }
+
+    /// Its prompt starts with `tokens` tokens of shared prompt `group`; the prefix cache is
+    /// asked for them.
+    pub fn shared(mut self, group: u32, tokens: u32) -> Self {
+        self.shared = Some((group, tokens));
         self
     }
 }
@@ -137,6 +149,9 @@ pub struct Trace {
     pub quiet: Vec<(u32, u32)>,
     /// Ends reported for a sequence that had already ended (a bug if ever more than zero).
     pub double_ends: u32,
+    /// What the KV pool's audit found wrong at quiet points ([`BlockPool::audit`]; debug
+    /// builds, traces whose prompts share blocks: it costs O(blocks)).
+    pub pool_errors: Vec<String>,
 }
 
 /// The engine and the service being replayed.
@@ -152,9 +167,12 @@ pub struct Setup {
     pub margin: Duration,
 }
 
-/// The token ids of request `i`'s prompt: distinct from every other request's.
-fn prompt_ids(i: usize, len: u32) -> Vec<u32> {
-    (0..len).map(|p| (i as u32) * 100_000 + p).collect()
+/// The token ids of request `i`'s prompt: those of its shared prompt, then its own, distinct
+/// from every other request's.
+fn prompt_ids(i: usize, a: &Arrival) -> Vec<u32> {
+    let (group, shared) = a.shared.map_or((0, 0), |(g, n)| (g, n.min(a.prompt)));
+    let own = |p: u32| (i as u32) * 100_000 + p;
+    (0..a.prompt).map(|p| if p < shared { (1 << 31) + group * 100_000 + p } else { own(p) }).collect()
 }
 
 pub fn replay(setup: Setup, arrivals: &[Arrival]) -> Trace {
@@ -227,6 +245,8 @@ struct Shell<'a> {
     cancels: Vec<(Instant, SeqId)>,
     trips: usize,
     trace: Trace,
+    /// Whether the pool is audited at each quiet point: where prompts share blocks.
+    audits: bool,
 }
 
 impl<'a> Shell<'a> {
@@ -242,7 +262,7 @@ impl<'a> Shell<'a> {
             .map(|(i, a)| Fate {
                 tokens: Vec::new(),
                 ids: Vec::new(),
-                expected: (0..a.max_tokens).map(|k| prompt_ids(i, a.prompt)[(k % a.prompt) as usize]).collect(),
+                expected: (0..a.max_tokens).map(|k| prompt_ids(i, a)[(k % a.prompt) as usize]).collect(),
                 end: None,
                 admitted: true,
                 preempted: 0,
@@ -258,6 +278,7 @@ impl<'a> Shell<'a> {
             cancels: Vec::new(),
             trips: 0,
             trace: Trace { fates, ..Trace::default() },
+            audits: arrivals.iter().any(|a| a.shared.is_some()),
         }
     }
 
@@ -276,20 +297,28 @@ impl<'a> Shell<'a> {
     /// Request `i` of the trace arrives.
     fn submit(&mut self, i: usize, a: &Arrival, now: Instant, events: &mut Vec<Event>) {
         let id = i as SeqId;
-        events.push(Event::Submit(Request {
-            id,
-            arrival: now,
-            priority: a.priority,
-            tenant: a.tenant,
-            weight: a.weight,
-            prompt: a.prompt,
-            max_tokens: a.max_tokens,
-            bytes: 64,
-            ttft_deadline: now + a.ttft,
-            itl: a.itl,
-            deadline: now + a.timeout,
-        }));
-        self.known.insert(id, prompt_ids(i, a.prompt));
+        let ids = prompt_ids(i, a);
+        let prefix = match a.shared {
+            Some(_) => Prefix::of(0, &ids, self.setup.block_size),
+            None => Prefix::default(),
+        };
+        events.push(Event::Submit(
+            Request {
+                id,
+                arrival: now,
+                priority: a.priority,
+                tenant: a.tenant,
+                weight: a.weight,
+                prompt: a.prompt,
+                max_tokens: a.max_tokens,
+                bytes: 64,
+                ttft_deadline: now + a.ttft,
+                itl: a.itl,
+                deadline: now + a.timeout,
+            },
+            prefix,
+        ));
+        self.known.insert(id, ids);
         if let Some(after) = a.cancel_after {
             self.cancels.push((now + after, id));
         }
@@ -385,5 +414,10 @@ impl<'a> Shell<'a> {
         }
         let s = self.ledger.scheduler();
         self.trace.quiet.push((s.pool().used(), s.held_blocks()));
+        if cfg!(debug_assertions) && self.audits {
+            if let Err(e) = s.pool().audit(s.tables().map(|(_, t)| t)) {
+                self.trace.pool_errors.push(format!("at {:?}: {e}", now - self.start));
+            }
+        }
     }
 }

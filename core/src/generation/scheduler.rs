@@ -25,6 +25,7 @@ use std::time::Instant;
 
 pub use super::discipline::Discipline;
 use super::kv::{Block, BlockPool};
+use super::prefix::Prefix;
 use super::sequence::{FinishReason, Queued, Request, SeqId};
 use super::step::{StepEstimator, StepShape};
 use crate::outcome::{Outcome, Refusal};
@@ -105,6 +106,9 @@ pub(crate) struct Seq {
     /// Tokens whose KV is in its blocks.
     pub computed: u32,
     pub table: Vec<Block>,
+    /// The hashes of its prompt's full blocks: those cached when it was admitted head its table,
+    /// and those it computes are cached as they are.
+    pub prefix: Prefix,
     /// Holds blocks (running, possibly mid-prefill), rather than waiting.
     pub running: bool,
     pub first_token: Option<Instant>,
@@ -152,6 +156,9 @@ pub struct Scheduler {
     pub(crate) shares: [Shares; 2],
     /// What a step cut to the decodes' inter-token target leaves of it unused.
     pub(crate) step_reserve: Duration,
+    /// Prompt tokens of the sequences admitted, and those of them found in the prefix cache.
+    prefix_queries: u64,
+    prefix_hits: u64,
 }
 
 impl Scheduler {
@@ -167,6 +174,8 @@ impl Scheduler {
             queued_tokens: 0,
             shares: Default::default(),
             step_reserve: Duration::ZERO,
+            prefix_queries: 0,
+            prefix_hits: 0,
         }
     }
 
@@ -250,13 +259,13 @@ impl Scheduler {
     /// ([`crate::evidence`], rule 3): nothing is held (and no step runs, the caller says), so it
     /// can only risk itself, and the forecast with the step costs the engine started from, and
     /// the margin's floor, keeps its promises.
-    pub fn probe_fits(&self, r: &Request, now: Instant, floor: Duration) -> bool {
+    pub fn probe_fits(&self, r: &Request, prefix: &Prefix, now: Instant, floor: Duration) -> bool {
         if !self.is_empty() {
             return false;
         }
         let mut prior = self.clone();
         prior.estimator = self.estimator.prior();
-        super::forecast::admit(&prior, None, r, now, floor).is_ok()
+        super::forecast::admit(&prior, None, r, prefix, now, floor).is_ok()
     }
 
     pub(crate) fn estimator_mut(&mut self) -> &mut StepEstimator {
@@ -297,9 +306,35 @@ impl Scheduler {
         self.waiting.iter().map(|(_, _, id)| self.seqs[id].request.arrival).min()
     }
 
-    /// Blocks held by running sequences; equal to the pool's used blocks at every quiet point.
+    /// Distinct blocks the sequences' tables hold; equal to the pool's used blocks at every quiet
+    /// point. For tests: where tables share blocks it costs O(blocks held).
     pub fn held_blocks(&self) -> u32 {
-        self.seqs.values().map(|s| s.table.len() as u32).sum()
+        let tables: u32 = self.seqs.values().map(|s| s.table.len() as u32).sum();
+        if self.pool.shared() == 0 {
+            return tables;
+        }
+        let mut held: Vec<Block> = self.seqs.values().flat_map(|s| s.table.iter().copied()).collect();
+        held.sort_unstable();
+        held.dedup();
+        held.len() as u32
+    }
+
+    /// Prompt tokens of the sequences admitted so far, and how many of them the prefix cache held
+    /// (vLLM's `prefix_cache_queries` and `prefix_cache_hits`).
+    pub fn prefix_stats(&self) -> (u64, u64) {
+        (self.prefix_queries, self.prefix_hits)
+    }
+
+    /// The prompt tokens of `r` (with the hashes `prefix`) that the prefix cache holds now: its
+    /// leading cached blocks, short of its last token, which is computed to sample the first
+    /// token from.
+    pub fn cached_tokens(&self, r: &Request, prefix: &Prefix) -> u32 {
+        self.pool.hits(prefix.blocks(), self.most_cached(r)) as u32 * self.pool.block_size()
+    }
+
+    /// The most blocks of a prompt the cache may give: those before its last token.
+    fn most_cached(&self, r: &Request) -> usize {
+        (r.prompt.saturating_sub(1) / self.pool.block_size()) as usize
     }
 
     /// Every held sequence's block table.
@@ -340,21 +375,31 @@ impl Scheduler {
 
     /// Takes a request in as a probe ([`crate::evidence`], rule 3): it waits for its first step,
     /// and is not ended early on the word of the learned step times.
-    pub fn insert_probe(&mut self, request: Request) {
-        self.insert(request);
+    pub fn insert_probe(&mut self, request: Request, prefix: Prefix) {
+        self.insert(request, prefix);
         if let Some(seq) = self.seqs.get_mut(&request.id) {
             seq.probe = true;
         }
     }
 
-    /// Takes an admitted request in: it waits for its first step.
-    pub fn insert(&mut self, request: Request) {
+    /// Takes an admitted request in: it waits for its first step, holding the cached blocks its
+    /// prompt starts with (`prefix` names its full blocks). They are taken now, not when it
+    /// starts, so that the hit admission's forecast counted on cannot be evicted meanwhile; a hit
+    /// that appears later (a twin prompt computed meanwhile) is not taken, so that the sequence
+    /// runs as forecast.
+    pub fn insert(&mut self, request: Request, prefix: Prefix) {
         self.set_weight(request.tenant, request.weight);
+        let mut table = Vec::new();
+        let hits = self.pool.share(&mut table, prefix.blocks(), self.most_cached(&request)) as u32;
+        let computed = hits * self.pool.block_size();
+        self.prefix_queries += u64::from(request.prompt);
+        self.prefix_hits += u64::from(computed);
         let seq = Seq {
             request,
             generated: 0,
-            computed: 0,
-            table: Vec::new(),
+            computed,
+            table,
+            prefix,
             running: false,
             first_token: None,
             started: None,
@@ -401,6 +446,22 @@ impl Scheduler {
         self.running.retain(|r| *r != id);
         let seq = self.seqs[&id].clone();
         self.enqueue(&seq);
+    }
+
+    /// The waiting sequence that would start last of those holding blocks from the prefix cache
+    /// gives them back, and will compute its prompt whole; false when none holds any. Running
+    /// sequences short of blocks take these before any of them is preempted: a waiting sequence
+    /// loses no work, and the whole cache holds any one admitted sequence, but not beside blocks
+    /// others hold while they wait.
+    fn unshare_waiting(&mut self) -> bool {
+        let Some(id) = self.waiting.iter().rev().map(|(_, _, id)| *id).find(|id| !self.seqs[id].table.is_empty())
+        else {
+            return false;
+        };
+        let seq = self.seqs.get_mut(&id).expect("a held sequence");
+        self.pool.release(&mut seq.table);
+        seq.computed = 0;
+        true
     }
 
     /// The sequences whose deadline (or, before their first token, TTFT deadline) has come.
@@ -517,6 +578,9 @@ impl Scheduler {
             // Nothing could run although sequences hold blocks: each is mid-prefill and waits for
             // blocks another holds. Preempt one and try again (a lone sequence always fits: the
             // whole cache holds any admitted one).
+            if self.unshare_waiting() {
+                continue;
+            }
             if self.running.len() <= 1 {
                 return (None, preempted);
             }
@@ -565,6 +629,9 @@ impl Scheduler {
                 let grown = self.pool.grow(&mut seq.table, seq.computed + 1);
                 debug_assert!(grown);
                 i += 1;
+                continue;
+            }
+            if self.unshare_waiting() {
                 continue;
             }
             let victim = self.victim(now).expect("the decoding sequence itself runs");
@@ -711,6 +778,7 @@ impl Scheduler {
     ) -> (Vec<Progress>, u64) {
         let mut progress = Vec::new();
         let mut skipped = 0;
+        let block_size = self.pool.block_size();
         for m in &plan.members {
             let Some(seq) = self.seqs.get_mut(&m.id) else {
                 skipped += u64::from(m.sample);
@@ -718,6 +786,12 @@ impl Scheduler {
             };
             debug_assert!(seq.running && seq.computed == m.start, "a member runs as planned");
             seq.computed += m.len;
+            // The prompt's blocks this step filled are cached: later prompts may start with them.
+            let named = seq.prefix.blocks();
+            let filled = (m.start / block_size) as usize..((seq.computed / block_size) as usize).min(named.len());
+            for i in filled {
+                self.pool.cache(seq.table[i], named[i]);
+            }
             if !m.sample {
                 continue;
             }

@@ -276,3 +276,64 @@ fn a_burst_that_arrives_as_a_step_ends_does_not_hold_the_next_step() {
     let admitted = (1..=100).filter(|i| !trace.fates[*i].tokens.is_empty()).count();
     assert!(admitted > 0, "the burst is served");
 }
+
+#[test]
+fn a_prompt_that_starts_with_a_cached_one_prefills_only_the_rest() {
+    // A's 1520 tokens prefill in one step: 10 + 152 ms. B shares A's first 1500 tokens: the 93
+    // blocks of 16 wholly within them are cached once A's prefill is done (the 94th holds tokens
+    // of A's own), so B prefills 1530 − 1488 = 42 tokens: 10 + 4.2 ms.
+    let shared = |at, prompt| Arrival::new(at, prompt, 2).shared(0, 1500);
+    let trace = replay(setup(), &[shared(0, 1520), shared(1000, 1530)]);
+    assert_eq!(times(&trace, 0)[0], 162.0);
+    let b = times(&trace, 1)[0] - 1000.0;
+    assert!((b - 14.2).abs() < 1e-9, "B's first token after {b} ms");
+    assert!(b <= 0.15 * 162.0);
+    let chunks: Vec<(u32, u32)> = trace
+        .steps
+        .iter()
+        .flat_map(|s| s.plan.members.iter().filter(|m| m.id == 1 && !m.decode).map(|m| (m.start, m.len)))
+        .collect();
+    assert_eq!(chunks, vec![(1488, 42)]);
+    assert_eq!(trace.fates[1].ids, trace.fates[1].expected, "the cached blocks hold B's tokens: its answer is its own");
+    assert!(trace.pool_errors.is_empty(), "{:?}", trace.pool_errors);
+}
+
+#[test]
+fn admission_counts_a_cached_prefix_as_prefill_not_needed() {
+    // A 50 ms first-token deadline: B's whole prompt takes 163 ms to prefill, its uncached rest
+    // 14.2 ms. The same prompt without the shared start is refused at once.
+    let a = Arrival::new(0, 1520, 2).shared(0, 1500);
+    let cached = Arrival::new(1000, 1530, 2).shared(0, 1500).ttft_ms(50);
+    let uncached = Arrival::new(1000, 1530, 2).ttft_ms(50);
+    let trace = replay(setup(), &[a, cached]);
+    assert!(finished(&trace, 1) && trace.fates[1].admitted);
+    let trace = replay(setup(), &[a, uncached]);
+    assert!(!trace.fates[1].admitted, "{:?}", trace.fates[1].end);
+    let Some((at, Ending::Unfinished(refusal))) = &trace.fates[1].end else { panic!("refused") };
+    assert_eq!((*at, refusal.outcome), (Duration::from_millis(1000), Outcome::Infeasible));
+}
+
+#[test]
+fn blocks_a_waiting_sequence_took_from_the_cache_come_back_when_the_lone_running_one_needs_them() {
+    // Eight blocks of 16. A (64 tokens, 4 blocks) caches its prompt and ends; C (80 tokens) takes
+    // the 4 empty blocks and evicts A's last; B, admitted while C decodes, takes A's first 3
+    // cached blocks (its last token is computed) and waits. C's 6th block finds none free: B gives
+    // its 3 back rather than C being preempted, and will compute its prompt whole.
+    let s = Setup { blocks: 8, ..setup() };
+    let a = Arrival::new(0, 64, 1).shared(0, 64);
+    let c = Arrival::new(100, 80, 30);
+    let b = Arrival::new(110, 64, 2).shared(0, 64);
+    let trace = replay(s, &[a, c, b]);
+    assert_eq!(trace.fates[1].preempted, 0);
+    let b_chunks: Vec<(u32, u32)> = trace
+        .steps
+        .iter()
+        .flat_map(|s| s.plan.members.iter().filter(|m| m.id == 2 && !m.decode).map(|m| (m.start, m.len)))
+        .collect();
+    assert_eq!(b_chunks[0].0, 0, "B computes its prompt from the start: {b_chunks:?}");
+    for i in 0..3 {
+        assert!(finished(&trace, i), "{i}: {:?}", trace.fates[i].end);
+        assert_eq!(trace.fates[i].ids, trace.fates[i].expected);
+    }
+    assert!(trace.pool_errors.is_empty(), "{:?}", trace.pool_errors);
+}

@@ -81,6 +81,7 @@ pub fn run(service: &Service, discipline: Discipline, trace: &[Request]) -> Vec<
             tenant: ferry_core::tenant::DEFAULT_TENANT,
             weight: 1,
             cancel_after: None,
+            shared: None,
         })
         .collect();
     let replayed = replay(service.setup(discipline), &arrivals);

@@ -170,10 +170,11 @@ pub fn service() -> Value {
         )
         .panel(
             "Tokens a second",
-            "Prompt tokens admitted and tokens generated, against the tokens a second the pods serve with their promises kept.",
+            "Prompt tokens admitted (and those of them the prefix cache held, not prefilled) and tokens generated, against the tokens a second the pods serve with their promises kept.",
             "short",
             vec![
                 query(format!("sum({})", rate(m::PROMPT_TOKENS, &s(""))), "prompt"),
+                query(format!("sum({})", rate(m::PREFIX_CACHE_HITS, &s(""))), "prompt from the prefix cache"),
                 query(format!("sum({})", rate(m::GENERATION_TOKENS, &s(""))), "generated"),
                 // A pod that has finished no request yet exports NaN: left out of the sum.
                 query(format!("sum({}{} >= 0)", m::CAPACITY_TOKENS, s("")), "capacity (generated)"),

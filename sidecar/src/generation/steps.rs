@@ -22,6 +22,7 @@ use crate::metrics::GenerationMetrics;
 use crate::task::OldestArrival;
 use ferry_core::generation::capacity::{self, Limits, Targets};
 use ferry_core::generation::ledger::{Effect, Event, Ledger, StepOutcome};
+use ferry_core::generation::prefix::Prefix;
 use ferry_core::generation::scheduler::StepPlan;
 use ferry_core::generation::sequence::{End, FinishReason, Request, SeqId};
 use ferry_core::lockout::Lockout;
@@ -45,8 +46,15 @@ impl PromptTokens for Prompt {
 pub type Generator = Handle<Prompt>;
 
 /// Starts the step engine's task; `targets` are the service's (its default deadlines), which the
-/// capacity it exports keeps.
-pub fn spawn(ledger: Ledger, engine: Arc<dyn StepEngine>, metrics: GenerationMetrics, targets: Targets) -> Generator {
+/// capacity it exports keeps. With `prefix_cache` (the model version's
+/// [`ferry_core::generation::prefix::seed`]) prompts share the KV blocks they start with.
+pub fn spawn(
+    ledger: Ledger,
+    engine: Arc<dyn StepEngine>,
+    metrics: GenerationMetrics,
+    targets: Targets,
+    prefix_cache: Option<u64>,
+) -> Generator {
     let (done_tx, done_rx) = mpsc::unbounded_channel();
     let oldest = OldestArrival::new();
     let steps = Steps {
@@ -62,6 +70,8 @@ pub fn spawn(ledger: Ledger, engine: Arc<dyn StepEngine>, metrics: GenerationMet
         watchdog: None,
         failed_steps: 0,
         capacity: CapacityExport::new(targets, true),
+        prefix_cache,
+        prefix_counted: (0, 0),
     };
     Handle::spawn(steps, done_rx, oldest, metrics)
 }
@@ -103,6 +113,10 @@ struct Steps {
     failed_steps: u32,
     /// The capacity it exports, from the step cost it learned.
     capacity: CapacityExport,
+    /// The seed of the prefix cache's hashes; `None` with the cache off.
+    prefix_cache: Option<u64>,
+    /// The scheduler's prefix-cache counts already added to the metrics.
+    prefix_counted: (u64, u64),
 }
 
 /// A step still running this long after it started, and this many times its estimate, has
@@ -147,7 +161,7 @@ impl Backend for Steps {
     const ADMISSIONS_PER_PASS: usize = 16;
 
     fn is_admission(event: &Event) -> bool {
-        matches!(event, Event::Submit(_))
+        matches!(event, Event::Submit(..))
     }
 
     fn woke(&mut self, now: Instant, late: Duration, events: &mut Vec<Event>) {
@@ -156,6 +170,10 @@ impl Backend for Steps {
     }
 
     fn submit(&mut self, request: Request, prompt: Prompt, reply: Reply, events: &mut Vec<Event>) {
+        let named = match self.prefix_cache {
+            Some(seed) => Prefix::of(seed, &prompt.tokens, self.engine.kv().block_size),
+            None => Prefix::default(),
+        };
         let caller = Caller {
             reply,
             prompt: request.prompt,
@@ -166,7 +184,7 @@ impl Backend for Steps {
         };
         self.callers.insert(request.id, caller);
         self.capacity.arrived(request.prompt);
-        events.push(Event::Submit(request));
+        events.push(Event::Submit(request, named));
     }
 
     fn control(&mut self, control: Control, events: &mut Vec<Event>) {
@@ -421,5 +439,9 @@ impl Steps {
             f64::from(pool.used()) / f64::from(pool.total())
         });
         self.oldest.set(s.oldest_waiting());
+        let (queries, hits) = s.prefix_stats();
+        self.metrics.prefix_queries.inc_by(queries - self.prefix_counted.0);
+        self.metrics.prefix_hits.inc_by(hits - self.prefix_counted.1);
+        self.prefix_counted = (queries, hits);
     }
 }

@@ -24,12 +24,13 @@ use crate::generation::scheduler::Scheduler;
 use crate::generation::sequence::Request;
 use crate::generation::step::StepShape;
 
-/// Whether the forecast with `r` taken in surely keeps every promise (`false`: it may or may
-/// not; ask the forecast).
+/// Whether the forecast with `r` taken in (`cached` of its prompt's tokens in the prefix cache)
+/// surely keeps every promise (`false`: it may or may not; ask the forecast).
 pub(super) fn clearly_kept(
     s: &Scheduler,
     in_flight: Option<InFlight<'_>>,
     r: &Request,
+    cached: u32,
     now: Instant,
     margin: Duration,
 ) -> bool {
@@ -40,7 +41,7 @@ pub(super) fn clearly_kept(
         return false;
     }
     let mut t = Totals::from(r);
-    latest(s, in_flight, r, now, &mut t).is_some_and(|last| {
+    latest(s, in_flight, r, cached, now, &mut t).is_some_and(|last| {
         let end = last + margin;
         end <= t.deadline && t.ttft.is_none_or(|ttft| end <= ttft)
     })
@@ -48,11 +49,13 @@ pub(super) fn clearly_kept(
 
 /// A time by which the forecast with `r` taken in has given every sequence its first token and
 /// its last, every decode step within the sequence's inter-token target; `None` where the bound
-/// does not hold. `t` gets the sequences' totals.
+/// does not hold. `t` gets the sequences' totals. The newcomer's blocks are all counted as taken,
+/// those it finds cached too (the cache's free blocks are free).
 pub(super) fn latest(
     s: &Scheduler,
     in_flight: Option<InFlight<'_>>,
     r: &Request,
+    cached: u32,
     now: Instant,
     t: &mut Totals,
 ) -> Option<Instant> {
@@ -74,7 +77,7 @@ pub(super) fn latest(
             block,
         );
     }
-    t.add(r, 0, r.prompt, 0, false, block);
+    t.add(r, 0, r.prompt - cached, 0, false, block);
     if u64::from(s.pool.free()) < u64::from(policy.watermark) + t.blocks {
         return None;
     }

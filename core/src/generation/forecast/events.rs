@@ -140,11 +140,12 @@ pub(super) fn run<'a>(
     now: Instant,
     margin: Duration,
     newcomer: Option<&'a Request>,
+    cached: u32,
 ) -> Result<Fates, Declined> {
     if !s.policy.discipline.keeps_deadlines() {
         return Err(Declined);
     }
-    let mut f = Forecast::start(s, in_flight, now, margin, newcomer)?;
+    let mut f = Forecast::start(s, in_flight, now, margin, newcomer, cached)?;
     f.go()?;
     f.settle();
     Ok(f.fates)
@@ -175,11 +176,12 @@ pub(super) fn judge(
     now: Instant,
     margin: Duration,
     r: &Request,
+    cached: u32,
 ) -> Result<Judged, Declined> {
     if !s.policy.discipline.keeps_deadlines() {
         return Err(Declined);
     }
-    let mut with = Forecast::start(s, in_flight, now, margin, Some(r))?;
+    let mut with = Forecast::start(s, in_flight, now, margin, Some(r), cached)?;
     let me = with.newcomer.expect("the newcomer is forecast");
     let mut members = Vec::new();
     let (mut without, mut flow) = with.until_start(me, &mut members)?;
@@ -198,7 +200,7 @@ pub(super) fn judge(
             }
             let (w, w_flow) = match &mut without {
                 Some(w) => w,
-                None => without.insert((Forecast::start(s, in_flight, now, margin, None)?, Flow::Goes)),
+                None => without.insert((Forecast::start(s, in_flight, now, margin, None, 0)?, Flow::Goes)),
             };
             if w.ends_in_time(with.fates.ids[i], w_flow, &mut members)? {
                 return Ok(Judged::Harms);
@@ -219,7 +221,7 @@ pub(super) fn judge(
     }
     let mut w = match without {
         Some((w, _)) => w,
-        None => Forecast::start(s, in_flight, now, margin, None)?,
+        None => Forecast::start(s, in_flight, now, margin, None, 0)?,
     };
     w.go()?;
     w.settle();
@@ -241,14 +243,14 @@ struct Gathered<'a> {
     shared_tier: bool,
 }
 
-fn gather<'a>(s: &'a Scheduler, newcomer: Option<&'a Request>, count: usize) -> Gathered<'a> {
+fn gather<'a>(s: &'a Scheduler, newcomer: Option<&'a Request>, cached: u32, count: usize) -> Gathered<'a> {
     let block = s.pool.block_size();
     let (mut ids, mut seqs, mut fates) =
         (Vec::with_capacity(count), Vec::with_capacity(count), Vec::with_capacity(count));
     let (mut horizon, mut shared_tier) = (0, false);
     let mut tenants: [Option<TenantId>; 2] = [None, None];
     let mut push = |request: &'a Request, q: Option<&'a crate::generation::scheduler::Seq>| {
-        let (generated, computed) = q.map_or((0, 0), |q| (q.generated, q.computed));
+        let (generated, computed) = q.map_or((0, cached), |q| (q.generated, q.computed));
         horizon = horizon.max(request.max_tokens - generated);
         if !q.is_some_and(|q| q.running) {
             let tier = &mut tenants[request.priority.index()];
@@ -295,12 +297,14 @@ impl<'a> Forecast<'a> {
         now: Instant,
         margin: Duration,
         newcomer: Option<&'a Request>,
+        cached: u32,
     ) -> Result<Forecast<'a>, Declined> {
         let count = s.seqs.len() + usize::from(newcomer.is_some());
         if count >= NONE_INDEX {
             return Err(Declined);
         }
-        let Gathered { ids, seqs, fates, newcomer: newcomer_at, horizon, shared_tier } = gather(s, newcomer, count);
+        let Gathered { ids, seqs, fates, newcomer: newcomer_at, horizon, shared_tier } =
+            gather(s, newcomer, cached, count);
         // Two tenants waiting in one tier: their fair shares order them (not followed here).
         if shared_tier {
             return Err(Declined);
@@ -327,7 +331,10 @@ impl<'a> Forecast<'a> {
             queued: s.waiting.len() + usize::from(newcomer.is_some()),
             next: 0,
             running: 0,
-            slack: i64::from(s.pool.free()),
+            // A block several tables hold comes back when the last of them ends, where this
+            // forecast gives each sequence's blocks back at its end: so much less is free. The
+            // newcomer's cached blocks it takes at once (free ones, or ones it will keep held).
+            slack: i64::from(s.pool.free()) - s.pool.shared() as i64 - i64::from(cached / s.pool.block_size()),
             segments: 0,
             peaks: Vec::new(),
             finished: Vec::new(),

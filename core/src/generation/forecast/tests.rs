@@ -1,6 +1,7 @@
 //! The event-driven forecast against the step-by-step one, on random small schedulers: the same
 //! fates (first token, end and longest step of every sequence; the newcomer's tokens in time) and
-//! the same admission decisions, word for word.
+//! the same admission decisions, word for word. Some prompts start with a shared one, so that
+//! the prefix cache holds part of them.
 
 use std::time::Duration;
 
@@ -10,13 +11,18 @@ use std::time::Instant;
 
 use super::{admit_by, bound, events, forecast, InFlight, Method};
 use crate::generation::kv::BlockPool;
+use crate::generation::prefix::Prefix;
 use crate::generation::scheduler::{Discipline, Late, Policy, Scheduler};
 use crate::generation::sequence::Request;
 use crate::generation::step::{StepCost, StepEstimator, StepShape};
 use crate::ticket::Priority;
 
-/// A request: prompt, max_tokens, TTFT ms, inter-token ms, deadline ms, batch tier, tenant.
-type Ask = (u32, u32, u64, u64, u64, bool, u16);
+/// A request: prompt, max_tokens, TTFT ms, inter-token ms, deadline ms, batch tier, tenant,
+/// and how many of its prompt's first tokens are the shared prompt's.
+type Ask = (u32, u32, u64, u64, u64, bool, u16, u32);
+
+/// The block size of the cases.
+const BLOCK: u32 = 4;
 
 #[derive(Debug, Clone)]
 struct Case {
@@ -61,6 +67,7 @@ fn case() -> impl Strategy<Value = Case> {
             50u64..20_000,
             prop::bool::weighted(0.2),
             prop::bool::weighted(0.1),
+            prop::sample::select(vec![0u32, 0, 0, 5, 12, 40, 80]),
         )
     };
     (
@@ -81,16 +88,32 @@ fn case() -> impl Strategy<Value = Case> {
             measured,
             requests: requests
                 .into_iter()
-                .map(|(at, (p, m, ttft, itl, dl, batch, t))| (at, (p, m, ttft, itl, dl, batch, u16::from(t))))
+                .map(|(at, (p, m, ttft, itl, dl, batch, t, sh))| (at, (p, m, ttft, itl, dl, batch, u16::from(t), sh)))
                 .collect(),
             steps,
             in_flight,
-            newcomer: (newcomer.0, newcomer.1, newcomer.2, newcomer.3, newcomer.4, newcomer.5, u16::from(newcomer.6)),
+            newcomer: (
+                newcomer.0,
+                newcomer.1,
+                newcomer.2,
+                newcomer.3,
+                newcomer.4,
+                newcomer.5,
+                u16::from(newcomer.6),
+                newcomer.7,
+            ),
             margin_ms,
         })
 }
 
-fn request(id: u64, at: Instant, (prompt, max_tokens, ttft, itl, deadline, batch, tenant): Ask) -> Request {
+/// The names of the full blocks of request `id`'s prompt: the shared prompt's tokens, then its own.
+fn prefix(id: u64, ask: Ask) -> Prefix {
+    let (prompt, shared) = (ask.0, ask.7.min(ask.0));
+    let tokens: Vec<u32> = (0..prompt).map(|p| if p < shared { 1 << 31 | p } else { id as u32 * 10_000 + p }).collect();
+    Prefix::of(0, &tokens, BLOCK)
+}
+
+fn request(id: u64, at: Instant, (prompt, max_tokens, ttft, itl, deadline, batch, tenant, _): Ask) -> Request {
     let ms = Duration::from_millis;
     Request {
         id,
@@ -114,8 +137,8 @@ fn build(c: &Case, t0: Instant) -> (Scheduler, Instant, Option<(super::StepPlan,
         let shape = StepShape { decodes: *decodes, prefill: 0, context: *context, attended: *context };
         estimator.observe(shape, Duration::from_micros(*us), t0 + Duration::from_millis(300 * i as u64));
     }
-    let mut s =
-        Scheduler::new(c.policy, BlockPool::new(c.blocks, 4), estimator).with_step_reserve(Duration::from_micros(500));
+    let mut s = Scheduler::new(c.policy, BlockPool::new(c.blocks, BLOCK), estimator)
+        .with_step_reserve(Duration::from_micros(500));
     let mut arrivals: Vec<_> = c.requests.iter().enumerate().collect();
     arrivals.sort_by_key(|(i, r)| (r.0, *i));
     let mut now = t0;
@@ -125,7 +148,7 @@ fn build(c: &Case, t0: Instant) -> (Scheduler, Instant, Option<(super::StepPlan,
             let (i, (_, ask)) = arrivals[next];
             let req = request(i as u64, now, *ask);
             if s.check_bounds(&req).is_ok() {
-                s.insert(req);
+                s.insert(req, prefix(i as u64, *ask));
             }
             next += 1;
         }
@@ -165,13 +188,15 @@ fn the_forecast_from_events_is_the_forecast_step_by_step() {
             let flight = in_flight.as_ref().map(|(plan, end)| InFlight { plan, end: *end });
             let margin = Duration::from_millis(c.margin_ms);
             let r = request(1000, now, c.newcomer);
+            let named = prefix(1000, c.newcomer);
             if s.check_bounds(&r).is_err() {
                 return Ok(());
             }
+            let cached = s.cached_tokens(&r, &named);
             for newcomer in [Some(&r), None] {
-                let Ok(fast) = events::run(&s, flight, now, margin, newcomer) else { continue };
+                let Ok(fast) = events::run(&s, flight, now, margin, newcomer, cached) else { continue };
                 ran.set(ran.get() + 1);
-                let slow = forecast(&s, flight, now, margin, newcomer, Method::Steps);
+                let slow = forecast(&s, flight, now, margin, (newcomer, &named), Method::Steps);
                 prop_assert_eq!(fast.ids.clone(), slow.ids.clone());
                 for ((id, f), (_, g)) in fast.iter().zip(slow.iter()) {
                     prop_assert_eq!(
@@ -185,12 +210,12 @@ fn the_forecast_from_events_is_the_forecast_step_by_step() {
                     prop_assert_eq!(fast.get(r.id).unwrap().in_time, slow.get(r.id).unwrap().in_time);
                 }
             }
-            let by_steps = admit_by(&s, flight, &r, now, margin, Method::Steps);
-            if let Some(last) = bound::latest(&s, flight, &r, now, &mut bound::Totals::from(&r)) {
+            let by_steps = admit_by(&s, flight, (&r, &named), now, margin, Method::Steps);
+            if let Some(last) = bound::latest(&s, flight, &r, cached, now, &mut bound::Totals::from(&r)) {
                 // Every first token and every end by then, every decode step within its target.
                 let mut with = s.clone();
-                with.insert(r);
-                let slow = forecast(&with, flight, now, Duration::ZERO, None, Method::Steps);
+                with.insert(r, named.clone());
+                let slow = forecast(&with, flight, now, Duration::ZERO, (None, &named), Method::Steps);
                 for (id, f) in slow.iter() {
                     let itl = s.seqs.get(&id).map_or(r.itl, |q| q.request.itl);
                     prop_assert!(
@@ -209,23 +234,24 @@ fn the_forecast_from_events_is_the_forecast_step_by_step() {
                     );
                 }
             }
-            if bound::clearly_kept(&s, flight, &r, now, margin) {
+            if bound::clearly_kept(&s, flight, &r, cached, now, margin) {
                 bounded.set(bounded.get() + 1);
                 prop_assert_eq!(&by_steps, &Ok(()), "the bound admitted what the forecast refuses");
             }
             // The same decision; the same refusal, except where the forecasts side by side found
             // an admitted sequence harmed before the newcomer's own end (the step-by-step one
             // reports the newcomer's own broken promise first, when it has one too).
-            let by_events = admit_by(&s, flight, &r, now, margin, Method::Events);
+            let by_events = admit_by(&s, flight, (&r, &named), now, margin, Method::Events);
             prop_assert_eq!(by_events.is_ok(), by_steps.is_ok(), "{:?} by events, {:?} by steps", by_events, by_steps);
             // A newcomer whose own promises are loose and whose prompt is long: what decides is
             // whether it harms the others (the forecasts side by side, and their fork).
-            let (prompt, max_tokens, .., batch, tenant) = c.newcomer;
-            let loose = request(1001, now, (prompt * 4 + 64, max_tokens, 1 << 30, 1 << 30, 1 << 30, batch, tenant));
+            let (prompt, max_tokens, .., batch, tenant, shared) = c.newcomer;
+            let ask = (prompt * 4 + 64, max_tokens, 1 << 30, 1 << 30, 1 << 30, batch, tenant, shared);
+            let (loose, loose_named) = (request(1001, now, ask), prefix(1001, ask));
             // The others' deadlines just met without it (0 to 24 ms to spare, each its own),
             // so that whether it harms them is the question.
             let mut tight = s.clone();
-            for (id, fate) in forecast(&s, flight, now, margin, None, Method::Steps).iter() {
+            for (id, fate) in forecast(&s, flight, now, margin, (None, &named), Method::Steps).iter() {
                 if let (Some(end), Some(q)) = (fate.end, tight.seqs.get_mut(&id)) {
                     q.request.deadline = end + margin + Duration::from_millis(id * 7 % 25);
                 }
@@ -234,8 +260,8 @@ fn the_forecast_from_events_is_the_forecast_step_by_step() {
                 if s.check_bounds(&loose).is_err() {
                     continue;
                 }
-                let by_events = admit_by(s, flight, &loose, now, margin, Method::Events);
-                let by_steps = admit_by(s, flight, &loose, now, margin, Method::Steps);
+                let by_events = admit_by(s, flight, (&loose, &loose_named), now, margin, Method::Events);
+                let by_steps = admit_by(s, flight, (&loose, &loose_named), now, margin, Method::Steps);
                 prop_assert_eq!(
                     by_events.is_ok(),
                     by_steps.is_ok(),
@@ -243,7 +269,7 @@ fn the_forecast_from_events_is_the_forecast_step_by_step() {
                     by_events,
                     by_steps
                 );
-                let judged = events::judge(s, flight, now, margin, &loose);
+                let judged = events::judge(s, flight, now, margin, &loose, s.cached_tokens(&loose, &loose_named));
                 harms.set(harms.get() + u32::from(matches!(judged, Ok(events::Judged::Harms))));
             }
             if let Err(refusal) = &by_events {
