@@ -176,3 +176,43 @@ def test_a_prompt_past_the_context_is_refused_naming_the_limit(sidecar):
 def test_the_model_list_names_the_engine(sidecar):
     models = sidecar.client.models.list().data
     assert [(m.id, m.owned_by) for m in models] == [(MODEL, "ferry_llm")]
+
+
+SYSTEM = (
+    "You are a careful assistant for a small orchard. The orchard grows apples, pears, plums and cherries "
+    "on forty rows of trees, and sells them at a market on Saturdays. "
+) * 6
+
+
+def test_the_prefix_cache_changes_no_answer_and_counts_its_hits(sidecar):
+    # Three turns behind one system prompt (about 230 tokens), greedy, on a sidecar with the cache
+    # (the fixture's: on by default) and on one without: the same answers, and the cache held the
+    # system prompt's blocks for the second and third.
+    questions = ["Which fruits do you grow?", "When is the market?", "How many rows of trees are there?"]
+    uncached = Sidecar(engine="llm", model_source=gguf(), device="cpu", max_batch_tokens=512, prefix_cache="false")
+    try:
+        answers = {}
+        for name, s in (("cached", sidecar), ("uncached", uncached)):
+            before = s.metrics()
+            answers[name] = [
+                s.client.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
+                    max_tokens=12,
+                    temperature=0,
+                ).choices[0].message.content
+                for q in questions
+            ]
+            after = s.metrics()
+            hits = after["ferry_prefix_cache_hits_total"] - before.get("ferry_prefix_cache_hits_total", 0)
+            queries = after["ferry_prefix_cache_queries_total"] - before.get("ferry_prefix_cache_queries_total", 0)
+            answers[name + " hits"] = (hits, queries)
+    finally:
+        uncached.stop()
+    assert answers["cached"] == answers["uncached"]
+    hits, queries = answers["cached hits"]
+    assert queries > 700, queries
+    # The template's system turn (about 230 tokens) is the same tokens each time: its whole
+    # blocks of 16 are cached after the first turn and found by the other two.
+    assert 2 * 208 <= hits <= 2 * 240, (hits, queries)
+    assert answers["uncached hits"][0] == 0
