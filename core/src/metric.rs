@@ -54,8 +54,8 @@ pub const PREEMPTIONS: &str = "ferry_preemptions_total";
 pub const PROMPT_TOKENS: &str = "ferry_prompt_tokens_total";
 /// Counter: tokens generated and sent.
 pub const GENERATION_TOKENS: &str = "ferry_generation_tokens_total";
-/// Counter: prompt tokens of admitted generations looked up in the prefix cache (vLLM's
-/// `prefix_cache_queries`: every prompt token, with the cache on).
+/// Counter: prompt tokens of generations started with the prefix cache on (vLLM's
+/// `prefix_cache_queries`).
 pub const PREFIX_CACHE_QUERIES: &str = "ferry_prefix_cache_queries_total";
 /// Counter: those of them the prefix cache held, not prefilled (vLLM's `prefix_cache_hits`).
 pub const PREFIX_CACHE_HITS: &str = "ferry_prefix_cache_hits_total";

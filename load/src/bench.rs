@@ -37,6 +37,8 @@ pub struct BenchOptions {
     pub generation_only: bool,
     /// Only the decoder section, printed rather than written.
     pub decoder_only: bool,
+    /// Only the decoder section's prefix-cache rows, printed rather than written.
+    pub prefix_cache_only: bool,
 }
 
 fn infer_url(server: &Server) -> String {
@@ -123,8 +125,8 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<String> {
         upstream(&mut md, secs).await?;
         return Ok(md);
     }
-    if options.decoder_only {
-        crate::decoder::section(&mut md, secs).await?;
+    if options.decoder_only || options.prefix_cache_only {
+        crate::decoder::section(&mut md, secs, options.prefix_cache_only).await?;
         return Ok(md);
     }
 
@@ -311,7 +313,7 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<String> {
     );
     generation(&mut md, secs).await?;
     upstream(&mut md, secs).await?;
-    crate::decoder::section(&mut md, secs).await?;
+    crate::decoder::section(&mut md, secs, false).await?;
     std::fs::write(&options.out, &md)?;
     Ok(md)
 }

@@ -3,7 +3,7 @@
 //! 135M-Instruct with every tensor dequantized to F32 (`benchmarks/llm/f32_gguf.py`), 2 threads
 //! each, the same streaming client. Closed bursts measure speed (decode at 1 sequence, aggregate
 //! at 8 and 32, prefill), medians of three; then an open-loop trace with deadlines measures
-//! serving (goodput, TTFT p99, ITL p99).
+//! serving (goodput, TTFT p99, ITL p99); then the prefix cache ([`crate::prefix`]).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -63,7 +63,8 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-pub async fn section(md: &mut String, secs: u64) -> anyhow::Result<()> {
+/// Writes section 7; with `prefix_only`, only its prefix-cache rows.
+pub async fn section(md: &mut String, secs: u64, prefix_only: bool) -> anyhow::Result<()> {
     let root = std::env::current_dir()?;
     let python = root.join(".venv/bin/python");
     let model = std::env::var("FERRY_TEST_LLM")
@@ -88,12 +89,19 @@ pub async fn section(md: &mut String, secs: u64) -> anyhow::Result<()> {
         .status()
         .await?;
     anyhow::ensure!(status.success(), "benchmarks/llm/f32_gguf.py failed ({status})");
-    let result = run(md, secs, &python, &root, &f32_model).await;
+    let result = run(md, secs, &python, &root, &f32_model, prefix_only).await;
     let _ = std::fs::remove_file(&f32_model);
     result
 }
 
-async fn run(md: &mut String, secs: u64, python: &Path, root: &Path, model: &Path) -> anyhow::Result<()> {
+async fn run(
+    md: &mut String,
+    secs: u64,
+    python: &Path,
+    root: &Path,
+    model: &Path,
+    prefix_only: bool,
+) -> anyhow::Result<()> {
     let slots = 32;
     let port = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -104,6 +112,9 @@ async fn run(md: &mut String, secs: u64, python: &Path, root: &Path, model: &Pat
     let llama =
         Server::start(python, &[script.to_str().unwrap_or_default(), model_arg, &port.to_string(), &slots.to_string()])
             .await?;
+    if prefix_only {
+        return crate::prefix::rows(md, &llama, model_arg, 16).await;
+    }
     let ferry = sidecar(&[
         "--engine",
         "llm",
@@ -188,6 +199,8 @@ async fn run(md: &mut String, secs: u64, python: &Path, root: &Path, model: &Pat
         }
     }
     let _ = writeln!(md);
+    drop(ferry);
+    crate::prefix::rows(md, &llama, model_arg, 16).await?;
     for (name, ratio) in ratios {
         eprintln!("  {name}: Ferry / llama.cpp = {ratio:.2}");
     }

@@ -14,7 +14,8 @@
 //!   their summary, and the scheduling disciplines compared in virtual time.
 //! - [`bench`]: the benchmark suite: real sidecar processes on 127.0.0.1, side by side.
 //! - `servers`: the sidecar (or llama.cpp's server) processes a benchmark starts.
-//! - [`decoder`]: its section on the built-in decoder against llama.cpp's server.
+//! - [`decoder`]: its section on the built-in decoder against llama.cpp's server; `prefix`: that
+//!   section's prefix-cache rows (a long system prompt's second question, chat clients).
 
 pub mod bench;
 pub mod dashboard;
@@ -22,6 +23,7 @@ pub mod decoder;
 pub mod echo;
 pub mod generation;
 pub mod plot;
+mod prefix;
 pub mod record;
 pub mod report;
 pub mod run;

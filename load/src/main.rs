@@ -64,6 +64,9 @@ enum Command {
         /// Run only the built-in decoder's section (7) and print it.
         #[arg(long)]
         decoder_only: bool,
+        /// Run only section 7's prefix-cache rows and print them.
+        #[arg(long)]
+        prefix_cache_only: bool,
     },
 }
 
@@ -180,10 +183,12 @@ fn main() -> ExitCode {
                 eprintln!("wrote {}", out.display());
                 Ok(())
             }
-            Command::Bench { out, seconds, generation_only, decoder_only } => {
-                let md = bench::run(&BenchOptions { out: out.clone(), seconds, generation_only, decoder_only }).await?;
+            Command::Bench { out, seconds, generation_only, decoder_only, prefix_cache_only } => {
+                let options =
+                    BenchOptions { out: out.clone(), seconds, generation_only, decoder_only, prefix_cache_only };
+                let md = bench::run(&options).await?;
                 println!("{md}");
-                if !generation_only && !decoder_only {
+                if !generation_only && !decoder_only && !prefix_cache_only {
                     eprintln!("wrote {}", out.display());
                 }
                 Ok(())

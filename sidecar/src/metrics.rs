@@ -137,7 +137,7 @@ impl Metrics {
             generation_tokens: IntCounterVec::new(Opts::new(metric::GENERATION_TOKENS, "Tokens generated and sent."), MV)
                 .expect("valid counter"),
             prefix_queries: IntCounterVec::new(
-                Opts::new(metric::PREFIX_CACHE_QUERIES, "Prompt tokens of admitted generations looked up in the prefix cache."),
+                Opts::new(metric::PREFIX_CACHE_QUERIES, "Prompt tokens of generations started with the prefix cache on."),
                 MV,
             )
             .expect("valid counter"),

@@ -194,25 +194,28 @@ def test_the_prefix_cache_changes_no_answer_and_counts_its_hits(sidecar):
         answers = {}
         for name, s in (("cached", sidecar), ("uncached", uncached)):
             before = s.metrics()
-            answers[name] = [
+            replies = [
                 s.client.chat.completions.create(
                     model=MODEL,
                     messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
                     max_tokens=12,
                     temperature=0,
-                ).choices[0].message.content
+                )
                 for q in questions
             ]
+            answers[name] = [r.choices[0].message.content for r in replies]
             after = s.metrics()
-            hits = after["ferry_prefix_cache_hits_total"] - before.get("ferry_prefix_cache_hits_total", 0)
-            queries = after["ferry_prefix_cache_queries_total"] - before.get("ferry_prefix_cache_queries_total", 0)
-            answers[name + " hits"] = (hits, queries)
+            counts = [
+                after.get(m, 0) - before.get(m, 0)
+                for m in ("ferry_prefix_cache_hits_total", "ferry_prefix_cache_queries_total")
+            ]
+            answers[name + " hits"] = (*counts, sum(r.usage.prompt_tokens for r in replies))
     finally:
         uncached.stop()
     assert answers["cached"] == answers["uncached"]
-    hits, queries = answers["cached hits"]
-    assert queries > 700, queries
+    hits, queries, prompts = answers["cached hits"]
+    assert queries == prompts, "every prompt token is looked up"
     # The template's system turn (about 230 tokens) is the same tokens each time: its whole
     # blocks of 16 are cached after the first turn and found by the other two.
     assert 2 * 208 <= hits <= 2 * 240, (hits, queries)
-    assert answers["uncached hits"][0] == 0
+    assert answers["uncached hits"][:2] == (0, 0), "the cache off is not asked"

@@ -100,6 +100,11 @@ impl BlockPool {
         self.references - u64::from(self.used())
     }
 
+    /// Tables that hold `block`.
+    pub fn references(&self, block: Block) -> u32 {
+        self.refs[block as usize]
+    }
+
     /// Blocks a table of `held` blocks still needs to hold `tokens` tokens.
     pub fn needed(&self, held: usize, tokens: u32) -> u32 {
         blocks_for(tokens, self.block_size).saturating_sub(held as u32)

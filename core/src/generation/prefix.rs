@@ -11,10 +11,10 @@
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-/// The chained hashes of a prompt's full blocks, first block first; empty for a sequence that
-/// neither uses nor fills the cache.
+/// The chained hashes of a prompt's full blocks, first block first; the default (`None`) for a
+/// sequence that neither uses nor fills the cache (the cache is off).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Prefix(Arc<[u64]>);
+pub struct Prefix(Option<Arc<[u64]>>);
 
 /// What a model version's hashes start from: its name and version (the KV of one model never
 /// serves another's prompt).
@@ -38,15 +38,16 @@ impl Prefix {
                 last
             })
             .collect();
-        Prefix(hashes)
+        Prefix(Some(hashes))
     }
 
     pub fn blocks(&self) -> &[u64] {
-        &self.0
+        self.0.as_deref().unwrap_or_default()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+    /// Whether the cache is asked (a prompt shorter than a block is asked, and has no blocks).
+    pub fn is_on(&self) -> bool {
+        self.0.is_some()
     }
 }
 
@@ -68,6 +69,8 @@ mod tests {
         let e = Prefix::of(2, &[1, 2, 3, 4], 4);
         assert_ne!(a.blocks()[0], e.blocks()[0], "another model version's blocks are its own");
         assert_ne!(seed("m", "v1"), seed("m", "v2"));
-        assert!(Prefix::of(1, &[1, 2, 3], 4).is_empty());
+        let short = Prefix::of(1, &[1, 2, 3], 4);
+        assert!(short.blocks().is_empty() && short.is_on(), "a short prompt is asked, and has no full block");
+        assert!(!Prefix::default().is_on());
     }
 }

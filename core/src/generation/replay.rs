@@ -397,7 +397,12 @@ impl<'a> Shell<'a> {
             started: now - self.start,
             took,
             used_blocks: self.ledger.scheduler().pool().used(),
-            held_blocks: plan.members.iter().map(|m| m.blocks.len() as u32).sum(),
+            held_blocks: {
+                let mut held: Vec<u32> = plan.members.iter().flat_map(|m| m.blocks.iter().copied()).collect();
+                held.sort_unstable();
+                held.dedup();
+                held.len() as u32
+            },
             plan,
         });
         self.engine = Some((step, now + took, out));

@@ -156,7 +156,8 @@ pub struct Scheduler {
     pub(crate) shares: [Shares; 2],
     /// What a step cut to the decodes' inter-token target leaves of it unused.
     pub(crate) step_reserve: Duration,
-    /// Prompt tokens of the sequences admitted, and those of them found in the prefix cache.
+    /// Prompt tokens of the sequences started with the prefix cache on, and those of them it
+    /// held.
     prefix_queries: u64,
     prefix_hits: u64,
 }
@@ -319,8 +320,8 @@ impl Scheduler {
         held.len() as u32
     }
 
-    /// Prompt tokens of the sequences admitted so far, and how many of them the prefix cache held
-    /// (vLLM's `prefix_cache_queries` and `prefix_cache_hits`).
+    /// Prompt tokens of the sequences started so far with the prefix cache on, and how many of
+    /// them it held when they started (vLLM's `prefix_cache_queries` and `prefix_cache_hits`).
     pub fn prefix_stats(&self) -> (u64, u64) {
         (self.prefix_queries, self.prefix_hits)
     }
@@ -392,8 +393,6 @@ impl Scheduler {
         let mut table = Vec::new();
         let hits = self.pool.share(&mut table, prefix.blocks(), self.most_cached(&request)) as u32;
         let computed = hits * self.pool.block_size();
-        self.prefix_queries += u64::from(request.prompt);
-        self.prefix_hits += u64::from(computed);
         let seq = Seq {
             request,
             generated: 0,
@@ -448,19 +447,34 @@ impl Scheduler {
         self.enqueue(&seq);
     }
 
-    /// The waiting sequence that would start last of those holding blocks from the prefix cache
-    /// gives them back, and will compute its prompt whole; false when none holds any. Running
-    /// sequences short of blocks take these before any of them is preempted: a waiting sequence
-    /// loses no work, and the whole cache holds any one admitted sequence, but not beside blocks
-    /// others hold while they wait.
+    /// Waiting sequences give back the blocks they hold from the prefix cache, the latest in the
+    /// queue first, until a block is free; each then computes its prompt whole. False, and none
+    /// gives any back, when that would free no block (every one is also a running sequence's).
+    /// Running sequences short of blocks take these before any of them is preempted: a waiting
+    /// sequence loses no work, and the whole cache holds any one admitted sequence, but not beside
+    /// blocks others hold while they wait.
     fn unshare_waiting(&mut self) -> bool {
-        let Some(id) = self.waiting.iter().rev().map(|(_, _, id)| *id).find(|id| !self.seqs[id].table.is_empty())
-        else {
+        let holders: Vec<SeqId> =
+            self.waiting.iter().rev().map(|(_, _, id)| *id).filter(|id| !self.seqs[id].table.is_empty()).collect();
+        // A block comes free only when every table that holds it is a waiting one.
+        let mut waiting_refs: BTreeMap<Block, u32> = BTreeMap::new();
+        for id in &holders {
+            for b in &self.seqs[id].table {
+                *waiting_refs.entry(*b).or_default() += 1;
+            }
+        }
+        if !waiting_refs.iter().any(|(b, n)| self.pool.references(*b) == *n) {
             return false;
-        };
-        let seq = self.seqs.get_mut(&id).expect("a held sequence");
-        self.pool.release(&mut seq.table);
-        seq.computed = 0;
+        }
+        let free = self.pool.free();
+        for id in holders {
+            let seq = self.seqs.get_mut(&id).expect("a held sequence");
+            self.pool.release(&mut seq.table);
+            seq.computed = 0;
+            if self.pool.free() > free {
+                break;
+            }
+        }
         true
     }
 
@@ -654,9 +668,8 @@ impl Scheduler {
         for id in batch {
             self.dequeue(id);
             self.running.push(id);
-            let seq = self.seqs.get_mut(&id).expect("held");
-            seq.running = true;
-            seq.started.get_or_insert(now);
+            self.seqs.get_mut(&id).expect("held").running = true;
+            self.started(id, now);
         }
     }
 
@@ -737,9 +750,9 @@ impl Scheduler {
                 self.dequeue(id);
                 self.running.push(id);
             }
+            self.started(id, now);
             let seq = self.seqs.get_mut(&id).expect("held");
             seq.running = true;
-            seq.started.get_or_insert(now);
             let grown = self.pool.grow(&mut seq.table, computed + n);
             debug_assert!(grown, "room was checked");
             members.push(Member {
@@ -757,10 +770,25 @@ impl Scheduler {
         shape
     }
 
-    /// Fills in each member's block table, for the engine that runs `plan`.
+    /// A sequence is given a step: the first time, its prompt counts for the prefix cache's
+    /// metrics, with the tokens the cache held for it (none after it gave them back).
+    fn started(&mut self, id: SeqId, now: Instant) {
+        let seq = self.seqs.get_mut(&id).expect("held");
+        if seq.started.is_none() && seq.prefix.is_on() {
+            self.prefix_queries += u64::from(seq.request.prompt);
+            self.prefix_hits += u64::from(seq.computed);
+        }
+        seq.started.get_or_insert(now);
+    }
+
+    /// Fills in each member's block table, for the engine that runs `plan`. The blocks a member
+    /// writes (from its first new token's) are its own: shared ones are only read.
     pub fn fill_tables(&self, plan: &mut StepPlan) {
         for m in &mut plan.members {
-            m.blocks.clone_from(&self.seqs[&m.id].table);
+            let table = &self.seqs[&m.id].table;
+            m.blocks.clone_from(table);
+            let written = &table[(m.start / self.pool.block_size()) as usize..];
+            debug_assert!(written.iter().all(|b| self.pool.references(*b) == 1), "a step writes a shared block");
         }
     }
 
@@ -831,7 +859,9 @@ impl Scheduler {
     }
 
     /// A step failed: its members' KV is in an unknown state, so each gives its blocks back and
-    /// waits to be recomputed (the tokens it produced are kept).
+    /// waits to be recomputed (the tokens it produced are kept). Their blocks cached before the
+    /// step stay cached: an engine writes only the slots of a step's new tokens, which are never
+    /// in a cached block (only full ones are, and only after the step that filled them ended).
     pub fn fail(&mut self, plan: &StepPlan) {
         for m in &plan.members {
             if self.seqs.get(&m.id).is_some_and(|s| s.running) {

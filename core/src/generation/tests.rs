@@ -318,7 +318,8 @@ fn blocks_a_waiting_sequence_took_from_the_cache_come_back_when_the_lone_running
     // Eight blocks of 16. A (64 tokens, 4 blocks) caches its prompt and ends; C (80 tokens) takes
     // the 4 empty blocks and evicts A's last; B, admitted while C decodes, takes A's first 3
     // cached blocks (its last token is computed) and waits. C's 6th block finds none free: B gives
-    // its 3 back rather than C being preempted, and will compute its prompt whole.
+    // its 3 back rather than C being preempted, and will compute its prompt whole (it starts in
+    // the room left, and is the one preempted when C needs its 7th).
     let s = Setup { blocks: 8, ..setup() };
     let a = Arrival::new(0, 64, 1).shared(0, 64);
     let c = Arrival::new(100, 80, 30);

@@ -4,10 +4,12 @@
 //!
 //! - [`trace`]: when each request arrives, its prompt and output lengths, its deadlines.
 //! - [`stream`]: the open-loop driver over HTTP (`POST /v1/completions`, `stream: true`).
+//! - [`chat`]: closed-loop chat clients whose conversations share a system prompt and grow.
 //! - [`summary`]: per-request samples and their summary: goodput, TTFT, inter-token times, tokens/s.
 //! - [`policies`]: the same trace through each discipline of ferry-core's generation scheduler
 //!   on the `sim-llm` engine, in virtual time.
 
+pub mod chat;
 pub mod policies;
 pub mod stream;
 pub mod summary;

@@ -50,16 +50,6 @@ pub async fn run(target: &Target, trace: &[Request], drain: Duration) -> anyhow:
 }
 
 async fn one(client: &reqwest::Client, target: &Target, index: usize, request: Request, scheduled: Instant) -> Sample {
-    let mut sample = Sample {
-        request,
-        status: None,
-        first: None,
-        gaps: Vec::new(),
-        end: None,
-        tokens: 0,
-        prompt_tokens: 0,
-        completed: false,
-    };
     let body = json!({
         "model": target.model,
         "prompt": match target.salt {
@@ -71,20 +61,44 @@ async fn one(client: &reqwest::Client, target: &Target, index: usize, request: R
         "stream": true,
         "stream_options": {"include_usage": true},
     });
-    let mut post = client.post(&target.url).json(&body);
-    if target.send_deadlines {
+    streamed(client, &target.url, body, target.send_deadlines, request, scheduled).await.0
+}
+
+/// Posts `body` (a streamed completion or chat completion) to `url` and reads its events: the
+/// sample, timed from `scheduled`, and the answer's text.
+pub async fn streamed(
+    client: &reqwest::Client,
+    url: &str,
+    body: Value,
+    send_deadlines: bool,
+    request: Request,
+    scheduled: Instant,
+) -> (Sample, String) {
+    let mut sample = Sample {
+        request,
+        status: None,
+        first: None,
+        gaps: Vec::new(),
+        end: None,
+        tokens: 0,
+        prompt_tokens: 0,
+        completed: false,
+    };
+    let mut answer = String::new();
+    let mut post = client.post(url).json(&body);
+    if send_deadlines {
         post = post
             .header("x-ferry-ttft-ms", request.ttft.as_millis().to_string())
             .header("x-ferry-itl-ms", request.itl.as_millis().to_string())
             .header("x-ferry-timeout-ms", request.timeout.as_millis().to_string());
     }
     let Ok(mut response) = post.send().await else {
-        return sample;
+        return (sample, answer);
     };
     sample.status = Some(response.status().as_u16());
     if !response.status().is_success() {
         sample.end = Some(ferry_core::clock::elapsed(scheduled));
-        return sample;
+        return (sample, answer);
     }
     let (mut buffer, mut last, mut finished, mut usage) = (Vec::<u8>::new(), None::<Instant>, false, None);
     'read: while let Ok(Some(chunk)) = response.chunk().await {
@@ -112,6 +126,7 @@ async fn one(client: &reqwest::Client, target: &Target, index: usize, request: R
             let choice = &value["choices"][0];
             let text = choice["text"].as_str().or_else(|| choice["delta"]["content"].as_str()).unwrap_or("");
             if !text.is_empty() {
+                answer.push_str(text);
                 let now = ferry_core::clock::now();
                 match last {
                     None => sample.first = Some(now - scheduled),
@@ -127,5 +142,5 @@ async fn one(client: &reqwest::Client, target: &Target, index: usize, request: R
     if let Some(u) = usage {
         sample.tokens = u;
     }
-    sample
+    (sample, answer)
 }

@@ -51,9 +51,12 @@ struct Seq<'a> {
     joined: u64,
     segment: usize,
     decoding: bool,
-    /// Holds blocks (how many) in the scheduler; ended with the step in flight.
+    /// Holds blocks (how many) in the scheduler; ended with the step in flight. A waiting
+    /// sequence may hold blocks too: those the prefix cache had of its prompt.
     running: bool,
     held: u32,
+    /// Of those, blocks another table holds too: they do not come back when it ends.
+    shared: u32,
     ended: bool,
     /// It had its first token before the forecast (its TTFT promise is kept already).
     had_first: bool,
@@ -245,6 +248,8 @@ struct Gathered<'a> {
 
 fn gather<'a>(s: &'a Scheduler, newcomer: Option<&'a Request>, cached: u32, count: usize) -> Gathered<'a> {
     let block = s.pool.block_size();
+    // Tables share blocks (a cached prefix): each sequence's shared ones are counted.
+    let sharing = s.pool.shared() > 0;
     let (mut ids, mut seqs, mut fates) =
         (Vec::with_capacity(count), Vec::with_capacity(count), Vec::with_capacity(count));
     let (mut horizon, mut shared_tier) = (0, false);
@@ -269,6 +274,9 @@ fn gather<'a>(s: &'a Scheduler, newcomer: Option<&'a Request>, cached: u32, coun
             decoding: false,
             running: q.is_some_and(|q| q.running),
             held: q.map_or(0, |q| q.table.len() as u32),
+            shared: q
+                .filter(|_| sharing)
+                .map_or(0, |q| q.table.iter().filter(|b| s.pool.references(**b) > 1).count() as u32),
             ended: false,
             had_first: q.is_some_and(|q| q.first_token.is_some()),
         });
@@ -331,10 +339,9 @@ impl<'a> Forecast<'a> {
             queued: s.waiting.len() + usize::from(newcomer.is_some()),
             next: 0,
             running: 0,
-            // A block several tables hold comes back when the last of them ends, where this
-            // forecast gives each sequence's blocks back at its end: so much less is free. The
-            // newcomer's cached blocks it takes at once (free ones, or ones it will keep held).
-            slack: i64::from(s.pool.free()) - s.pool.shared() as i64 - i64::from(cached / s.pool.block_size()),
+            // The newcomer takes its cached blocks at once: free ones, or ones another table
+            // holds, which then do not come back when that one ends.
+            slack: i64::from(s.pool.free()) - i64::from(cached / s.pool.block_size()),
             segments: 0,
             peaks: Vec::new(),
             finished: Vec::new(),
@@ -378,7 +385,7 @@ impl<'a> Forecast<'a> {
             if q.ended {
                 self.fates.fates[i].end = Some(self.t);
                 self.finished.push(i);
-                self.slack += i64::from(q.held);
+                self.slack += i64::from(q.held - q.shared);
             } else if q.running {
                 self.running += 1;
                 self.slack -= i64::from(q.blocks.saturating_sub(q.held));
@@ -600,7 +607,7 @@ impl<'a> Forecast<'a> {
     fn commit(&mut self, next: Next, members: &[(usize, u32)]) {
         for &(i, _) in &members[members.len() - next.starts..] {
             let q = self.seqs[i];
-            self.slack -= i64::from(q.blocks);
+            self.slack -= i64::from(q.blocks.saturating_sub(q.held));
             self.running += 1;
             self.insert_mid(q.key(i));
         }
@@ -634,10 +641,10 @@ impl<'a> Forecast<'a> {
             }
             // Room for all it may ever hold, beyond the watermark, or the rule's room check
             // may bind: not followed here.
-            if slack < i64::from(policy.watermark) + i64::from(q.blocks) {
+            if slack < i64::from(policy.watermark) + i64::from(q.blocks.saturating_sub(q.held)) {
                 return Err(Declined);
             }
-            slack -= i64::from(q.blocks);
+            slack -= i64::from(q.blocks.saturating_sub(q.held));
             running += 1;
             next += 1;
             *shape = shape.join(StepShape::part(q.computed, n, false));
@@ -707,7 +714,7 @@ impl<'a> Forecast<'a> {
                 self.fates.fates[i].end = Some(self.t);
                 self.finished.push(i);
                 self.running -= 1;
-                self.slack += i64::from(q.blocks);
+                self.slack += i64::from(q.blocks - q.shared);
             } else {
                 self.join(i);
             }
@@ -742,7 +749,7 @@ impl<'a> Forecast<'a> {
             }
         }
         self.running -= 1;
-        self.slack += i64::from(q.blocks);
+        self.slack += i64::from(q.blocks - q.shared);
     }
 
     /// Brings every sequence still decoding at the stop its longest step, so that the fates are
