@@ -45,8 +45,18 @@ fn sidecar_binary() -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// The sidecar, once its model is ready: a model the llm engine loads is not ready until it has
+/// loaded (in the background, the sidecar live meanwhile).
 pub(crate) async fn sidecar(args: &[&str]) -> anyhow::Result<Server> {
     let mut all = vec!["--model", "m", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"];
     all.extend_from_slice(args);
-    Server::start(&sidecar_binary()?, &all).await
+    let server = Server::start(&sidecar_binary()?, &all).await?;
+    let ready = format!("{}/v2/health/ready", server.base);
+    let client = reqwest::Client::new();
+    let started = ferry_core::clock::now();
+    while !client.get(&ready).send().await.is_ok_and(|r| r.status().is_success()) {
+        anyhow::ensure!(ferry_core::clock::elapsed(started) < Duration::from_secs(300), "the sidecar was not ready within 300 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(server)
 }

@@ -17,13 +17,13 @@ use crate::engine::embedding::EmbeddingEngine;
 use crate::engine::remote::RemoteEngine;
 use crate::engine::sim::SimEngine;
 use crate::engine::Engine;
-use crate::front::{self, Backend, Front, Generating, Served};
+use crate::front::{self, Backend, Front, Generating, Served, Steps};
 use crate::generation::engine::{KvLayout, StepEngine};
 use crate::generation::llm::LlmEngine;
 use crate::generation::relay::Relay;
 use crate::generation::sim::SimLlm;
-use crate::generation::steps;
-use crate::metrics::Metrics;
+use crate::generation::steps::{self, Generator};
+use crate::metrics::{GenerationMetrics, Metrics};
 use crate::tenants::Tenants;
 use ferry_core::estimate::Estimator;
 use ferry_core::generation::window::{UpstreamCost, Window, WindowPolicy};
@@ -82,7 +82,7 @@ pub async fn shutdown_signal() {
 /// should exit and say why rather than serve nothing.
 pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading), String> {
     if settings.engine.generates() {
-        return Ok((build_generation(settings, metrics)?, Box::pin(std::future::pending())));
+        return build_generation(settings, metrics);
     }
     let mut loading = None;
     let (engine, estimator): (Arc<dyn Engine>, Estimator) = match settings.engine {
@@ -169,70 +169,66 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading),
 }
 
 /// The generation model version: its step engine, its ledger and the task around it; or the
-/// relay to its upstream server. Fails when the llm engine's model cannot load.
-fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, String> {
+/// relay to its upstream server. The llm engine loads in the background (its file mapped, its
+/// first steps timed): the sidecar is live meanwhile and the model not ready, and a model that
+/// cannot load ends the sidecar, saying why ([`Loading`]).
+fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading), String> {
     let g = &settings.generation;
     let model_metrics = metrics.generation(&settings.model, &settings.version);
     metrics.target(&settings.model, &settings.version, "time_to_first_token", g.ttft_budget);
     metrics.target(&settings.model, &settings.version, "inter_token", g.max_inter_token_latency);
-    let step_engine: Option<Arc<dyn StepEngine>> = match &settings.engine {
-        EngineSettings::SimLlm { times, slow } => Some(Arc::new(
-            SimLlm::new(*times, KvLayout { blocks: g.kv_blocks.unwrap_or(4096), block_size: g.kv_block_size })
-                .with_slow_spell(*slow),
-        )),
+    let mut loading: Loading = Box::pin(std::future::pending());
+    let backend = match &settings.engine {
+        EngineSettings::SimLlm { times, slow } => {
+            let engine: Arc<dyn StepEngine> = Arc::new(
+                SimLlm::new(*times, KvLayout { blocks: g.kv_blocks.unwrap_or(4096), block_size: g.kv_block_size })
+                    .with_slow_spell(*slow),
+            );
+            let (steps, installer) = Steps::new(model_metrics.clone(), "ferry_sim_llm");
+            installer.install(engine.clone(), start_steps(engine, settings, model_metrics));
+            Backend::Steps(steps)
+        }
         EngineSettings::Llm { source, device, kv_cache_memory } => {
-            let started = ferry_core::clock::now();
-            let engine = LlmEngine::load(source, *device, g.kv_blocks, *kv_cache_memory, g.kv_block_size)
-                .map_err(|e| format!("the llm engine cannot start: {e}"))?;
-            let cost = engine.cost();
-            tracing::info!(
-                source = %source.display(),
-                device = ?engine.device(),
-                kv_blocks = engine.kv().blocks,
-                kv_block_size = engine.kv().block_size,
-                context = engine.model().context_length(),
-                load_time = ?ferry_core::clock::elapsed(started),
-                decode = ?(cost.fixed + cost.per_decode),
-                prefill_per_token = ?cost.per_prefill_token,
-                attention_per_slot = ?cost.per_attended_slot,
-                "model loaded; ready"
-            );
-            Some(Arc::new(engine))
+            let (steps, installer) = Steps::new(model_metrics.clone(), "ferry_llm");
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let (source, device, kv_cache_memory) = (source.clone(), *device, *kv_cache_memory);
+            let (kv_blocks, block_size) = (g.kv_blocks, g.kv_block_size);
+            std::thread::Builder::new()
+                .name("model-loader".into())
+                .spawn(move || {
+                    let started = ferry_core::clock::now();
+                    let loaded = LlmEngine::load(&source, device, kv_blocks, kv_cache_memory, block_size)
+                        .map(|engine| (engine, source, ferry_core::clock::elapsed(started)));
+                    let _ = tx.send(loaded);
+                })
+                .map_err(|e| format!("cannot start the model loader: {e}"))?;
+            let settings = settings.clone();
+            loading = Box::pin(async move {
+                let (engine, source, load_time) = match rx.await {
+                    Ok(Ok(loaded)) => loaded,
+                    Ok(Err(e)) => return format!("the llm engine cannot start: {e}"),
+                    Err(_) => return "the model loader stopped without a word".to_owned(),
+                };
+                let cost = engine.cost();
+                tracing::info!(
+                    source = %source.display(),
+                    device = ?engine.device(),
+                    kv_blocks = engine.kv().blocks,
+                    kv_block_size = engine.kv().block_size,
+                    context = engine.model().context_length(),
+                    ?load_time,
+                    decode = ?(cost.fixed + cost.per_decode),
+                    prefill_per_token = ?cost.per_prefill_token,
+                    attention_per_slot = ?cost.per_attended_slot,
+                    "model loaded; ready"
+                );
+                let engine: Arc<dyn StepEngine> = Arc::new(engine);
+                installer.install(engine.clone(), start_steps(engine, &settings, model_metrics));
+                std::future::pending().await
+            });
+            Backend::Steps(steps)
         }
-        _ => None,
-    };
-    // The deadlines a request gets when it names none: what the exported capacity keeps.
-    let targets = generation::capacity::Targets {
-        ttft: g.ttft_budget,
-        itl: g.max_inter_token_latency,
-        timeout: settings.max_timeout,
-        margin: settings.deadline_margin,
-    };
-    let backend = match (step_engine, &settings.engine) {
-        (Some(engine), _) => {
-            let kv = engine.kv();
-            let policy = generation::scheduler::Policy {
-                max_batch_tokens: g.max_batch_tokens,
-                max_sequences: g.max_sequences,
-                max_queue: settings.max_queue,
-                max_queue_bytes: settings.max_queue_bytes,
-                max_queue_tokens: g.max_queue_tokens,
-                max_context: engine.model().context_length(),
-                watermark: generation::kv::watermark(kv.blocks),
-                discipline: generation::scheduler::Discipline::Deadlines,
-            };
-            let scheduler = generation::scheduler::Scheduler::new(
-                policy,
-                BlockPool::new(kv.blocks, kv.block_size),
-                StepEstimator::new(engine.cost()),
-            );
-            let ledger =
-                generation::ledger::Ledger::new(scheduler, settings.deadline_margin, settings.retry.max_attempts);
-            let prefix_cache = g.prefix_cache.then(|| generation::prefix::seed(&settings.model, &settings.version));
-            let generator = steps::spawn(ledger, engine.clone(), model_metrics, targets, prefix_cache);
-            Backend::Steps { generator, engine }
-        }
-        (None, EngineSettings::OpenAi { upstream, model }) => {
+        EngineSettings::OpenAi { upstream, model } => {
             let policy = WindowPolicy {
                 max_in_flight: g.max_sequences,
                 max_queue: settings.max_queue,
@@ -243,7 +239,7 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, Str
                 max_attempts: settings.retry.max_attempts,
             };
             let window = Window::new(policy, UpstreamCost::default(), settings.deadline_margin);
-            Backend::Relay(Relay::spawn(window, upstream, model, model_metrics, targets))
+            Backend::Relay(Relay::spawn(window, upstream, model, model_metrics, targets(settings)))
         }
         _ => unreachable!("only generation engines come here"),
     };
@@ -255,7 +251,7 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, Str
         itl: g.max_inter_token_latency,
     };
     let deadlines = deadlines(settings);
-    Ok(Front::new(
+    let front = Front::new(
         Vec::new(),
         vec![Arc::new(served)],
         deadlines,
@@ -263,7 +259,43 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<Front, Str
         metrics.clone(),
         settings.idempotency,
         tenants(settings)?,
-    ))
+    );
+    Ok((front, loading))
+}
+
+/// The deadlines a generation gets when it names none: what the exported capacity keeps.
+fn targets(settings: &Settings) -> generation::capacity::Targets {
+    generation::capacity::Targets {
+        ttft: settings.generation.ttft_budget,
+        itl: settings.generation.max_inter_token_latency,
+        timeout: settings.max_timeout,
+        margin: settings.deadline_margin,
+    }
+}
+
+/// The step rule's task over a step engine: its scheduler over the engine's KV blocks, from the
+/// step cost the engine was configured with or timed at load.
+fn start_steps(engine: Arc<dyn StepEngine>, settings: &Settings, metrics: GenerationMetrics) -> Generator {
+    let g = &settings.generation;
+    let kv = engine.kv();
+    let policy = generation::scheduler::Policy {
+        max_batch_tokens: g.max_batch_tokens,
+        max_sequences: g.max_sequences,
+        max_queue: settings.max_queue,
+        max_queue_bytes: settings.max_queue_bytes,
+        max_queue_tokens: g.max_queue_tokens,
+        max_context: engine.model().context_length(),
+        watermark: generation::kv::watermark(kv.blocks),
+        discipline: generation::scheduler::Discipline::Deadlines,
+    };
+    let scheduler = generation::scheduler::Scheduler::new(
+        policy,
+        BlockPool::new(kv.blocks, kv.block_size),
+        StepEstimator::new(engine.cost()),
+    );
+    let ledger = generation::ledger::Ledger::new(scheduler, settings.deadline_margin, settings.retry.max_attempts);
+    let prefix_cache = g.prefix_cache.then(|| generation::prefix::seed(&settings.model, &settings.version));
+    steps::spawn(ledger, engine, metrics, targets(settings), prefix_cache)
 }
 
 fn deadlines(settings: &Settings) -> DeadlinePolicy {

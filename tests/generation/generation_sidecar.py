@@ -28,7 +28,7 @@ class Sidecar:
     """A ferry-sidecar process on the sim-llm engine; `flags` override the defaults (another
     `engine` drops the sim settings)."""
 
-    def __init__(self, **flags):
+    def __init__(self, wait_ready=True, **flags):
         settings = {
             "engine": "sim-llm",
             "model": MODEL,
@@ -55,10 +55,22 @@ class Sidecar:
             raise RuntimeError(f"ferry-sidecar did not start: {line!r} {self.process.stderr.read()}")
         self.address, self.metrics_address = match.groups()
         self.url = f"http://{self.address}"
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        if wait_ready:
+            self.wait_ready()
+
+    def wait_ready(self):
+        """Waits for the model to be ready: at once for sim-llm; the llm engine loads in the
+        background and says on stderr when it is ready (waited for rather than polled)."""
+        if "--engine=llm" in self.process.args:
+            for line in self.process.stderr:
+                if "model loaded; ready" in line:
+                    break
+            else:
+                raise RuntimeError(f"ferry-sidecar exited before its model was ready: {self.process.wait()}")
         threading.Thread(target=self.process.stderr.read, daemon=True).start()
         with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=30) as r:
             assert r.status == 200
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
     def metrics(self):
         """The sidecar's metrics of the served model, as {name{labels}: value} without the model labels."""

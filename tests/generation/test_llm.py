@@ -8,6 +8,8 @@ transformers' greedy answers to the same chat messages on the same weights
 import json
 import os
 import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import openai
@@ -219,3 +221,29 @@ def test_the_prefix_cache_changes_no_answer_and_counts_its_hits(sidecar):
     # blocks of 16 are cached after the first turn and found by the other two.
     assert 2 * 208 <= hits <= 2 * 240, (hits, queries)
     assert answers["uncached hits"][:2] == (0, 0), "the cache off is not asked"
+
+
+def test_the_model_loads_in_the_background_live_but_not_ready(tmp_path):
+    # The model file is a named pipe: the loader blocks reading it until the test writes the GGUF
+    # file into it, so "still loading" lasts exactly as long as the test wants.
+    pipe = tmp_path / "model.gguf"
+    os.mkfifo(pipe)
+    s = Sidecar(engine="llm", model_source=pipe, device="cpu", max_batch_tokens=512, wait_ready=False)
+    try:
+        with urllib.request.urlopen(s.url + "/v2/health/live", timeout=10) as r:
+            assert r.status == 200, "live while the model loads"
+        with pytest.raises(urllib.error.HTTPError) as not_ready:
+            urllib.request.urlopen(s.url + "/v2/health/ready", timeout=10)
+        assert not_ready.value.code == 503
+        with pytest.raises(openai.APIStatusError) as refused:
+            s.client.completions.create(model=MODEL, prompt="Hello", max_tokens=2)
+        assert refused.value.status_code == 503
+        assert "still loading" in str(refused.value), refused.value
+        assert [(m.id, m.owned_by) for m in s.client.models.list().data] == [(MODEL, "ferry_llm")]
+        with open(pipe, "wb") as w:
+            w.write(gguf().read_bytes())
+        s.wait_ready()
+        answer = s.client.completions.create(model=MODEL, prompt="Hello", max_tokens=2, temperature=0)
+        assert answer.usage.completion_tokens == 2
+    finally:
+        s.stop()

@@ -128,12 +128,14 @@ async fn generate(front: Shared, headers: HeaderMap, body: Body, kind: Kind) -> 
         Ok((admitted, call, held)) => {
             let stream = match admitted {
                 Admitted::Steps(submission) => match &served.backend {
-                    Backend::Steps { generator, .. } => generator.submit(submission, tally),
+                    Backend::Steps(steps) => {
+                        steps.get().expect("admitted only once loaded").1.submit(submission, tally)
+                    }
                     Backend::Relay(_) => unreachable!("admitted for its own backend"),
                 },
                 Admitted::Relay(submission) => match &served.backend {
                     Backend::Relay(relay) => relay.submit(submission, tally),
-                    Backend::Steps { .. } => unreachable!("admitted for its own backend"),
+                    Backend::Steps(_) => unreachable!("admitted for its own backend"),
                 },
             };
             answer(&served, &headers, call, kind, stream, held, arrival).await
@@ -166,7 +168,7 @@ async fn admit(
     }
     if !served.is_ready() {
         let why = match served.backend {
-            Backend::Steps { .. } => "its engine is still loading",
+            Backend::Steps(_) => "its engine is still loading",
             Backend::Relay(_) => "its upstream server does not answer its health check",
         };
         return Err(Refusal::new(Outcome::Unavailable, format!("model '{}' is not ready: {why}", served.name))
@@ -177,8 +179,8 @@ async fn admit(
     // a while, and the runtime's threads serve every other request), or, for an upstream server,
     // its size in tokens estimated from its bytes.
     let (call, tokens, body) = match &served.backend {
-        Backend::Steps { engine, .. } => {
-            let engine = engine.clone();
+        Backend::Steps(steps) => {
+            let engine = steps.get().expect("ready: loaded").0.clone();
             let read = move || -> Result<(Call, Vec<u32>), Refusal> {
                 let model = engine.model();
                 let mut call = prompt::parse(&bytes, kind, Some(model))?;
@@ -234,8 +236,8 @@ async fn admit(
         Kind::Chat => DEFAULT_CHAT_MAX_TOKENS,
     };
     let admitted = match (&served.backend, tokens, body) {
-        (Backend::Steps { engine, .. }, Tokens::Ids(tokens), _) => {
-            let context = engine.model().context_length();
+        (Backend::Steps(steps), Tokens::Ids(tokens), _) => {
+            let context = steps.get().expect("ready: loaded").0.model().context_length();
             let max_tokens =
                 call.max_tokens.unwrap_or_else(|| default.min(context.saturating_sub(tokens.len() as u32).max(1)));
             if call.sampling.min_tokens > max_tokens {

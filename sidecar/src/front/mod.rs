@@ -29,7 +29,7 @@ pub mod unserved;
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
@@ -85,30 +85,69 @@ pub struct Generating {
 
 /// What generates: a step engine in the sidecar, or an LLM server beside it.
 pub enum Backend {
-    Steps { engine: Arc<dyn StepEngine>, generator: Generator },
+    Steps(Steps),
     Relay(Relay),
+}
+
+/// A step engine and the task that runs its steps, once the engine has loaded: the llm engine
+/// loads in the background, and until then the sidecar is live but the model not ready.
+pub struct Steps {
+    loaded: Arc<OnceLock<(Arc<dyn StepEngine>, Generator)>>,
+    installed: tokio::sync::watch::Receiver<bool>,
+    metrics: GenerationMetrics,
+    platform: &'static str,
+}
+
+/// Puts a loaded engine and its task in their [`Steps`].
+pub struct Installer {
+    loaded: Arc<OnceLock<(Arc<dyn StepEngine>, Generator)>>,
+    installed: tokio::sync::watch::Sender<bool>,
+}
+
+impl Installer {
+    /// The model is ready from now on.
+    pub fn install(self, engine: Arc<dyn StepEngine>, generator: Generator) {
+        let _ = self.loaded.set((engine, generator));
+        self.installed.send_replace(true);
+    }
+}
+
+impl Steps {
+    /// Empty until its [`Installer`] installs the engine; `platform` is what that engine is.
+    pub fn new(metrics: GenerationMetrics, platform: &'static str) -> (Steps, Installer) {
+        let loaded = Arc::new(OnceLock::new());
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        (Steps { loaded: loaded.clone(), installed: rx, metrics, platform }, Installer { loaded, installed: tx })
+    }
+
+    /// The engine and its task, once loaded.
+    pub fn get(&self) -> Option<(&Arc<dyn StepEngine>, &Generator)> {
+        self.loaded.get().map(|(e, g)| (e, g))
+    }
 }
 
 impl Generating {
     pub fn is_ready(&self) -> bool {
         match &self.backend {
-            Backend::Steps { engine, generator } => engine.ready() && generator.is_alive(),
+            Backend::Steps(steps) => {
+                steps.get().is_some_and(|(engine, generator)| engine.ready() && generator.is_alive())
+            }
             Backend::Relay(relay) => relay.is_ready() && relay.is_alive(),
         }
     }
 
     pub fn metrics(&self) -> &GenerationMetrics {
         match &self.backend {
-            Backend::Steps { generator, .. } => generator.metrics(),
+            Backend::Steps(steps) => &steps.metrics,
             Backend::Relay(relay) => relay.metrics(),
         }
     }
 
     /// Prompt plus answer tokens one request may hold (vLLM's `max_model_len`); unknown for an
-    /// upstream server, which says so itself.
+    /// upstream server, which says so itself, and for an engine still loading.
     pub fn context_length(&self) -> Option<u32> {
         match &self.backend {
-            Backend::Steps { engine, .. } => Some(engine.model().context_length()),
+            Backend::Steps(steps) => steps.get().map(|(engine, _)| engine.model().context_length()),
             Backend::Relay(_) => None,
         }
     }
@@ -116,30 +155,48 @@ impl Generating {
     /// What serves the model (OpenAI's `owned_by`).
     pub fn platform(&self) -> &str {
         match &self.backend {
-            Backend::Steps { engine, .. } => engine.platform(),
+            Backend::Steps(steps) => steps.platform,
             Backend::Relay(_) => "ferry_openai_upstream",
         }
     }
 
     pub fn refresh_age(&self) {
         match &self.backend {
-            Backend::Steps { generator, .. } => generator.refresh_age(),
+            Backend::Steps(steps) => {
+                if let Some((_, generator)) = steps.get() {
+                    generator.refresh_age()
+                }
+            }
             Backend::Relay(relay) => relay.refresh_age(),
         }
     }
 
-    /// Resolves once everything admitted has ended.
+    /// Resolves once everything admitted has ended (at once while the engine loads: nothing is).
     pub async fn drain(&self) {
         match &self.backend {
-            Backend::Steps { generator, .. } => generator.drain().await,
+            Backend::Steps(steps) => {
+                if let Some((_, generator)) = steps.get() {
+                    generator.drain().await
+                }
+            }
             Backend::Relay(relay) => relay.drain().await,
         }
     }
 
-    /// Resolves when its task has stopped.
+    /// Resolves when its task has stopped (once the engine has loaded: a load that fails ends
+    /// the sidecar by itself).
     pub async fn stopped(&self) {
         match &self.backend {
-            Backend::Steps { generator, .. } => generator.stopped().await,
+            Backend::Steps(steps) => {
+                let mut installed = steps.installed.clone();
+                if installed.wait_for(|done| *done).await.is_err() {
+                    // The loader went away without installing: its failure ends the sidecar.
+                    return std::future::pending().await;
+                }
+                if let Some((_, generator)) = steps.get() {
+                    generator.stopped().await
+                }
+            }
             Backend::Relay(relay) => relay.stopped().await,
         }
     }
