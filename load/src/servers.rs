@@ -10,7 +10,7 @@ use tokio::process::{Child, Command};
 
 /// A server process, killed when dropped.
 pub(crate) struct Server {
-    _child: Child,
+    child: Child,
     pub(crate) base: String,
 }
 
@@ -30,7 +30,7 @@ impl Server {
             .nth(1)
             .and_then(|a| a.split_whitespace().next())
             .ok_or_else(|| anyhow::anyhow!("{} did not say where it listens: {line:?}", program.display()))?;
-        Ok(Server { _child: child, base: format!("http://{address}") })
+        Ok(Server { child, base: format!("http://{address}") })
     }
 }
 
@@ -50,12 +50,18 @@ fn sidecar_binary() -> anyhow::Result<PathBuf> {
 pub(crate) async fn sidecar(args: &[&str]) -> anyhow::Result<Server> {
     let mut all = vec!["--model", "m", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"];
     all.extend_from_slice(args);
-    let server = Server::start(&sidecar_binary()?, &all).await?;
+    let mut server = Server::start(&sidecar_binary()?, &all).await?;
     let ready = format!("{}/v2/health/ready", server.base);
     let client = reqwest::Client::new();
     let started = ferry_core::clock::now();
     while !client.get(&ready).send().await.is_ok_and(|r| r.status().is_success()) {
-        anyhow::ensure!(ferry_core::clock::elapsed(started) < Duration::from_secs(300), "the sidecar was not ready within 300 s");
+        if let Some(status) = server.child.try_wait()? {
+            anyhow::bail!("the sidecar exited before it was ready ({status}): its model did not load");
+        }
+        anyhow::ensure!(
+            ferry_core::clock::elapsed(started) < Duration::from_secs(300),
+            "the sidecar was not ready within 300 s"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Ok(server)

@@ -169,7 +169,7 @@ pub fn build(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading),
 }
 
 /// The generation model version: its step engine, its ledger and the task around it; or the
-/// relay to its upstream server. The llm engine loads in the background (its file mapped, its
+/// relay to its upstream server. The llm engine loads in the background (its file read, its
 /// first steps timed): the sidecar is live meanwhile and the model not ready, and a model that
 /// cannot load ends the sidecar, saying why ([`Loading`]).
 fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<(Front, Loading), String> {
@@ -210,20 +210,22 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<(Front, Lo
                     Err(_) => return "the model loader stopped without a word".to_owned(),
                 };
                 let cost = engine.cost();
+                let (device, kv, context) = (engine.device(), engine.kv(), engine.model().context_length());
+                let engine: Arc<dyn StepEngine> = Arc::new(engine);
+                installer.install(engine.clone(), start_steps(engine, &settings, model_metrics));
+                // Logged once ready, for whoever waits for the line.
                 tracing::info!(
                     source = %source.display(),
-                    device = ?engine.device(),
-                    kv_blocks = engine.kv().blocks,
-                    kv_block_size = engine.kv().block_size,
-                    context = engine.model().context_length(),
+                    ?device,
+                    kv_blocks = kv.blocks,
+                    kv_block_size = kv.block_size,
+                    context,
                     ?load_time,
                     decode = ?(cost.fixed + cost.per_decode),
                     prefill_per_token = ?cost.per_prefill_token,
                     attention_per_slot = ?cost.per_attended_slot,
                     "model loaded; ready"
                 );
-                let engine: Arc<dyn StepEngine> = Arc::new(engine);
-                installer.install(engine.clone(), start_steps(engine, &settings, model_metrics));
                 std::future::pending().await
             });
             Backend::Steps(steps)

@@ -56,19 +56,27 @@ class Sidecar:
         self.address, self.metrics_address = match.groups()
         self.url = f"http://{self.address}"
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        # stderr is read as it comes (so that its pipe never fills), kept for the errors below.
+        self.log, self.loaded = [], threading.Event()
+        threading.Thread(target=self._read_log, daemon=True).start()
         if wait_ready:
             self.wait_ready()
 
-    def wait_ready(self):
+    def _read_log(self):
+        for line in self.process.stderr:
+            self.log.append(line)
+            if "model loaded; ready" in line:
+                self.loaded.set()
+
+    def wait_ready(self, timeout=300):
         """Waits for the model to be ready: at once for sim-llm; the llm engine loads in the
         background and says on stderr when it is ready (waited for rather than polled)."""
         if "--engine=llm" in self.process.args:
-            for line in self.process.stderr:
-                if "model loaded; ready" in line:
-                    break
-            else:
-                raise RuntimeError(f"ferry-sidecar exited before its model was ready: {self.process.wait()}")
-        threading.Thread(target=self.process.stderr.read, daemon=True).start()
+            deadline = time.monotonic() + timeout
+            while not self.loaded.wait(0.5):
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    log = "".join(self.log[-20:])
+                    raise RuntimeError(f"ferry-sidecar's model was not ready (exit {self.process.poll()}):\n{log}")
         with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=30) as r:
             assert r.status == 200
 

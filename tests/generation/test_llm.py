@@ -240,6 +240,7 @@ def test_the_model_loads_in_the_background_live_but_not_ready(tmp_path):
         assert refused.value.status_code == 503
         assert "still loading" in str(refused.value), refused.value
         assert [(m.id, m.owned_by) for m in s.client.models.list().data] == [(MODEL, "ferry_llm")]
+        assert s.process.poll() is None, "the sidecar waits for its model (else the pipe would wait for ever)"
         with open(pipe, "wb") as w:
             w.write(gguf().read_bytes())
         s.wait_ready()
