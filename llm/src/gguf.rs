@@ -70,7 +70,13 @@ pub enum Kind {
     F16,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
+    /// The k-quants: super-blocks of 256 values in 8 or 16 sub-blocks, each with its own scale.
+    Q4K,
+    Q5K,
+    Q6K,
     Bf16,
     /// Any other ggml type, by number: listed, never decoded.
     Other(u32),
@@ -83,7 +89,12 @@ impl Kind {
             1 => Kind::F16,
             2 => Kind::Q4_0,
             3 => Kind::Q4_1,
+            6 => Kind::Q5_0,
+            7 => Kind::Q5_1,
             8 => Kind::Q8_0,
+            12 => Kind::Q4K,
+            13 => Kind::Q5K,
+            14 => Kind::Q6K,
             30 => Kind::Bf16,
             other => Kind::Other(other),
         }
@@ -96,7 +107,12 @@ impl Kind {
             Kind::F16 | Kind::Bf16 => Some((1, 2)),
             Kind::Q4_0 => Some((32, 18)),
             Kind::Q4_1 => Some((32, 20)),
+            Kind::Q5_0 => Some((32, 22)),
+            Kind::Q5_1 => Some((32, 24)),
             Kind::Q8_0 => Some((32, 34)),
+            Kind::Q4K => Some((256, 144)),
+            Kind::Q5K => Some((256, 176)),
+            Kind::Q6K => Some((256, 210)),
             Kind::Other(_) => None,
         }
     }
@@ -109,9 +125,16 @@ impl std::fmt::Display for Kind {
             Kind::F16 => f.write_str("F16"),
             Kind::Q4_0 => f.write_str("Q4_0"),
             Kind::Q4_1 => f.write_str("Q4_1"),
+            Kind::Q5_0 => f.write_str("Q5_0"),
+            Kind::Q5_1 => f.write_str("Q5_1"),
             Kind::Q8_0 => f.write_str("Q8_0"),
+            Kind::Q4K => f.write_str("Q4_K"),
+            Kind::Q5K => f.write_str("Q5_K"),
+            Kind::Q6K => f.write_str("Q6_K"),
             Kind::Bf16 => f.write_str("BF16"),
-            Kind::Other(n) => write!(f, "ggml type {n} (not one of F32, F16, BF16, Q8_0, Q4_0, Q4_1)"),
+            Kind::Other(n) => {
+                write!(f, "ggml type {n} (not one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)")
+            }
         }
     }
 }
@@ -273,9 +296,104 @@ fn dequantize(kind: Kind, raw: &[u8], n: usize) -> Vec<f32> {
                 out.extend(qs.iter().map(|&q| f32::from(q >> 4) * d + m));
             }
         }
+        // 32 values: an f16 scale, 32 fifth bits, then the low nibbles as for Q4_0; offset by 16.
+        Kind::Q5_0 => {
+            for block in raw.chunks_exact(22) {
+                let d = half(&block[..2]);
+                let five = fifth_bits(&block[2..6], &block[6..]);
+                out.extend(five.iter().map(|&q| (f32::from(q) - 16.0) * d));
+            }
+        }
+        // 32 values: an f16 scale and an f16 minimum, then as Q5_0, unsigned.
+        Kind::Q5_1 => {
+            for block in raw.chunks_exact(24) {
+                let (d, m) = (half(&block[..2]), half(&block[2..4]));
+                let five = fifth_bits(&block[4..8], &block[8..]);
+                out.extend(five.iter().map(|&q| f32::from(q) * d + m));
+            }
+        }
+        Kind::Q4K | Kind::Q5K => {
+            let five = kind == Kind::Q5K;
+            for block in raw.chunks_exact(if five { 176 } else { 144 }) {
+                super_block_45(block, five, &mut out);
+            }
+        }
+        Kind::Q6K => {
+            for block in raw.chunks_exact(210) {
+                super_block_6(block, &mut out);
+            }
+        }
         Kind::Other(_) => unreachable!("refused before decoding"),
     }
     out
+}
+
+/// Q5_0's and Q5_1's 32 values of 5 bits: bit `j` of the little-endian `qh` tops value `j`;
+/// `qs`' low nibbles are values 0..16, its high nibbles values 16..32.
+fn fifth_bits(qh: &[u8], qs: &[u8]) -> [u8; 32] {
+    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let mut v = [0u8; 32];
+    for (j, &q) in qs.iter().enumerate() {
+        v[j] = (q & 0x0f) | ((((qh >> j) & 1) as u8) << 4);
+        v[j + 16] = (q >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+    }
+    v
+}
+
+/// One Q4_K or Q5_K super-block of 256 values: an f16 scale `d` and minimum `dmin`, 12 bytes
+/// holding eight 6-bit scales and eight 6-bit minimums (one pair per 32 values), then (Q5_K) 32
+/// bytes of fifth bits, then 128 bytes of nibbles — each 32 bytes giving 64 values, low nibbles
+/// first. A value is `d·scale·q − dmin·min`.
+fn super_block_45(block: &[u8], five: bool, out: &mut Vec<f32>) {
+    let half = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let (d, dmin) = (half(&block[..2]), half(&block[2..4]));
+    let packed = &block[4..16];
+    let (qh, qs) = if five { (&block[16..48], &block[48..]) } else { (&[][..], &block[16..]) };
+    // ggml's get_scale_min_k4: the first four pairs are the low 6 bits of bytes 0..4 and 4..8;
+    // the last four take their low 4 bits from bytes 8..12 and their top 2 from the first eight.
+    let scale_min = |j: usize| -> (f32, f32) {
+        let (sc, m) = if j < 4 {
+            (packed[j] & 63, packed[j + 4] & 63)
+        } else {
+            ((packed[j + 4] & 0x0f) | ((packed[j - 4] >> 6) << 4), (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4))
+        };
+        (f32::from(sc), f32::from(m))
+    };
+    for chunk in 0..4 {
+        let q = &qs[chunk * 32..(chunk + 1) * 32];
+        for (sub, shift) in [(2 * chunk, 0), (2 * chunk + 1, 4)] {
+            let (sc, m) = scale_min(sub);
+            let (scale, min) = (d * sc, dmin * m);
+            for (l, &byte) in q.iter().enumerate() {
+                let mut v = (byte >> shift) & 0x0f;
+                if five && qh[l] & (1 << sub) != 0 {
+                    v += 16;
+                }
+                out.push(scale * f32::from(v) - min);
+            }
+        }
+    }
+}
+
+/// One Q6_K super-block of 256 values: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs,
+/// sixteen signed 8-bit scales (one per 16 values), then an f16 scale `d`. A value is
+/// `d·scale·(q − 32)`. Each half of 128 values takes 64 low-nibble bytes and 32 high bytes: value
+/// `l + 32k` (l < 32, k < 4) is nibble `k / 2` of byte `l + 32·(k % 2)`, topped by bits `2k`.
+fn super_block_6(block: &[u8], out: &mut Vec<f32>) {
+    let (ql, qh, scales) = (&block[..128], &block[128..192], &block[192..208]);
+    let d = f16::from_le_bytes([block[208], block[209]]).to_f32();
+    for half in 0..2 {
+        let (ql, qh, scales) = (&ql[half * 64..], &qh[half * 32..], &scales[half * 8..]);
+        for k in 0..4 {
+            for l in 0..32 {
+                let low = (ql[l + 32 * (k % 2)] >> (4 * (k / 2))) & 0x0f;
+                let high = (qh[l] >> (2 * k)) & 3;
+                let q = i32::from(low | (high << 4)) - 32;
+                let scale = f32::from(scales[l / 16 + 2 * k] as i8);
+                out.push(d * scale * q as f32);
+            }
+        }
+    }
 }
 
 struct Reader<'a> {
@@ -451,10 +569,10 @@ mod tests {
         truncated.truncate(truncated.len() - 100);
         let e = Gguf::parse(truncated).unwrap_err();
         assert!(e.contains("tensor 't'") && e.contains("truncated"), "{e}");
-        // A type this reader does not decode is listed, and refused when read.
-        let g = Gguf::parse(file(&[("k", &[256], 12, vec![0; 144])])).unwrap();
+        // A type this reader does not decode (IQ2_XXS) is listed, and refused when read.
+        let g = Gguf::parse(file(&[("k", &[256], 16, vec![0; 66])])).unwrap();
         let e = g.tensor("k").unwrap_err();
-        assert!(e.contains("tensor 'k'") && e.contains("ggml type 12"), "{e}");
+        assert!(e.contains("tensor 'k'") && e.contains("ggml type 16") && e.contains("Q6_K"), "{e}");
         assert!(g.tensor("absent").unwrap_err().contains("missing"));
     }
 }
