@@ -8,6 +8,10 @@
 //! A draw is a function of the request's seed and the token's position only, so a sequence
 //! that was preempted and recomputed draws the very tokens it drew before, and the same
 //! request with the same seed answers the same.
+//!
+//! [`logprobs`] are the log-softmax of the model's own logits, before bias, penalties and
+//! temperature (vLLM's default, `raw_logprobs`, and llama.cpp's `n_probs`): what the model says,
+//! whatever the request did with it.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -79,6 +83,35 @@ pub fn sample(logits: &[f32], s: &Sampling, position: u32) -> u32 {
         u -= p;
     }
     probs.last().map_or(0, |p| p.0)
+}
+
+/// A token's log-probability under the model, and the most likely tokens'.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logprobs {
+    pub logprob: f32,
+    /// The most likely tokens, most likely first (of equals, the lower id first).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// `token`'s log-probability in the softmax of `logits` (summed in f64: a vocabulary of 10⁵
+/// terms), with the `top` most likely tokens'.
+pub fn logprobs(logits: &[f32], token: u32, top: usize) -> Logprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let norm = f64::from(max) + sum.ln();
+    let logprob = |l: f32| (f64::from(l) - norm) as f32;
+    let by_likelihood = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    let mut best: Vec<u32> = (0..logits.len() as u32).collect();
+    let top = top.min(best.len());
+    if top > 0 && top < best.len() {
+        best.select_nth_unstable_by(top - 1, by_likelihood);
+    }
+    best.truncate(top);
+    best.sort_unstable_by(by_likelihood);
+    Logprobs {
+        logprob: logits.get(token as usize).map_or(f32::NEG_INFINITY, |&l| logprob(l)),
+        top: best.into_iter().map(|t| (t, logprob(logits[t as usize]))).collect(),
+    }
 }
 
 /// The penalties, on logits already biased.
@@ -200,6 +233,28 @@ mod tests {
         let s = Sampling { top_k: 2, ..all };
         let first = (0..6000).filter(|p| sample(&logits, &s, *p) == 0).count() as f64 / 6000.0;
         assert!((first - 2.0 / 3.0).abs() < 0.03, "{first}");
+    }
+
+    #[test]
+    fn logprobs_are_the_log_softmax_of_the_logits() {
+        // softmax([ln 1, ln 2, ln 7, ln 2]) = [0.1, 0.2, 0.7, 0.2] / 1.2.
+        let logits = [0.0f32, 2f32.ln(), 7f32.ln(), 2f32.ln()];
+        let p = |x: f64| (x / 1.2).ln() as f32;
+        let l = logprobs(&logits, 0, 3);
+        assert!((l.logprob - p(0.1)).abs() < 1e-6, "{l:?}");
+        // Most likely first; of the two equals, token 1 before token 3.
+        assert_eq!(l.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![2, 1, 3]);
+        assert!(l.top.iter().zip([0.7, 0.2, 0.2]).all(|(t, q)| (t.1 - p(q)).abs() < 1e-6), "{l:?}");
+        // Shifting every logit changes nothing; asking more than the vocabulary gives all of it.
+        let shifted: Vec<f32> = logits.iter().map(|l| l + 1000.0).collect();
+        assert!((logprobs(&shifted, 2, 0).logprob - p(0.7)).abs() < 1e-4);
+        assert_eq!(logprobs(&logits, 2, 9).top.len(), 4);
+        assert!(logprobs(&logits, 2, 0).top.is_empty());
+        // A large vocabulary: the probabilities sum to one.
+        let wide: Vec<f32> = (0..50_000).map(|i| ((i as f32) * 0.013).sin() * 8.0).collect();
+        let all = logprobs(&wide, 0, wide.len());
+        let total: f64 = all.top.iter().map(|t| f64::from(t.1).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-4, "{total}");
     }
 
     #[test]

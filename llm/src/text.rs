@@ -348,6 +348,15 @@ impl Text {
     pub fn token_bytes(&self, token: u32) -> &[u8] {
         self.bytes.get(token as usize).map_or(&[], Vec::as_slice)
     }
+
+    /// A token as a list of log-probabilities shows it: its output bytes, or a special token's
+    /// name (which outputs nothing).
+    pub fn token_shown(&self, token: u32) -> Vec<u8> {
+        match self.token_bytes(token) {
+            [] => self.tokenizer.id_to_token(token).unwrap_or_default().into_bytes(),
+            bytes => bytes.to_vec(),
+        }
+    }
 }
 
 /// The pre-tokenizer of llama.cpp's pre-tokenizer names, as `tokenizer.json` writes it.

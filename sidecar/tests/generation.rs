@@ -14,7 +14,7 @@ use ferry_core::outcome::Outcome;
 use ferry_core::ticket::Priority;
 use ferry_sidecar::engine::{BoxFuture, EngineError};
 use ferry_sidecar::generation::engine::{
-    Detokenizer, KvLayout, LanguageModel, Message, Sampling, StepEngine, StepInput,
+    Detokenizer, Drawn, KvLayout, LanguageModel, Message, Sampling, StepEngine, StepInput,
 };
 use ferry_sidecar::generation::shell::Submission;
 use ferry_sidecar::generation::sim::{SimLlm, SimLlmTimes};
@@ -131,7 +131,7 @@ async fn collect(service: &Service, mut stream: Stream) -> (Vec<(f64, String)>, 
     let mut pieces = Vec::new();
     loop {
         match stream.next().await.expect("a stream ends with an end") {
-            Piece::Text(text) => pieces.push((service.ms(), text)),
+            Piece::Text(text, _) => pieces.push((service.ms(), text)),
             end => return (pieces, end),
         }
     }
@@ -170,7 +170,7 @@ async fn a_caller_that_goes_away_frees_its_blocks_before_the_next_step() {
     let s = service(1000, None);
     let mut stream = s.submit("a b c d", 100, HOUR);
     for _ in 0..3 {
-        assert!(matches!(stream.next().await, Some(Piece::Text(_))));
+        assert!(matches!(stream.next().await, Some(Piece::Text(..))));
     }
     assert!(s.metrics.kv_used.get() > 0);
     drop(stream);
@@ -278,7 +278,7 @@ async fn a_long_prompt_prefills_beside_decodes_without_stretching_their_steps() 
         (0..32).map(|i| s.submit_with(&format!("s{i} a b c d e f g"), 400, HOUR, target, HOUR)).collect();
     for (i, mut stream) in submitted.into_iter().enumerate() {
         let first = stream.next().await;
-        assert!(matches!(first, Some(Piece::Text(_))), "stream {i}: {first:?}");
+        assert!(matches!(first, Some(Piece::Text(..))), "stream {i}: {first:?}");
         let s = s.clone();
         let first = s.ms();
         streams.push(tokio::spawn(async move {
@@ -357,6 +357,9 @@ impl LanguageModel for WithEnd {
     fn is_end(&self, token: u32) -> bool {
         token == self.end
     }
+    fn token_shown(&self, token: u32) -> Vec<u8> {
+        self.sim.model().token_shown(token)
+    }
 }
 
 impl StepEngine for WithEnd {
@@ -372,7 +375,7 @@ impl StepEngine for WithEnd {
     fn platform(&self) -> &str {
         self.sim.platform()
     }
-    fn step(&self, step: StepInput) -> BoxFuture<Result<Vec<u32>, EngineError>> {
+    fn step(&self, step: StepInput) -> BoxFuture<Result<Vec<Drawn>, EngineError>> {
         self.sim.step(step)
     }
 }
@@ -409,7 +412,7 @@ async fn an_answer_that_ends_keeps_the_text_a_stop_string_held_back() {
             let mut text = String::new();
             loop {
                 match stream.next().await.expect("a stream ends with an end") {
-                    Piece::Text(piece) => text.push_str(&piece),
+                    Piece::Text(piece, _) => text.push_str(&piece),
                     Piece::End(end) => return (text, end.map(|f| (f.reason, f.completion_tokens))),
                 }
             }
@@ -449,7 +452,7 @@ impl StepEngine for Breaks {
     fn platform(&self) -> &str {
         self.sim.platform()
     }
-    fn step(&self, step: StepInput) -> BoxFuture<Result<Vec<u32>, EngineError>> {
+    fn step(&self, step: StepInput) -> BoxFuture<Result<Vec<Drawn>, EngineError>> {
         if self.steps.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < self.after {
             return self.sim.step(step);
         }
@@ -536,7 +539,7 @@ async fn the_pod_exports_its_step_cost_and_a_prior_capacity_at_once_then_its_cap
     let fallen = capacity(&exported(&s), &grown, &TARGETS, &limits);
     assert!(fallen.requests_per_second < expected.requests_per_second, "{fallen:?} vs {expected:?}");
     assert!(close(s.metrics.capacity_requests.get(), fallen.requests_per_second), "{fallen:?}");
-    assert!(matches!(stream.next().await, Some(Piece::Text(_))), "still answering");
+    assert!(matches!(stream.next().await, Some(Piece::Text(..))), "still answering");
 }
 
 #[tokio::test(start_paused = true)]

@@ -291,30 +291,52 @@ def test_sigterm_lets_running_streams_finish_and_refuses_new_ones():
 
 
 def test_answers_and_stream_chunks_validate_against_openais_own_schemas(sidecar, openai_schema):
-    chat = {"model": MODEL, "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 4}
-    completion = {"model": MODEL, "prompt": "one two three", "max_tokens": 4}
-    status, body = raw(sidecar, "POST", "/v1/chat/completions", chat)
-    assert status == 200, body
-    answer = json.loads(body)
-    assert answer["choices"][0]["message"]["refusal"] is None
-    assert not invalid(openai_schema("CreateChatCompletionResponse"), answer), answer
-    status, body = raw(sidecar, "POST", "/v1/completions", completion)
-    assert status == 200, body
-    assert not invalid(openai_schema("CreateCompletionResponse"), json.loads(body)), body
-    # Streamed, with the usage chunk (no choices) before [DONE].
-    usage = {"stream": True, "stream_options": {"include_usage": True}}
-    status, chunks = raw(sidecar, "POST", "/v1/chat/completions", {**chat, **usage})
-    assert status == 200 and len(chunks) >= 5 and chunks[-1]["usage"], chunks
-    for chunk in chunks:
-        assert not invalid(openai_schema("CreateChatCompletionStreamResponse"), chunk), chunk
-    # The description has no schema of its own for a streamed completion's chunk: it is the whole
-    # answer's, but for the finish reason and the usage, null until the end (as OpenAI's own
-    # server sends them, and its client reads them).
-    status, chunks = raw(sidecar, "POST", "/v1/completions", {**completion, **usage})
-    assert status == 200 and len(chunks) >= 5 and chunks[-1]["usage"], chunks
-    for chunk in chunks:
-        errors = invalid(openai_schema("CreateCompletionResponse"), chunk)
-        assert not [e for e in errors if not e.startswith(("choices/0/finish_reason: None ", "usage: None "))], chunk
+    # Without log-probabilities and with them (sim-llm's answer is certain: each token's is 0).
+    for asked in ({}, {"logprobs": True, "top_logprobs": 2}):
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 4, **asked}
+        completion = {"model": MODEL, "prompt": "one two three", "max_tokens": 4}
+        if asked:
+            completion["logprobs"] = 2
+        status, body = raw(sidecar, "POST", "/v1/chat/completions", chat)
+        assert status == 200, body
+        answer = json.loads(body)
+        assert answer["choices"][0]["message"]["refusal"] is None
+        assert not invalid(openai_schema("CreateChatCompletionResponse"), answer), answer
+        status, body = raw(sidecar, "POST", "/v1/completions", completion)
+        assert status == 200, body
+        assert not invalid(openai_schema("CreateCompletionResponse"), json.loads(body)), body
+        if asked:
+            content = answer["choices"][0]["logprobs"]["content"]
+            assert [(c["token"], c["logprob"], c["bytes"]) for c in content] == [
+                (w, 0.0, list(w.encode())) for w in "one two three one".split()
+            ]
+            assert all(c["top_logprobs"] == [{"token": c["token"], "logprob": 0.0, "bytes": c["bytes"]}] for c in content)
+            logprobs = json.loads(body)["choices"][0]["logprobs"]
+            assert logprobs["tokens"] == "one two three one".split() and logprobs["text_offset"] == [0, 3, 6, 11]
+        else:
+            assert answer["choices"][0]["logprobs"] is None
+        # Streamed, with the usage chunk (no choices) before [DONE].
+        usage = {"stream": True, "stream_options": {"include_usage": True}}
+        status, chunks = raw(sidecar, "POST", "/v1/chat/completions", {**chat, **usage})
+        assert status == 200 and len(chunks) >= 5 and chunks[-1]["usage"], chunks
+        for chunk in chunks:
+            assert not invalid(openai_schema("CreateChatCompletionStreamResponse"), chunk), chunk
+        if asked:
+            streamed = [c for chunk in chunks if chunk["choices"] and chunk["choices"][0]["logprobs"]
+                        for c in chunk["choices"][0]["logprobs"]["content"]]
+            assert streamed == content
+        # The description has no schema of its own for a streamed completion's chunk: it is the
+        # whole answer's, but for the finish reason and the usage, null until the end (as OpenAI's
+        # own server sends them, and its client reads them).
+        status, chunks = raw(sidecar, "POST", "/v1/completions", {**completion, **usage})
+        assert status == 200 and len(chunks) >= 5 and chunks[-1]["usage"], chunks
+        for chunk in chunks:
+            errors = invalid(openai_schema("CreateCompletionResponse"), chunk)
+            assert not [e for e in errors if not e.startswith(("choices/0/finish_reason: None ", "usage: None "))], chunk
+        if asked:
+            offsets = [o for chunk in chunks if chunk["choices"] and chunk["choices"][0]["logprobs"]
+                       for o in chunk["choices"][0]["logprobs"]["text_offset"]]
+            assert offsets == [0, 3, 6, 11]
 
 
 def test_the_api_port_answers_where_openai_compatible_clients_probe(sidecar):

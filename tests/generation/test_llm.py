@@ -6,6 +6,7 @@ transformers' greedy answers to the same chat messages on the same weights
 (tests/llm/reference.py made it)."""
 
 import json
+import math
 import os
 import threading
 import urllib.error
@@ -167,6 +168,62 @@ def test_penalties_follow_vllms_definitions_on_the_reference_logits(sidecar):
     assert answer(3, repetition_penalty=0.9) == two + paris
     # Small penalties leave the greedy answer as it is.
     assert answer(3, presence_penalty=0.1, repetition_penalty=1.01) == three
+
+
+def test_logprobs_are_the_models_own_in_openais_shapes(sidecar):
+    # Transformers' five best logits at each of its greedy steps: a difference of two
+    # log-probabilities is the difference of their logits, whatever the normalisation.
+    case = REFERENCE["cases"][0]
+    steps = case["steps"]
+    r = sidecar.client.completions.create(
+        model=MODEL, prompt=case["prompt"], max_tokens=len(steps), temperature=0, logprobs=5
+    )
+    lp, text = r.choices[0].logprobs, r.choices[0].text
+    assert len(lp.tokens) == len(steps) == r.usage.completion_tokens
+    assert "".join(lp.tokens) == text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(steps))]
+    compared = 0
+    # (A JSON object's keys have no order: each place's alternatives are sorted here.)
+    ranked = [sorted(top.items(), key=lambda kv: -kv[1]) for top in lp.top_logprobs]
+    for i, (chosen, top, step) in enumerate(zip(lp.token_logprobs, ranked, steps)):
+        best = [v for _, v in top]
+        assert chosen == best[0] and chosen < 0 and sum(math.exp(v) for v in best) <= 1 + 1e-6, (i, top)
+        logits = [logit for _, logit in step["top"]]
+        if len(best) == 5:  # five distinct token texts
+            for j in range(1, 5):
+                assert abs((best[0] - best[j]) - (logits[0] - logits[j])) < 3e-3, (i, j, top, step)
+                compared += 1
+    assert compared >= 4 * (len(steps) - 1)
+    # They are the model's, before bias and temperature (vLLM's default): the runner-up, forced by
+    # a bias and drawn at temperature 0.7, has the log-probability it had in the greedy answer's list.
+    runner_up = sidecar.client.completions.create(
+        model=MODEL, prompt=case["prompt"], max_tokens=1, temperature=0.7, seed=1, logprobs=0,
+        logit_bias={str(steps[0]["top"][1][0]): 100},
+    ).choices[0].logprobs
+    assert runner_up.tokens[0] == ranked[0][1][0]
+    assert abs(runner_up.token_logprobs[0] - ranked[0][1][1]) < 1e-5
+    assert runner_up.top_logprobs == [{}]
+    # A chat's, whole and streamed: the same tokens and figures, with their bytes.
+    chat = CHATS[0]
+    asked = dict(model=MODEL, messages=chat["messages"], max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
+    whole = sidecar.client.chat.completions.create(**asked).choices[0]
+    content = whole.logprobs.content
+    assert len(content) == 8 and "".join(c.token for c in content) == whole.message.content
+    for c in content:
+        assert bytes(c.bytes).decode() == c.token and c.token == c.top_logprobs[0].token
+        assert c.logprob == c.top_logprobs[0].logprob and len(c.top_logprobs) == 3
+    streamed = [
+        c
+        for chunk in sidecar.client.chat.completions.create(**asked, stream=True)
+        if chunk.choices and chunk.choices[0].logprobs
+        for c in chunk.choices[0].logprobs.content
+    ]
+    assert [(c.token, c.logprob, c.top_logprobs) for c in streamed] == [
+        (c.token, c.logprob, c.top_logprobs) for c in content
+    ]
+    with pytest.raises(openai.BadRequestError) as e:
+        sidecar.client.chat.completions.create(**{**asked, "top_logprobs": 21})
+    assert "'top_logprobs' is 21; it must be at most 20" in e.value.message
 
 
 def test_a_prompt_past_the_context_is_refused_naming_the_limit(sidecar):

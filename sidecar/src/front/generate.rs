@@ -16,7 +16,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use std::time::Instant;
 
 use super::admit::read_body;
@@ -27,7 +27,7 @@ use crate::deadline::TIMEOUT_HEADER;
 use crate::generation::relay;
 use crate::generation::shell::{PromptTokens, Submission};
 use crate::generation::steps::Prompt;
-use crate::generation::stream::{Finished, Piece, Stream};
+use crate::generation::stream::{Finished, Piece, Stream, TokenLogprob};
 use crate::tally::Tally;
 use crate::tenants::{Held, Tenant};
 use ferry_core::outcome::{Outcome, Refusal};
@@ -317,19 +317,69 @@ struct Frame {
     created: u64,
     model: String,
     kind: Kind,
+    /// Whether the request asked for log-probabilities.
+    logprobs: bool,
+    /// Characters of the tokens shown so far: a completion's next `text_offset`.
+    offset: usize,
 }
 
+/// The least log-probability written (vLLM's): JSON has no -infinity.
+const LEAST_LOGPROB: f32 = -9999.0;
+
 impl Frame {
-    fn chunk(&self, text: &str, first: bool, finish: Option<&str>, usage: bool) -> Value {
+    /// OpenAI's `logprobs` of a choice that brings `tokens`: chat's list of tokens with their
+    /// bytes and alternatives, or a completion's four lists (`text_offset` counts characters of
+    /// the tokens from the answer's start, as vLLM counts them); `null` where none were asked.
+    fn logprobs(&mut self, tokens: &[TokenLogprob]) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+        let logprob = |l: f32| l.max(LEAST_LOGPROB);
+        match self.kind {
+            Kind::Chat => {
+                let entry = |bytes: &[u8], l: f32| json!({"token": text(bytes), "logprob": logprob(l), "bytes": bytes});
+                let content: Vec<Value> = tokens
+                    .iter()
+                    .map(|t| {
+                        let mut e = entry(&t.token, t.logprob);
+                        e["top_logprobs"] = t.top.iter().map(|(b, l)| entry(b, *l)).collect();
+                        e
+                    })
+                    .collect();
+                json!({"content": content, "refusal": null})
+            }
+            Kind::Completion => {
+                let mut offsets = Vec::with_capacity(tokens.len());
+                for t in tokens {
+                    offsets.push(self.offset);
+                    self.offset += text(&t.token).chars().count();
+                }
+                let top: Vec<Value> = tokens
+                    .iter()
+                    .map(|t| t.top.iter().map(|(b, l)| (text(b), json!(logprob(*l)))).collect::<Map<_, _>>().into())
+                    .collect();
+                json!({
+                    "tokens": tokens.iter().map(|t| text(&t.token)).collect::<Vec<_>>(),
+                    "token_logprobs": tokens.iter().map(|t| logprob(t.logprob)).collect::<Vec<_>>(),
+                    "top_logprobs": top,
+                    "text_offset": offsets,
+                })
+            }
+        }
+    }
+
+    fn chunk(&mut self, text: &str, tokens: &[TokenLogprob], first: bool, finish: Option<&str>, usage: bool) -> Value {
+        let logprobs = if finish.is_some() { Value::Null } else { self.logprobs(tokens) };
         let choice = match self.kind {
-            Kind::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish}),
+            Kind::Completion => json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}),
             Kind::Chat => {
                 let delta = match (first, finish) {
                     (true, _) => json!({"role": "assistant", "content": text}),
                     (false, Some(_)) => json!({}),
                     (false, None) => json!({"content": text}),
                 };
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
         };
         let object = match self.kind {
@@ -352,15 +402,16 @@ impl Frame {
         json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [], "usage": usage(f)})
     }
 
-    fn whole(&self, text: String, f: &Finished) -> Value {
+    fn whole(&mut self, text: String, tokens: &[TokenLogprob], f: &Finished) -> Value {
+        let logprobs = self.logprobs(tokens);
         let (object, choice) = match self.kind {
             Kind::Completion => (
                 "text_completion",
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": f.reason.as_str()}),
+                json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": f.reason.as_str()}),
             ),
             Kind::Chat => (
                 "chat.completion",
-                json!({"index": 0, "message": {"role": "assistant", "content": text, "refusal": null}, "logprobs": null, "finish_reason": f.reason.as_str()}),
+                json!({"index": 0, "message": {"role": "assistant", "content": text, "refusal": null}, "logprobs": logprobs, "finish_reason": f.reason.as_str()}),
             ),
         };
         json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [choice], "usage": usage(f)})
@@ -401,16 +452,18 @@ async fn answer(
     arrival: Instant,
 ) -> Response {
     let request_id = headers.get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("0").to_owned();
-    let frame = Frame {
+    let mut frame = Frame {
         id: format!("{}-{request_id}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }),
         created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         model: served.name.clone(),
         kind,
+        logprobs: call.sampling.logprobs.is_some(),
+        offset: 0,
     };
     // Nothing is sent before the first token (or the end).
-    let first = match stream.next().await {
-        Some(Piece::Text(text)) => text,
-        Some(Piece::End(Ok(f))) => return whole(&frame, String::new(), &f, &stream, arrival),
+    let (first, first_logprob) = match stream.next().await {
+        Some(Piece::Text(text, logprob)) => (text, logprob),
+        Some(Piece::End(Ok(f))) => return whole(&mut frame, String::new(), &[], &f, &stream, arrival),
         Some(Piece::End(Err(refusal))) => {
             // Refused at admission for want of capacity: no work done, its quota given back.
             if matches!(refusal.outcome, Outcome::QueueFull | Outcome::Infeasible) {
@@ -421,11 +474,14 @@ async fn answer(
         None => return error(&Refusal::new(Outcome::Failed, "the generator ended the stream without an answer")),
     };
     if !call.stream {
-        let mut text = first;
+        let (mut text, mut logprobs) = (first, Vec::from_iter(first_logprob.map(|l| *l)));
         loop {
             match stream.next().await {
-                Some(Piece::Text(t)) => text.push_str(&t),
-                Some(Piece::End(Ok(f))) => return whole(&frame, text, &f, &stream, arrival),
+                Some(Piece::Text(t, logprob)) => {
+                    text.push_str(&t);
+                    logprobs.extend(logprob.map(|l| *l));
+                }
+                Some(Piece::End(Ok(f))) => return whole(&mut frame, text, &logprobs, &f, &stream, arrival),
                 Some(Piece::End(Err(refusal))) => return error(&refusal),
                 None => {
                     return error(&Refusal::new(Outcome::Failed, "the generator ended the stream without an answer"))
@@ -439,19 +495,25 @@ async fn answer(
         millis(stream.first_token_at().map_or(Duration::ZERO, |t| t - arrival))
     );
     let include_usage = call.include_usage;
-    let opening = event(&frame.chunk(&first, true, None, include_usage));
+    let opening =
+        event(&frame.chunk(&first, Vec::from_iter(first_logprob.map(|l| *l)).as_slice(), true, None, include_usage));
     // The tenant's held row travels with the body: it is given back when the stream ends.
     let state = (stream, frame, false, held);
-    let rest = futures::stream::unfold(state, move |(mut stream, frame, done, held)| async move {
+    let rest = futures::stream::unfold(state, move |(mut stream, mut frame, done, held)| async move {
         if done {
             return None;
         }
         loop {
             let (bytes, done) = match stream.next().await? {
-                Piece::Text(t) if t.is_empty() => continue,
-                Piece::Text(t) => (event(&frame.chunk(&t, false, None, include_usage)), false),
+                // A token that ends mid-character says nothing yet, unless its log-probability
+                // was asked for.
+                Piece::Text(t, None) if t.is_empty() => continue,
+                Piece::Text(t, logprob) => {
+                    let tokens = Vec::from_iter(logprob.map(|l| *l));
+                    (event(&frame.chunk(&t, &tokens, false, None, include_usage)), false)
+                }
                 Piece::End(Ok(f)) => {
-                    let mut out = event(&frame.chunk("", false, Some(f.reason.as_str()), include_usage)).to_vec();
+                    let mut out = event(&frame.chunk("", &[], false, Some(f.reason.as_str()), include_usage)).to_vec();
                     if include_usage {
                         out.extend_from_slice(&event(&frame.usage_chunk(&f)));
                     }
@@ -474,8 +536,15 @@ async fn answer(
 }
 
 /// A whole (not streamed) answer.
-fn whole(frame: &Frame, text: String, f: &Finished, stream: &Stream, arrival: Instant) -> Response {
-    let mut response = (StatusCode::OK, Json(frame.whole(text, f))).into_response();
+fn whole(
+    frame: &mut Frame,
+    text: String,
+    tokens: &[TokenLogprob],
+    f: &Finished,
+    stream: &Stream,
+    arrival: Instant,
+) -> Response {
+    let mut response = (StatusCode::OK, Json(frame.whole(text, tokens, f))).into_response();
     let timing = format!(
         "queue;dur={}, ttft;dur={}, total;dur={}",
         millis(f.queued),

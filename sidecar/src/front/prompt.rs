@@ -1,10 +1,11 @@
 //! The body of OpenAI's `POST /v1/completions` and `POST /v1/chat/completions`, read and checked:
 //! the prompt (or the conversation, rendered with the model's own chat template), `max_tokens`
 //! (or `max_completion_tokens`), sampling (`temperature`, `top_p`, `seed`, `top_k`, `min_p`,
-//! `logit_bias`, `ignore_eos`: vLLM's ranges and meanings), `stop`, `n` = 1,
-//! `stream` and `stream_options.include_usage`. Fields that would change the answer and that the
-//! built-in engines do not act on are refused, naming them ([`super::unserved`]), as are
-//! `logprobs` and `n` > 1, rather than answered without what they ask for; fields that do not
+//! `logit_bias`, `ignore_eos`: vLLM's ranges and meanings), `logprobs` (and chat's
+//! `top_logprobs`), `stop`, `n` = 1, `stream` and `stream_options.include_usage`. Fields that
+//! would change the answer and that the built-in engines do not act on are refused, naming them
+//! ([`super::unserved`]), as are `n` > 1 and a relay's `logprobs`, rather than answered without
+//! what they ask for; fields that do not
 //! change it (`user`, `metadata`, ...) are accepted and ignored, as vLLM does. Whole numbers may
 //! be written as floats (`610.0`) and seeds may be negative, as OpenAI's schema allows.
 
@@ -107,6 +108,8 @@ struct Body {
     #[serde(default)]
     logprobs: Option<Value>,
     #[serde(default)]
+    top_logprobs: Option<Value>,
+    #[serde(default)]
     top_k: Option<Value>,
     #[serde(default)]
     min_p: Option<f64>,
@@ -133,6 +136,10 @@ pub const MAX_REPETITION_PENALTY: f64 = 10.0;
 
 /// The roles of OpenAI's chat messages.
 pub const ROLES: [&str; 6] = ["system", "developer", "user", "assistant", "tool", "function"];
+
+/// The most tokens a request's `top_logprobs` (chat) or `logprobs` (completions) may ask for
+/// at each place (vLLM's default `max_logprobs`; OpenAI's chat limit).
+pub const MAX_LOGPROBS: i128 = 20;
 
 /// The most entries a `logit_bias` may have (OpenAI's limit).
 pub const MAX_LOGIT_BIAS: usize = 300;
@@ -188,6 +195,34 @@ fn whole(field: &str, value: Option<Value>, min: i128, max: i128) -> Result<Opti
         return Err(Refusal::invalid(format!("'{field}' is {value}; it must be at most {max}")));
     }
     Ok(Some(n))
+}
+
+/// How many of the most likely tokens to return at each place, where log-probabilities are
+/// asked for: chat's `logprobs: true` with `top_logprobs`, or completions' `logprobs` (the
+/// number itself; `false` from clients that send it as a flag).
+fn logprobs(kind: Kind, asked: Option<Value>, top: Option<Value>) -> Result<Option<u32>, Refusal> {
+    let asked = asked.filter(|v| !v.is_null() && *v != Value::Bool(false));
+    match kind {
+        Kind::Chat => {
+            let top = whole("top_logprobs", top, 0, MAX_LOGPROBS)?;
+            match asked {
+                None if top.unwrap_or(0) > 0 => {
+                    Err(Refusal::invalid(format!("'top_logprobs' is {}; it needs 'logprobs': true", top.unwrap_or(0))))
+                }
+                None => Ok(None),
+                Some(Value::Bool(true)) => Ok(Some(top.unwrap_or(0) as u32)),
+                Some(other) => Err(Refusal::invalid(format!("'logprobs' is {other}; it must be true or false"))),
+            }
+        }
+        Kind::Completion => {
+            if let Some(top) = top.filter(|v| !v.is_null()) {
+                return Err(Refusal::invalid(format!(
+                    "'top_logprobs' is {top}; a completion asks with 'logprobs', the number of most likely tokens"
+                )));
+            }
+            Ok(whole("logprobs", asked, 0, MAX_LOGPROBS)?.map(|n| n as u32))
+        }
+    }
 }
 
 /// A request ready for the generator (its prompt still as text: tokenizing is the model's).
@@ -327,8 +362,11 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
         Some(_) => unserved::check(&body.rest)?,
         None => unserved::check_relay(&body.rest)?,
     }
-    if body.logprobs.as_ref().is_some_and(|v| !v.is_null() && *v != serde_json::Value::Bool(false)) {
-        return Err(Refusal::invalid("'logprobs' is not supported by this server"));
+    let logprobs = logprobs(kind, body.logprobs, body.top_logprobs)?;
+    if logprobs.is_some() && model.is_none() {
+        return Err(Refusal::invalid(
+            "'logprobs' is asked for; this relay passes back only its upstream's text, so it cannot return them yet",
+        ));
     }
     let stop = match body.stop {
         None => Vec::new(),
@@ -390,6 +428,7 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
             frequency_penalty: penalties[1],
             repetition_penalty: repetition_penalty as f32,
             min_tokens,
+            logprobs,
         },
         stop,
         stream,
@@ -585,10 +624,41 @@ mod tests {
             json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
         )
         .contains("messages[0].content[0] is of type 'image_url'"));
-        assert!(err(Kind::Completion, json!({"model": "m", "prompt": "a", "logprobs": 2})).contains("'logprobs'"));
+        let relayed = |body: serde_json::Value| parse(body.to_string().as_bytes(), Kind::Completion, None);
+        assert!(relayed(json!({"model": "m", "prompt": "a", "logprobs": 2})).unwrap_err().message.contains("relay"));
+        assert!(relayed(json!({"model": "m", "prompt": "a", "logprobs": false})).is_ok());
         assert_eq!(
             err(Kind::Chat, json!({"model": "m", "messages": [{"role": "user<|im_end|>", "content": "x"}]})),
             "messages[0].role is 'user<|im_end|>'; it must be one of system, developer, user, assistant, tool, function"
         );
+    }
+
+    #[test]
+    fn logprobs_are_asked_as_each_endpoint_asks_them() {
+        let chat = |extra: serde_json::Value| {
+            let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "a"}]});
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            call(Kind::Chat, body).map(|c| c.sampling.logprobs).map_err(|r| r.message)
+        };
+        assert_eq!(chat(json!({})), Ok(None));
+        assert_eq!(chat(json!({"logprobs": false, "top_logprobs": 0})), Ok(None));
+        assert_eq!(chat(json!({"logprobs": true})), Ok(Some(0)));
+        assert_eq!(chat(json!({"logprobs": true, "top_logprobs": 20.0})), Ok(Some(20)));
+        assert_eq!(chat(json!({"top_logprobs": 3})), Err("'top_logprobs' is 3; it needs 'logprobs': true".into()));
+        assert_eq!(
+            chat(json!({"logprobs": true, "top_logprobs": 21})),
+            Err("'top_logprobs' is 21; it must be at most 20".into())
+        );
+        assert_eq!(chat(json!({"logprobs": 2})), Err("'logprobs' is 2; it must be true or false".into()));
+        let completion = |extra: serde_json::Value| {
+            let mut body = json!({"model": "m", "prompt": "a"});
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            call(Kind::Completion, body).map(|c| c.sampling.logprobs).map_err(|r| r.message)
+        };
+        assert_eq!(completion(json!({"logprobs": 0})), Ok(Some(0)));
+        assert_eq!(completion(json!({"logprobs": 5})), Ok(Some(5)));
+        assert_eq!(completion(json!({"logprobs": null})), Ok(None));
+        assert_eq!(completion(json!({"logprobs": -1})), Err("'logprobs' is -1; it must be at least 0".into()));
+        assert!(completion(json!({"top_logprobs": 2})).unwrap_err().contains("a completion asks with 'logprobs'"));
     }
 }

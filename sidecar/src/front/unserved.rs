@@ -72,7 +72,6 @@ impl Neutral {
 const UNSERVED: &[(&str, Neutral)] = &[
     ("stop_token_ids", Neutral::Empty),
     ("include_stop_str_in_output", Neutral::Bool(false)),
-    ("top_logprobs", Neutral::Numbers(&[0.0])),
     ("prompt_logprobs", Neutral::Null),
     ("echo", Neutral::Bool(false)),
     ("best_of", Neutral::Numbers(&[1.0])),
@@ -151,8 +150,8 @@ mod tests {
     #[test]
     fn a_field_that_would_change_the_answer_is_named_with_its_value_and_what_to_send() {
         assert_eq!(
-            refused(json!({"top_logprobs": 5})).unwrap(),
-            "'top_logprobs' is 5; this model's engine does not act on it yet (leave it out or send 0)"
+            refused(json!({"best_of": 5})).unwrap(),
+            "'best_of' is 5; this model's engine does not act on it yet (leave it out or send 1)"
         );
         assert_eq!(
             refused(json!({"response_format": {"type": "json_object"}})).unwrap(),
@@ -171,7 +170,7 @@ mod tests {
 
     #[test]
     fn a_relay_refuses_only_what_it_cannot_pass_back() {
-        let body = json!({"top_logprobs": 3, "response_format": {"type": "json_object"}});
+        let body = json!({"echo": true, "response_format": {"type": "json_object"}});
         assert_eq!(check_relay(body.as_object().unwrap()), Ok(()), "the upstream serves those");
         let tools = json!({"tools": [{"type": "function"}]});
         assert!(check_relay(tools.as_object().unwrap()).unwrap_err().message.starts_with("'tools' is"));
@@ -180,7 +179,7 @@ mod tests {
     #[test]
     fn neutral_values_and_fields_that_do_not_change_the_answer_pass() {
         let neutral = json!({
-            "stop_token_ids": [], "top_logprobs": null,
+            "stop_token_ids": [], "prompt_logprobs": null,
             "echo": false, "best_of": 1, "suffix": "", "response_format": {"type": "text"}, "tools": [],
             "tool_choice": "none", "modalities": ["text"], "add_generation_prompt": true,
             "user": "u", "metadata": {"a": "b"}, "store": false, "service_tier": "auto", "x_vendor": 1

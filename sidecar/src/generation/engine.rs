@@ -45,6 +45,9 @@ pub struct Sampling {
     /// The answer's least tokens: until then no end token is drawn and no `stop` string looked
     /// for (vLLM's `min_tokens`).
     pub min_tokens: u32,
+    /// Each drawn token's log-probability is returned, with this many of the most likely
+    /// tokens' (OpenAI's `logprobs` and `top_logprobs`); `None` for none.
+    pub logprobs: Option<u32>,
 }
 
 impl Sampling {
@@ -74,8 +77,30 @@ impl Default for Sampling {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             min_tokens: 0,
+            logprobs: None,
         }
     }
+}
+
+/// A token drawn for a sequence, with its log-probabilities where its sampling asks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Drawn {
+    pub token: u32,
+    pub logprobs: Option<Logprobs>,
+}
+
+impl Drawn {
+    pub fn token(token: u32) -> Drawn {
+        Drawn { token, logprobs: None }
+    }
+}
+
+/// A drawn token's log-probability under the model (before bias, penalties and temperature:
+/// vLLM's default), and the most likely tokens', most likely first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logprobs {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
 }
 
 /// One sequence's part of a step.
@@ -137,6 +162,9 @@ pub trait LanguageModel: Send + Sync + 'static {
 
     /// Whether the token ends the sequence (end of sequence, end of turn).
     fn is_end(&self, token: u32) -> bool;
+
+    /// A token as a list of log-probabilities shows it: its bytes (a special token by its name).
+    fn token_shown(&self, token: u32) -> Vec<u8>;
 }
 
 /// Turns one sequence's produced tokens into text as they come, never splitting a UTF-8
@@ -175,7 +203,7 @@ pub trait StepEngine: Send + Sync + 'static {
     /// OpenAI's `owned_by` and OIP's `platform`: what serves the model.
     fn platform(&self) -> &str;
 
-    /// Runs one step: one sampled token per sequence with `sample`, in order. Its future must
+    /// Runs one step: one drawn token per sequence with `sample`, in order. Its future must
     /// not borrow the engine.
-    fn step(&self, step: StepInput) -> BoxFuture<Result<Vec<u32>, EngineError>>;
+    fn step(&self, step: StepInput) -> BoxFuture<Result<Vec<Drawn>, EngineError>>;
 }

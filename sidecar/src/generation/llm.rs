@@ -13,7 +13,9 @@ use std::time::Duration;
 use ferry_core::generation::step::{attended, StepCost};
 use ferry_llm::{KvSize, Model, Seq};
 
-use super::engine::{Detokenizer, KvLayout, LanguageModel, Message, Sampling, SeqInput, StepEngine, StepInput};
+use super::engine::{
+    Detokenizer, Drawn, KvLayout, LanguageModel, Logprobs, Message, Sampling, SeqInput, StepEngine, StepInput,
+};
 use crate::embed::Device;
 use crate::engine::{BoxFuture, EngineError};
 
@@ -142,6 +144,10 @@ impl LanguageModel for LlmEngine {
     fn is_end(&self, token: u32) -> bool {
         self.model.text().is_end(token)
     }
+
+    fn token_shown(&self, token: u32) -> Vec<u8> {
+        self.model.text().token_shown(token)
+    }
 }
 
 /// The messages as the decoder's crate takes them.
@@ -178,7 +184,7 @@ impl StepEngine for LlmEngine {
         "ferry_llm"
     }
 
-    fn step(&self, step: StepInput) -> BoxFuture<Result<Vec<u32>, EngineError>> {
+    fn step(&self, step: StepInput) -> BoxFuture<Result<Vec<Drawn>, EngineError>> {
         let (model, ends) = (self.model.clone(), self.ends.clone());
         Box::pin(async move {
             tokio::task::spawn_blocking(move || {
@@ -210,7 +216,21 @@ impl StepEngine for LlmEngine {
                         sample: s.sample.as_ref().map(|m| sampling(m, s, &ends)),
                     })
                     .collect();
-                model.step(&seqs).map(|s| s.tokens).map_err(EngineError)
+                let sampled = model.step(&seqs).map_err(EngineError)?;
+                let asked = step.sequences.iter().filter_map(|s| s.sample.as_ref().map(|m| m.logprobs));
+                Ok(sampled
+                    .tokens
+                    .into_iter()
+                    .zip(&sampled.logits)
+                    .zip(asked)
+                    .map(|((token, logits), asked)| Drawn {
+                        token,
+                        logprobs: asked.map(|top| {
+                            let l = ferry_llm::sample::logprobs(logits, token, top as usize);
+                            Logprobs { logprob: l.logprob, top: l.top }
+                        }),
+                    })
+                    .collect())
             })
             .await
             .map_err(|e| EngineError(format!("the step's thread failed: {e}")))?

@@ -278,7 +278,7 @@ impl Backend for Relaying {
             Said::Text(text) => {
                 events.push(if caller.reply.has_first_token() { Event::Token(id) } else { Event::First(id) });
                 caller.tokens += 1;
-                caller.reply.token(text, ferry_core::clock::now(), &self.metrics);
+                caller.reply.token(text, None, ferry_core::clock::now(), &self.metrics);
             }
             Said::Usage { prompt_tokens, completion_tokens } => {
                 caller.usage = Some((prompt_tokens as u32, completion_tokens.map(|c| c as u32)));

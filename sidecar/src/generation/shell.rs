@@ -17,7 +17,7 @@ use std::time::Duration;
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::stream::{Control, Deadlines, Finished, Piece, Sent, Stream};
+use super::stream::{Control, Deadlines, Finished, Piece, Sent, Stream, TokenLogprob};
 use crate::metrics::GenerationMetrics;
 use crate::tally::Tally;
 use crate::task::{sleep_until, OldestArrival, Stopped};
@@ -382,7 +382,13 @@ impl Reply {
 
     /// A token's text, sent even when empty (a token that ends mid-character): the caller checks
     /// each token against its deadlines, the first against the TTFT deadline.
-    pub fn token(&mut self, text: String, now: Instant, metrics: &GenerationMetrics) {
+    pub fn token(
+        &mut self,
+        text: String,
+        logprob: Option<Box<TokenLogprob>>,
+        now: Instant,
+        metrics: &GenerationMetrics,
+    ) {
         metrics.generation_tokens.inc();
         let first = self.first_token.is_none();
         if first {
@@ -393,7 +399,7 @@ impl Reply {
         }
         self.last_token = Some(now);
         let queued = first.then(|| self.queued());
-        let _ = self.stream.send(Sent { piece: Piece::Text(text), at: now, queued });
+        let _ = self.stream.send(Sent { piece: Piece::Text(text, logprob), at: now, queued });
     }
 
     fn queued(&self) -> Duration {

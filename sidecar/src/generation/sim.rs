@@ -20,7 +20,7 @@ use crate::engine::spell::SlowSpell;
 
 use ferry_core::generation::step::StepCost;
 
-use super::engine::{Detokenizer, KvLayout, LanguageModel, Message, StepEngine, StepInput};
+use super::engine::{Detokenizer, Drawn, KvLayout, LanguageModel, Logprobs, Message, StepEngine, StepInput};
 use crate::engine::{BoxFuture, EngineError};
 
 /// Distinct words the vocabulary holds.
@@ -131,6 +131,12 @@ impl LanguageModel for SimLlm {
     fn is_end(&self, _token: u32) -> bool {
         false
     }
+
+    /// The word alone (its text puts a space before every word but the first).
+    fn token_shown(&self, token: u32) -> Vec<u8> {
+        let v = self.vocabulary.lock().expect("vocabulary lock");
+        v.words.get(token as usize).map_or_else(Vec::new, |w| w.as_bytes().to_vec())
+    }
 }
 
 /// Words joined by single spaces.
@@ -166,7 +172,8 @@ impl StepEngine for SimLlm {
         "ferry_sim_llm"
     }
 
-    fn step(&self, step: StepInput) -> BoxFuture<Result<Vec<u32>, EngineError>> {
+    /// Its answer is certain: a drawn token's log-probability is 0, and it has no alternative.
+    fn step(&self, step: StepInput) -> BoxFuture<Result<Vec<Drawn>, EngineError>> {
         let took = self.times.cost().time(step.shape);
         let took = SlowSpell::time(self.slow.as_ref(), self.start, ferry_core::clock::now(), took);
         let (cache, b) = (self.cache.clone(), self.kv.block_size as usize);
@@ -185,10 +192,15 @@ impl StepEngine for SimLlm {
                     *cache.get_mut(at).ok_or_else(|| EngineError(format!("block {} is not in the cache", at / b)))? =
                         *token;
                 }
-                if s.sample.is_some() {
+                if let Some(sampling) = &s.sample {
                     let next = s.start as usize + s.tokens.len();
                     let source = next - s.prompt as usize;
-                    sampled.push(cache[slot(&s.blocks, source)?]);
+                    let token = cache[slot(&s.blocks, source)?];
+                    let logprobs = sampling.logprobs.map(|top| Logprobs {
+                        logprob: 0.0,
+                        top: if top > 0 { vec![(token, 0.0)] } else { Vec::new() },
+                    });
+                    sampled.push(Drawn { token, logprobs });
                 }
             }
             Ok(sampled)

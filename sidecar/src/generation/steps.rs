@@ -13,10 +13,10 @@ use futures::FutureExt;
 use std::time::Instant;
 use tokio::sync::mpsc;
 
-use super::engine::{Detokenizer, Sampling, SeqInput, StepEngine, StepInput};
+use super::engine::{Detokenizer, Drawn, LanguageModel, Logprobs, Sampling, SeqInput, StepEngine, StepInput};
 use super::shell::{self, Backend, CapacityExport, Handle, PromptTokens, Reply};
 use super::stop::StopMatcher;
-use super::stream::{Control, Piece};
+use super::stream::{Control, Piece, TokenLogprob};
 use crate::engine::EngineError;
 use crate::metrics::GenerationMetrics;
 use crate::task::OldestArrival;
@@ -90,7 +90,7 @@ struct Caller {
 /// A step's end, from the task that ran it.
 pub(super) struct StepDone {
     step: u64,
-    result: Result<Vec<u32>, EngineError>,
+    result: Result<Vec<Drawn>, EngineError>,
 }
 
 struct Steps {
@@ -98,9 +98,9 @@ struct Steps {
     engine: Arc<dyn StepEngine>,
     metrics: GenerationMetrics,
     callers: HashMap<SeqId, Caller>,
-    /// The token and text each sequence got from the step that just ended, until the ledger
-    /// says whether it is sent.
-    sampled: HashMap<SeqId, (u32, String)>,
+    /// The token, text and log-probabilities each sequence got from the step that just ended,
+    /// until the ledger says whether it is sent.
+    sampled: HashMap<SeqId, (u32, String, Option<Box<TokenLogprob>>)>,
     /// The step on the engine.
     running: Option<(u64, StepPlan)>,
     done_tx: mpsc::UnboundedSender<StepDone>,
@@ -243,11 +243,13 @@ impl Backend for Steps {
                 self.start(step, plan)
             }
             Effect::Token { id, .. } => {
-                let (Some(caller), Some((token, text))) = (self.callers.get_mut(&id), self.sampled.remove(&id)) else {
+                let (Some(caller), Some((token, text, logprob))) =
+                    (self.callers.get_mut(&id), self.sampled.remove(&id))
+                else {
                     return;
                 };
                 caller.tokens.push(token);
-                caller.reply.token(text, now, &self.metrics);
+                caller.reply.token(text, logprob, now, &self.metrics);
             }
             Effect::End { id, end, admitted } => {
                 let (caller, idle) = (self.callers.remove(&id), self.ledger.is_idle());
@@ -330,7 +332,7 @@ impl Steps {
                 let model = self.engine.model();
                 let mut stopped = Vec::new();
                 let sampling = plan.members.iter().filter(|m| m.sample);
-                for (m, token) in sampling.zip(tokens) {
+                for (m, Drawn { token, logprobs }) in sampling.zip(tokens) {
                     let Some(caller) = self.callers.get_mut(&m.id) else { continue };
                     let end = model.is_end(token) && !caller.sampling.ignore_eos;
                     let released = if end {
@@ -351,7 +353,8 @@ impl Steps {
                     if end || released.stopped {
                         stopped.push(m.id);
                     }
-                    self.sampled.insert(m.id, (token, released.text));
+                    let logprob = logprobs.map(|l| shown(model, token, l));
+                    self.sampled.insert(m.id, (token, released.text, logprob));
                 }
                 StepOutcome::Ran { stopped }
             }
@@ -370,7 +373,7 @@ impl Steps {
                     let mut rest = caller.stop.push(&cut).text;
                     rest.push_str(&caller.stop.finish());
                     if !rest.is_empty() {
-                        caller.reply.send(Piece::Text(rest), now);
+                        caller.reply.send(Piece::Text(rest, None), now);
                     }
                 }
                 let completion_tokens = caller.tokens.len() as u32 - caller.prompt;
@@ -444,4 +447,13 @@ impl Steps {
         self.metrics.prefix_hits.inc_by(hits - self.prefix_counted.1);
         self.prefix_counted = (queries, hits);
     }
+}
+
+/// A drawn token's log-probabilities with the tokens as the model shows them.
+fn shown(model: &dyn LanguageModel, token: u32, l: Logprobs) -> Box<TokenLogprob> {
+    Box::new(TokenLogprob {
+        token: model.token_shown(token),
+        logprob: l.logprob,
+        top: l.top.into_iter().map(|(t, p)| (model.token_shown(t), p)).collect(),
+    })
 }

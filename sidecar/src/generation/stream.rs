@@ -26,11 +26,21 @@ pub struct Finished {
     pub ttft: Duration,
 }
 
-/// What a caller receives: pieces of text, then one end.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a caller receives: pieces of text, then one end. A token's text comes with its
+/// log-probabilities where the request asked for them.
+#[derive(Debug, Clone, PartialEq)]
 pub enum Piece {
-    Text(String),
+    Text(String, Option<Box<TokenLogprob>>),
     End(Result<Finished, Refusal>),
+}
+
+/// A token of the answer as OpenAI's `logprobs` show it: its bytes and log-probability, and the
+/// most likely tokens' at its place.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: Vec<u8>,
+    pub logprob: f32,
+    pub top: Vec<(Vec<u8>, f32)>,
 }
 
 /// A piece on its way, with the instant the shell sent it.
@@ -131,8 +141,8 @@ impl Stream {
         };
         let now = ferry_core::clock::now();
         let late = match &sent.piece {
-            Piece::Text(_) if !self.seen_first => now > self.ttft_deadline || now > self.deadline,
-            Piece::Text(_) | Piece::End(Ok(_)) => now > self.deadline,
+            Piece::Text(..) if !self.seen_first => now > self.ttft_deadline || now > self.deadline,
+            Piece::Text(..) | Piece::End(Ok(_)) => now > self.deadline,
             Piece::End(Err(_)) => false,
         };
         if late {
@@ -156,7 +166,7 @@ impl Stream {
             return Some(Piece::End(Err(refusal)));
         }
         match &sent.piece {
-            Piece::Text(_) => {
+            Piece::Text(..) => {
                 if !self.seen_first {
                     self.seen_first = true;
                     self.queued = sent.queued;
