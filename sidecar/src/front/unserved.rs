@@ -90,6 +90,10 @@ const UNSERVED: &[(&str, Neutral)] = &[
     ("modalities", Neutral::TextOnly),
     ("audio", Neutral::Null),
     ("web_search_options", Neutral::Null),
+    // A reasoning model's effort and a model's length of answer: none of the built-in engines'
+    // models takes either, so neither can be honoured.
+    ("reasoning_effort", Neutral::Null),
+    ("verbosity", Neutral::Strings(&["medium"])),
     ("chat_template", Neutral::Null),
     ("chat_template_kwargs", Neutral::Empty),
     ("add_generation_prompt", Neutral::Bool(true)),
