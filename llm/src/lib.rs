@@ -13,7 +13,8 @@
 //! - [`config`]: the decoder's shape from GGUF metadata or `config.json`.
 //! - [`weights`]: the tensors of either format in one layout (Q/K un-permuted, QKV and gate/up
 //!   stacked).
-//! - [`text`]: tokenizer, chat template, incremental detokenization, end-of-turn tokens.
+//! - [`text`]: tokenizer, incremental detokenization, end-of-turn tokens.
+//! - [`template`]: the chat template, compiled once, and a request's controls over it.
 //! - [`kv`]: the paged KV store the block tables index.
 //! - [`cpu`]: the forward pass of a step on the CPU (the fast host path).
 //! - [`device`]: the same pass written once as device operations (projections and the kernels
@@ -31,6 +32,7 @@ pub mod gpu;
 pub mod host;
 pub mod kv;
 pub mod sample;
+pub mod template;
 pub mod text;
 pub mod weights;
 
@@ -38,6 +40,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 pub use config::{Config, Family};
+pub use template::ChatOptions;
 pub use text::{Message, Text, TextStream};
 
 use cpu::Rope;

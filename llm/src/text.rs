@@ -4,8 +4,8 @@
 //! The tokenizer is Hugging Face's `tokenizers`, built from the model's `tokenizer.json` or, for
 //! a GGUF file, from a `tokenizer.json` written from the file's vocabulary, merges, token types
 //! and pre-tokenizer name (`tokenizer.ggml.*`), so both formats tokenize with the same code.
-//! Chat templates are Jinja, rendered with `minijinja` (with Python's string methods, as
-//! templates written for transformers call them).
+//! Chat templates are Jinja, compiled once at load ([`crate::template`]); a Hugging Face folder's
+//! `chat_template.jinja` (where transformers now writes it) comes before `tokenizer_config.json`'s.
 //!
 //! Detokenization works on bytes: each token's bytes are known up front (byte-level BPE maps
 //! bytes to printable characters one to one; SentencePiece vocabularies spell bytes `<0xNN>`
@@ -20,6 +20,7 @@ use serde_json::{json, Value as Json};
 use tokenizers::Tokenizer;
 
 use super::gguf::{Gguf, Value};
+use super::template::{ChatOptions, Template};
 
 /// Control tokens that end a turn, by their text, as llama.cpp recognises them.
 const END_MARKERS: &[&str] = &[
@@ -48,7 +49,9 @@ pub struct Text {
     ends: HashSet<u32>,
     bos: Option<(u32, String)>,
     add_bos: bool,
-    template: Option<String>,
+    /// The chat template, compiled, or why it does not compile (said to each chat request:
+    /// completions still serve).
+    template: Option<Result<Template, String>>,
     eos_text: String,
     /// The tokenizer with special tokens read as plain text, for what users wrote
     /// ([`Text::chat_tokens`]); made on first use.
@@ -156,14 +159,14 @@ impl Text {
                 .and_then(Value::as_bool)
                 .unwrap_or(matches!(pre, "llama-bpe" | "llama3")),
             bos,
-            template: g.get("tokenizer.chat_template").and_then(Value::as_str).map(str::to_owned),
+            template: g.get("tokenizer.chat_template").and_then(Value::as_str).map(|t| Template::new(t.to_owned())),
             eos_text: eos_text.unwrap_or_default(),
             plain: OnceLock::new(),
         })
     }
 
-    /// From a Hugging Face folder: `tokenizer.json`, and `tokenizer_config.json` for the chat
-    /// template and the special tokens' names.
+    /// From a Hugging Face folder: `tokenizer.json`, `chat_template.jinja` or else
+    /// `tokenizer_config.json` for the chat template, and the latter for the special tokens' names.
     pub fn from_hf(dir: &Path) -> Result<Text, String> {
         let path = dir.join("tokenizer.json");
         let file = path.display().to_string();
@@ -193,7 +196,14 @@ impl Text {
             Err(_) => Json::Null,
         };
         let name = |v: &Json| v.as_str().map(str::to_owned).or_else(|| v["content"].as_str().map(str::to_owned));
+        let jinja = dir.join("chat_template.jinja");
+        let own = match std::fs::read_to_string(&jinja) {
+            Ok(t) => Some(t),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(format!("{}: cannot read: {e}", jinja.display())),
+        };
         let template = match &config["chat_template"] {
+            _ if own.is_some() => own,
             Json::String(s) => Some(s.clone()),
             // A list of named templates: the default one.
             Json::Array(list) => list
@@ -218,7 +228,7 @@ impl Text {
             bos,
             // tokenizer.json's post-processor adds what the model wants.
             add_bos: false,
-            template,
+            template: template.map(Template::new),
             eos_text,
             plain: OnceLock::new(),
         })
@@ -257,8 +267,8 @@ impl Text {
     /// parts, such a conversation may differ at the parts' edges from the whole text's tokens —
     /// a Metaspace tokenizer begins each part with a word boundary — which is the price of not
     /// reading the message's special tokens.)
-    pub fn chat_tokens(&self, messages: &[Message]) -> Result<Vec<u32>, String> {
-        let rendered = self.chat(messages)?;
+    pub fn chat_tokens(&self, messages: &[Message], options: &ChatOptions) -> Result<Vec<u32>, String> {
+        let rendered = self.chat(messages, options)?;
         let specials: Vec<String> =
             self.tokenizer.get_added_tokens_decoder().into_values().filter(|t| t.special).map(|t| t.content).collect();
         let holds = |text: &str| specials.iter().find(|s| !s.is_empty() && text.contains(s.as_str())).cloned();
@@ -269,7 +279,7 @@ impl Text {
         let marker = |i: usize| format!("\u{E000}ferry-message-{i}\u{E001}");
         let marked: Vec<Message> =
             messages.iter().enumerate().map(|(i, m)| Message { role: m.role.clone(), content: marker(i) }).collect();
-        let template = self.chat(&marked)?;
+        let template = self.chat(&marked, options)?;
         let cannot = || {
             format!(
                 "messages[{first}] holds the special token '{special}', and this model's chat template changes \
@@ -306,26 +316,14 @@ impl Text {
     }
 
     /// The prompt of a conversation through the model's chat template.
-    pub fn chat(&self, messages: &[Message]) -> Result<String, String> {
-        let template = self.template.as_deref().ok_or("this model has no chat template; use /v1/completions")?;
-        let mut env = minijinja::Environment::new();
-        minijinja_contrib::add_to_environment(&mut env);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |message: String| -> Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, message))
-        });
-        env.add_template("chat", template).map_err(|e| format!("the model's chat template does not parse: {e}"))?;
-        let messages: Vec<Json> = messages.iter().map(|m| json!({"role": m.role, "content": m.content})).collect();
-        env.get_template("chat")
-            .and_then(|t| {
-                t.render(minijinja::context! {
-                    messages => messages,
-                    add_generation_prompt => true,
-                    bos_token => self.bos.as_ref().map_or("", |b| b.1.as_str()),
-                    eos_token => self.eos_text,
-                })
-            })
-            .map_err(|e| format!("the model's chat template refuses these messages: {e}"))
+    pub fn chat(&self, messages: &[Message], options: &ChatOptions) -> Result<String, String> {
+        let template = self.template.as_ref().ok_or("this model has no chat template; use /v1/completions")?;
+        template.as_ref().map_err(String::clone)?.render(
+            messages,
+            options,
+            self.bos.as_ref().map_or("", |b| b.1.as_str()),
+            &self.eos_text,
+        )
     }
 
     /// A fresh incremental detokenizer for one sequence's produced tokens.

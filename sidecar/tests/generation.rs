@@ -14,7 +14,7 @@ use ferry_core::outcome::Outcome;
 use ferry_core::ticket::Priority;
 use ferry_sidecar::engine::{BoxFuture, EngineError};
 use ferry_sidecar::generation::engine::{
-    Detokenizer, Drawn, KvLayout, LanguageModel, Message, Sampling, StepEngine, StepInput,
+    ChatOptions, Detokenizer, Drawn, KvLayout, LanguageModel, Message, Sampling, StepEngine, StepInput,
 };
 use ferry_sidecar::generation::shell::Submission;
 use ferry_sidecar::generation::sim::{SimLlm, SimLlmTimes};
@@ -348,8 +348,8 @@ impl LanguageModel for WithEnd {
     fn vocab_size(&self) -> u32 {
         self.sim.model().vocab_size()
     }
-    fn chat(&self, messages: &[Message]) -> Result<String, String> {
-        self.sim.model().chat(messages)
+    fn chat(&self, messages: &[Message], options: &ChatOptions) -> Result<String, String> {
+        self.sim.model().chat(messages, options)
     }
     fn detokenizer(&self) -> Box<dyn Detokenizer> {
         self.sim.model().detokenizer()

@@ -226,6 +226,47 @@ def test_logprobs_are_the_models_own_in_openais_shapes(sidecar):
     assert "'top_logprobs' is 21; it must be at most 20" in e.value.message
 
 
+def test_vllms_template_controls_render_as_the_template_says(sidecar):
+    # SmolLM2's template is ChatML; with a system message of its own it adds none. The prompt a
+    # completion is given as text (special tokens read) is the one the chat must render.
+    messages = [
+        {"role": "system", "content": "You are a geography bot."},
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "The capital of France is"},
+    ]
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+
+    def chat(**controls):
+        return sidecar.client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=4, temperature=0, extra_body=controls
+        )
+
+    def completion(prompt):
+        return sidecar.client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
+
+    # Continued: the assistant's message left open, the model going on with it.
+    continued, expected = chat(add_generation_prompt=False, continue_final_message=True), completion(
+        text.removesuffix("<|im_end|>\n")
+    )
+    assert continued.usage.prompt_tokens == expected.usage.prompt_tokens
+    assert continued.choices[0].message.content == expected.choices[0].text
+    # Without the generation prompt: the conversation as it stands; with it (the default) a new
+    # assistant turn opens.
+    closed = chat(add_generation_prompt=False)
+    assert closed.usage.prompt_tokens == completion(text).usage.prompt_tokens
+    assert chat().usage.prompt_tokens == completion(text + "<|im_start|>assistant\n").usage.prompt_tokens
+    for controls, named in [
+        ({"continue_final_message": True}, "'add_generation_prompt' and 'continue_final_message' cannot both be true"),
+        ({"chat_template_kwargs": {"messages": []}}, "'chat_template_kwargs' sets 'messages'"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as e:
+            chat(**controls)
+        assert named in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        sidecar.client.completions.create(model=MODEL, prompt="a", extra_body={"continue_final_message": True})
+    assert "'continue_final_message' is for chat completions" in e.value.message
+
+
 def test_a_prompt_past_the_context_is_refused_naming_the_limit(sidecar):
     with pytest.raises(openai.BadRequestError) as e:
         sidecar.client.completions.create(model=MODEL, prompt="hello " * 9000, max_tokens=4)

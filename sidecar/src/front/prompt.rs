@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::unserved;
-use crate::generation::engine::{LanguageModel, Message, Sampling};
+use crate::generation::engine::{ChatOptions, LanguageModel, Message, Sampling};
 use ferry_core::outcome::Refusal;
 
 /// Which endpoint.
@@ -125,6 +125,12 @@ struct Body {
     repetition_penalty: Option<f64>,
     #[serde(default)]
     min_tokens: Option<Value>,
+    #[serde(default)]
+    add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    continue_final_message: Option<bool>,
+    #[serde(default)]
+    chat_template_kwargs: Option<Map<String, Value>>,
     /// Every other field, for [`unserved::check`].
     #[serde(flatten)]
     rest: Map<String, Value>,
@@ -255,11 +261,23 @@ pub fn model_of(bytes: &[u8]) -> Result<String, Refusal> {
 /// Reads and checks the body of `kind`'s endpoint; `model` renders a conversation (without one,
 /// the upstream renders it, and the prompt is the messages' text, for its size).
 pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Result<Call, Refusal> {
-    let body: Body = serde_json::from_slice(bytes)
+    let mut body: Body = serde_json::from_slice(bytes)
         .map_err(|e| Refusal::invalid(format!("the body is not a valid completion request: {e}")))?;
     let many = |n: usize| {
         Refusal::invalid(format!("'prompt' is a list of {n} prompts; this server takes one prompt per request"))
     };
+    if kind == Kind::Completion {
+        let templated = [
+            ("add_generation_prompt", body.add_generation_prompt == Some(false)),
+            ("continue_final_message", body.continue_final_message == Some(true)),
+            ("chat_template_kwargs", body.chat_template_kwargs.as_ref().is_some_and(|k| !k.is_empty())),
+        ];
+        if let Some((field, _)) = templated.iter().find(|t| t.1) {
+            return Err(Refusal::invalid(format!(
+                "'{field}' is for chat completions: a completion's prompt is not rendered through a template"
+            )));
+        }
+    }
     let mut ids = None;
     let prompt = match kind {
         Kind::Completion => match body.prompt {
@@ -327,11 +345,16 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
                     Ok(Message { role: m.role, content })
                 })
                 .collect::<Result<Vec<_>, Refusal>>()?;
+            let options = ChatOptions {
+                add_generation_prompt: body.add_generation_prompt.unwrap_or(true),
+                continue_final_message: body.continue_final_message.unwrap_or(false),
+                kwargs: body.chat_template_kwargs.take().unwrap_or_default(),
+            };
             match model {
                 Some(model) => {
                     ids = Some(
                         model
-                            .chat_tokens(&messages)
+                            .chat_tokens(&messages, &options)
                             .map_err(|e| Refusal::invalid(format!("'messages' cannot be rendered: {e}")))?,
                     );
                     String::new()

@@ -18,6 +18,10 @@ use ferry_core::generation::step::{StepCost, StepShape};
 
 use crate::engine::{BoxFuture, EngineError};
 
+/// How a conversation is rendered: `add_generation_prompt`, `continue_final_message` and
+/// `chat_template_kwargs`, as vLLM takes them.
+pub use ferry_llm::ChatOptions;
+
 /// How a sequence's next token is drawn (vLLM's sampling parameters, as far as they are served).
 /// Greedy at temperature 0. `sim-llm` answers with its prompt's words whatever they say: it has
 /// no distribution to draw from.
@@ -148,13 +152,13 @@ pub trait LanguageModel: Send + Sync + 'static {
     fn vocab_size(&self) -> u32;
 
     /// The prompt of a conversation, rendered with the model's own chat template.
-    fn chat(&self, messages: &[Message]) -> Result<String, String>;
+    fn chat(&self, messages: &[Message], options: &ChatOptions) -> Result<String, String>;
 
     /// The token ids of a conversation through the chat template, with no special token read
     /// from the messages' own text (where the model has special tokens: a user must not be able
     /// to type a turn of another role).
-    fn chat_tokens(&self, messages: &[Message]) -> Result<Vec<u32>, String> {
-        self.encode(&self.chat(messages)?)
+    fn chat_tokens(&self, messages: &[Message], options: &ChatOptions) -> Result<Vec<u32>, String> {
+        self.encode(&self.chat(messages, options)?)
     }
 
     /// A fresh incremental detokenizer for one sequence's produced tokens.

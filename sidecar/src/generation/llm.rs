@@ -14,7 +14,8 @@ use ferry_core::generation::step::{attended, StepCost};
 use ferry_llm::{KvSize, Model, Seq};
 
 use super::engine::{
-    Detokenizer, Drawn, KvLayout, LanguageModel, Logprobs, Message, Sampling, SeqInput, StepEngine, StepInput,
+    ChatOptions, Detokenizer, Drawn, KvLayout, LanguageModel, Logprobs, Message, Sampling, SeqInput, StepEngine,
+    StepInput,
 };
 use crate::embed::Device;
 use crate::engine::{BoxFuture, EngineError};
@@ -129,12 +130,12 @@ impl LanguageModel for LlmEngine {
         self.model.vocab_size()
     }
 
-    fn chat(&self, messages: &[Message]) -> Result<String, String> {
-        self.model.text().chat(&ours(messages))
+    fn chat(&self, messages: &[Message], options: &ChatOptions) -> Result<String, String> {
+        self.model.text().chat(&ours(messages), options)
     }
 
-    fn chat_tokens(&self, messages: &[Message]) -> Result<Vec<u32>, String> {
-        self.model.text().chat_tokens(&ours(messages))
+    fn chat_tokens(&self, messages: &[Message], options: &ChatOptions) -> Result<Vec<u32>, String> {
+        self.model.text().chat_tokens(&ours(messages), options)
     }
 
     fn detokenizer(&self) -> Box<dyn Detokenizer> {

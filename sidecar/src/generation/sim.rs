@@ -20,7 +20,9 @@ use crate::engine::spell::SlowSpell;
 
 use ferry_core::generation::step::StepCost;
 
-use super::engine::{Detokenizer, Drawn, KvLayout, LanguageModel, Logprobs, Message, StepEngine, StepInput};
+use super::engine::{
+    ChatOptions, Detokenizer, Drawn, KvLayout, LanguageModel, Logprobs, Message, StepEngine, StepInput,
+};
 use crate::engine::{BoxFuture, EngineError};
 
 /// Distinct words the vocabulary holds.
@@ -120,7 +122,8 @@ impl LanguageModel for SimLlm {
         self.vocabulary.lock().expect("vocabulary lock").words.len() as u32
     }
 
-    fn chat(&self, messages: &[Message]) -> Result<String, String> {
+    /// The messages' words: sim-llm has no turns to open or close.
+    fn chat(&self, messages: &[Message], _options: &ChatOptions) -> Result<String, String> {
         Ok(messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join(" "))
     }
 
