@@ -414,6 +414,7 @@ async fn an_answer_that_ends_keeps_the_text_a_stop_string_held_back() {
                 match stream.next().await.expect("a stream ends with an end") {
                     Piece::Text(piece, _) => text.push_str(&piece),
                     Piece::End(end) => return (text, end.map(|f| (f.reason, f.completion_tokens))),
+                    Piece::Relayed { .. } => unreachable!("a step engine's pieces are its own"),
                 }
             }
         }

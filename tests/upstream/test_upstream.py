@@ -183,6 +183,54 @@ def test_a_chat_goes_through_the_upstreams_own_template(llama, sidecar):
     assert through.choices[0].message.content == direct
 
 
+def direct(server, path, body):
+    """`body` posted to a server's `path`, its answer as the server wrote it."""
+    request = urllib.request.Request(server.url + path, json.dumps(body).encode(), {"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def test_n_choices_and_logprobs_come_back_as_the_upstream_sent_them(llama, sidecar):
+    # Two choices with their log-probabilities (llama.cpp writes chat's shape for completions
+    # too, with token ids): whole, and streamed then merged by index, they are the server's own.
+    chat = {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 6, "temperature": 0,
+            "n": 2, "logprobs": True, "top_logprobs": 2}
+    own = direct(llama, "/v1/chat/completions", chat)["choices"]
+    through = sidecar.client.chat.completions.create(model=MODEL, **chat).model_dump()["choices"]
+    assert len(own) == len(through) == 2
+    for mine, theirs in zip(through, own):
+        assert mine["message"]["content"] == theirs["message"]["content"]
+        assert mine["finish_reason"] == theirs["finish_reason"]
+        tokens = [(t["token"], t["logprob"]) for t in mine["logprobs"]["content"]]
+        assert tokens == [(t["token"], t["logprob"]) for t in theirs["logprobs"]["content"]] and len(tokens) == 6
+    merged = {}
+    for chunk in sidecar.client.chat.completions.create(model=MODEL, stream=True, **chat):
+        for c in chunk.choices:
+            m = merged.setdefault(c.index, {"content": "", "logprobs": [], "finish": None})
+            m["content"] += c.delta.content or ""
+            m["logprobs"] += [(t.token, t.logprob) for t in (c.logprobs.content if c.logprobs else [])]
+            m["finish"] = c.finish_reason or m["finish"]
+    assert [merged[i]["content"] for i in (0, 1)] == [c["message"]["content"] for c in own]
+    assert [merged[i]["finish"] for i in (0, 1)] == [c["finish_reason"] for c in own]
+    assert merged[1]["logprobs"] == [(t["token"], t["logprob"]) for t in own[1]["logprobs"]["content"]]
+    completion = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0, "logprobs": 2}
+    mine = direct(sidecar, "/v1/completions", {"model": MODEL, **completion})["choices"][0]
+    theirs = direct(llama, "/v1/completions", completion)["choices"][0]
+    assert (mine["text"], mine["logprobs"]) == (theirs["text"], theirs["logprobs"])
+
+
+def test_an_answer_without_max_tokens_is_as_long_as_the_upstreams_own(llama, sidecar):
+    # Greedy, "Once upon a time" runs 59 tokens to its first newline: more than any default cap.
+    body = {"prompt": "Once upon a time", "temperature": 0, "stop": ["\n"]}
+    own = direct(llama, "/v1/completions", body)
+    through = sidecar.client.completions.create(model=MODEL, **body)
+    assert through.choices[0].text == own["choices"][0]["text"]
+    assert through.usage.completion_tokens == own["usage"]["completion_tokens"] > 16
+    # The context the upstream lists is the sidecar's too.
+    models = sidecar.client.models.list().model_dump()["data"]
+    assert models[0]["max_model_len"] == 2048
+
+
 def test_a_request_that_cannot_meet_its_deadline_is_refused_at_once_naming_what_would_fit(sidecar):
     sidecar.client.completions.create(model=MODEL, prompt="warm up", max_tokens=8, temperature=0)
     started = time.monotonic()

@@ -16,18 +16,19 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use std::time::Instant;
 
 use super::admit::read_body;
 use super::openai::error_body;
 use super::prompt::{self, Call, Kind, DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKENS};
+use super::shape::{Frame, Gathered};
 use super::{status_of, Backend, Front, Generating, Shared, PRIORITY, REQUEST_ID, SERVER_TIMING};
 use crate::deadline::TIMEOUT_HEADER;
 use crate::generation::relay;
 use crate::generation::shell::{PromptTokens, Submission};
 use crate::generation::steps::Prompt;
-use crate::generation::stream::{Finished, Piece, Stream, TokenLogprob};
+use crate::generation::stream::{Finished, Piece, Stream};
 use crate::tally::Tally;
 use crate::tenants::{Held, Tenant};
 use ferry_core::outcome::{Outcome, Refusal};
@@ -261,13 +262,20 @@ async fn admit(
             })
         }
         (Backend::Relay(relay), Tokens::Estimated(prompt_tokens), Some(mut body)) => {
-            let max_tokens = call.max_tokens.unwrap_or(default);
+            // Without a max_tokens the upstream answers until its model ends or its context is
+            // full: admission plans for the context's remainder (its default where the upstream
+            // does not say its context), and a refusal says so.
+            let max_tokens = call.max_tokens.unwrap_or_else(|| match relay.context_length() {
+                Some(context) => context.saturating_sub(prompt_tokens).max(1),
+                None => default,
+            });
             // What the upstream is asked: this request as it came, streamed (with usage, which
-            // teaches the relay the prompt's size in tokens), with the max_tokens admission
-            // planned for.
+            // teaches the relay the prompt's size in tokens), with the client's max_tokens.
             if let Some(fields) = body.as_object_mut() {
-                fields.remove("max_completion_tokens");
-                fields.insert("max_tokens".into(), Value::from(max_tokens));
+                if let Some(max_tokens) = call.max_tokens {
+                    fields.remove("max_completion_tokens");
+                    fields.insert("max_tokens".into(), Value::from(max_tokens));
+                }
                 fields.insert("stream".into(), Value::Bool(true));
                 fields.insert("stream_options".into(), json!({"include_usage": true}));
                 fields.insert("model".into(), Value::from(relay.model()));
@@ -311,117 +319,6 @@ enum Tokens {
     Estimated(u32),
 }
 
-/// What every chunk and answer of one request repeats.
-struct Frame {
-    id: String,
-    created: u64,
-    model: String,
-    kind: Kind,
-    /// Whether the request asked for log-probabilities.
-    logprobs: bool,
-    /// Characters of the tokens shown so far: a completion's next `text_offset`.
-    offset: usize,
-}
-
-/// The least log-probability written (vLLM's): JSON has no -infinity.
-const LEAST_LOGPROB: f32 = -9999.0;
-
-impl Frame {
-    /// OpenAI's `logprobs` of a choice that brings `tokens`: chat's list of tokens with their
-    /// bytes and alternatives, or a completion's four lists (`text_offset` counts characters of
-    /// the tokens from the answer's start, as vLLM counts them); `null` where none were asked.
-    fn logprobs(&mut self, tokens: &[TokenLogprob]) -> Value {
-        if !self.logprobs {
-            return Value::Null;
-        }
-        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
-        let logprob = |l: f32| l.max(LEAST_LOGPROB);
-        match self.kind {
-            Kind::Chat => {
-                let entry = |bytes: &[u8], l: f32| json!({"token": text(bytes), "logprob": logprob(l), "bytes": bytes});
-                let content: Vec<Value> = tokens
-                    .iter()
-                    .map(|t| {
-                        let mut e = entry(&t.token, t.logprob);
-                        e["top_logprobs"] = t.top.iter().map(|(b, l)| entry(b, *l)).collect();
-                        e
-                    })
-                    .collect();
-                json!({"content": content, "refusal": null})
-            }
-            Kind::Completion => {
-                let mut offsets = Vec::with_capacity(tokens.len());
-                for t in tokens {
-                    offsets.push(self.offset);
-                    self.offset += text(&t.token).chars().count();
-                }
-                let top: Vec<Value> = tokens
-                    .iter()
-                    .map(|t| t.top.iter().map(|(b, l)| (text(b), json!(logprob(*l)))).collect::<Map<_, _>>().into())
-                    .collect();
-                json!({
-                    "tokens": tokens.iter().map(|t| text(&t.token)).collect::<Vec<_>>(),
-                    "token_logprobs": tokens.iter().map(|t| logprob(t.logprob)).collect::<Vec<_>>(),
-                    "top_logprobs": top,
-                    "text_offset": offsets,
-                })
-            }
-        }
-    }
-
-    fn chunk(&mut self, text: &str, tokens: &[TokenLogprob], first: bool, finish: Option<&str>, usage: bool) -> Value {
-        let logprobs = if finish.is_some() { Value::Null } else { self.logprobs(tokens) };
-        let choice = match self.kind {
-            Kind::Completion => json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}),
-            Kind::Chat => {
-                let delta = match (first, finish) {
-                    (true, _) => json!({"role": "assistant", "content": text}),
-                    (false, Some(_)) => json!({}),
-                    (false, None) => json!({"content": text}),
-                };
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
-            }
-        };
-        let object = match self.kind {
-            Kind::Completion => "text_completion",
-            Kind::Chat => "chat.completion.chunk",
-        };
-        let mut chunk =
-            json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [choice]});
-        if usage {
-            chunk["usage"] = Value::Null;
-        }
-        chunk
-    }
-
-    fn usage_chunk(&self, f: &Finished) -> Value {
-        let object = match self.kind {
-            Kind::Completion => "text_completion",
-            Kind::Chat => "chat.completion.chunk",
-        };
-        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [], "usage": usage(f)})
-    }
-
-    fn whole(&mut self, text: String, tokens: &[TokenLogprob], f: &Finished) -> Value {
-        let logprobs = self.logprobs(tokens);
-        let (object, choice) = match self.kind {
-            Kind::Completion => (
-                "text_completion",
-                json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": f.reason.as_str()}),
-            ),
-            Kind::Chat => (
-                "chat.completion",
-                json!({"index": 0, "message": {"role": "assistant", "content": text, "refusal": null}, "logprobs": logprobs, "finish_reason": f.reason.as_str()}),
-            ),
-        };
-        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [choice], "usage": usage(f)})
-    }
-}
-
-fn usage(f: &Finished) -> Value {
-    json!({"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens, "total_tokens": f.prompt_tokens + f.completion_tokens})
-}
-
 /// An SSE event carrying `value`.
 fn event(value: &Value) -> Bytes {
     Bytes::from(format!("data: {value}\n\n"))
@@ -452,37 +349,45 @@ async fn answer(
     arrival: Instant,
 ) -> Response {
     let request_id = headers.get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("0").to_owned();
-    let mut frame = Frame {
-        id: format!("{}-{request_id}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }),
-        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-        model: served.name.clone(),
+    let mut frame = Frame::new(
+        format!("{}-{request_id}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }),
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        served.name.clone(),
         kind,
-        logprobs: call.sampling.logprobs.is_some(),
-        offset: 0,
-    };
+        call.sampling.logprobs.is_some(),
+    );
     // Nothing is sent before the first token (or the end).
-    let (first, first_logprob) = match stream.next().await {
-        Some(Piece::Text(text, logprob)) => (text, logprob),
-        Some(Piece::End(Ok(f))) => return whole(&mut frame, String::new(), &[], &f, &stream, arrival),
-        Some(Piece::End(Err(refusal))) => {
+    let first = match stream.next().await {
+        Some(piece) if piece.is_token() => piece,
+        Some(Piece::End(Ok(f))) => return whole(&mut frame, Gathered::default(), &f, &stream, arrival),
+        Some(Piece::End(Err(mut refusal))) => {
             // Refused at admission for want of capacity: no work done, its quota given back.
             if matches!(refusal.outcome, Outcome::QueueFull | Outcome::Infeasible) {
                 held.refund();
             }
+            if refusal.outcome == Outcome::Infeasible
+                && call.max_tokens.is_none()
+                && matches!(served.backend, Backend::Relay(_))
+            {
+                refusal.message.push_str(
+                    " (no max_tokens was given, so the upstream may answer until its context is full: admission \
+                     planned for the rest of its context; give max_tokens)",
+                );
+            }
             return error(&refusal);
         }
-        None => return error(&Refusal::new(Outcome::Failed, "the generator ended the stream without an answer")),
+        Some(_) | None => {
+            return error(&Refusal::new(Outcome::Failed, "the generator ended the stream without an answer"))
+        }
     };
     if !call.stream {
-        let (mut text, mut logprobs) = (first, Vec::from_iter(first_logprob.map(|l| *l)));
+        let mut gathered = Gathered::default();
+        gathered.add(first);
         loop {
             match stream.next().await {
-                Some(Piece::Text(t, logprob)) => {
-                    text.push_str(&t);
-                    logprobs.extend(logprob.map(|l| *l));
-                }
-                Some(Piece::End(Ok(f))) => return whole(&mut frame, text, &logprobs, &f, &stream, arrival),
+                Some(Piece::End(Ok(f))) => return whole(&mut frame, gathered, &f, &stream, arrival),
                 Some(Piece::End(Err(refusal))) => return error(&refusal),
+                Some(piece) => gathered.add(piece),
                 None => {
                     return error(&Refusal::new(Outcome::Failed, "the generator ended the stream without an answer"))
                 }
@@ -495,8 +400,7 @@ async fn answer(
         millis(stream.first_token_at().map_or(Duration::ZERO, |t| t - arrival))
     );
     let include_usage = call.include_usage;
-    let opening =
-        event(&frame.chunk(&first, Vec::from_iter(first_logprob.map(|l| *l)).as_slice(), true, None, include_usage));
+    let opening = event(&frame.chunk(first, include_usage).expect("the first token opens the stream"));
     // The tenant's held row travels with the body: it is given back when the stream ends.
     let state = (stream, frame, false, held);
     let rest = futures::stream::unfold(state, move |(mut stream, mut frame, done, held)| async move {
@@ -505,15 +409,11 @@ async fn answer(
         }
         loop {
             let (bytes, done) = match stream.next().await? {
-                // A token that ends mid-character says nothing yet, unless its log-probability
-                // was asked for.
-                Piece::Text(t, None) if t.is_empty() => continue,
-                Piece::Text(t, logprob) => {
-                    let tokens = Vec::from_iter(logprob.map(|l| *l));
-                    (event(&frame.chunk(&t, &tokens, false, None, include_usage)), false)
-                }
                 Piece::End(Ok(f)) => {
-                    let mut out = event(&frame.chunk("", &[], false, Some(f.reason.as_str()), include_usage)).to_vec();
+                    let mut out = Vec::new();
+                    if let Some(finish) = frame.finish(&f, include_usage) {
+                        out.extend_from_slice(&event(&finish));
+                    }
                     if include_usage {
                         out.extend_from_slice(&event(&frame.usage_chunk(&f)));
                     }
@@ -521,6 +421,12 @@ async fn answer(
                     (Bytes::from(out), true)
                 }
                 Piece::End(Err(refusal)) => (error_event(&refusal), true),
+                // A token that ends mid-character says nothing yet (unless its log-probability
+                // was asked for).
+                piece => match frame.chunk(piece, include_usage) {
+                    Some(chunk) => (event(&chunk), false),
+                    None => continue,
+                },
             };
             return Some((Ok::<Bytes, std::io::Error>(bytes), (stream, frame, done, held)));
         }
@@ -536,15 +442,8 @@ async fn answer(
 }
 
 /// A whole (not streamed) answer.
-fn whole(
-    frame: &mut Frame,
-    text: String,
-    tokens: &[TokenLogprob],
-    f: &Finished,
-    stream: &Stream,
-    arrival: Instant,
-) -> Response {
-    let mut response = (StatusCode::OK, Json(frame.whole(text, tokens, f))).into_response();
+fn whole(frame: &mut Frame, gathered: Gathered, f: &Finished, stream: &Stream, arrival: Instant) -> Response {
+    let mut response = (StatusCode::OK, Json(frame.whole(gathered, f))).into_response();
     let timing = format!(
         "queue;dur={}, ttft;dur={}, total;dur={}",
         millis(f.queued),

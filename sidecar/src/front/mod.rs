@@ -25,6 +25,8 @@ mod idempotent;
 pub mod oip;
 pub mod openai;
 pub mod prompt;
+mod relayed;
+mod shape;
 pub mod unserved;
 
 use std::hash::{BuildHasher, RandomState};
@@ -148,7 +150,7 @@ impl Generating {
     pub fn context_length(&self) -> Option<u32> {
         match &self.backend {
             Backend::Steps(steps) => steps.get().map(|(engine, _)| engine.model().context_length()),
-            Backend::Relay(_) => None,
+            Backend::Relay(relay) => relay.context_length(),
         }
     }
 

@@ -4,8 +4,8 @@
 //! `logit_bias`, `ignore_eos`: vLLM's ranges and meanings), `logprobs` (and chat's
 //! `top_logprobs`), `stop`, `n` = 1, `stream` and `stream_options.include_usage`. Fields that
 //! would change the answer and that the built-in engines do not act on are refused, naming them
-//! ([`super::unserved`]), as are `n` > 1 and a relay's `logprobs`, rather than answered without
-//! what they ask for; fields that do not
+//! ([`super::unserved`]), as is `n` > 1, rather than answered without what they ask for (a relay
+//! sends all of them on, and passes back what its upstream answers); fields that do not
 //! change it (`user`, `metadata`, ...) are accepted and ignored, as vLLM does. Whole numbers may
 //! be written as floats (`610.0`) and seeds may be negative, as OpenAI's schema allows.
 
@@ -221,7 +221,8 @@ fn logprobs(kind: Kind, asked: Option<Value>, top: Option<Value>) -> Result<Opti
             }
         }
         Kind::Completion => {
-            if let Some(top) = top.filter(|v| !v.is_null()) {
+            // 0, which clients fill in, asks for nothing.
+            if let Some(top) = whole("top_logprobs", top, 0, MAX_LOGPROBS)?.filter(|n| *n > 0) {
                 return Err(Refusal::invalid(format!(
                     "'top_logprobs' is {top}; a completion asks with 'logprobs', the number of most likely tokens"
                 )));
@@ -323,6 +324,9 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
                                         }
                                         text.push_str(&t)
                                     }
+                                    // An upstream server takes what it takes (images, audio):
+                                    // the body goes to it as sent.
+                                    _ if model.is_none() => {}
                                     (other, _) => {
                                         return Err(Refusal::invalid(format!(
                                             "messages[{i}].content[{j}] is of type '{other}'; this model takes text parts only"
@@ -376,21 +380,16 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(Refusal::invalid(format!("'top_p' is {top_p}; it must be more than 0 and at most 1")));
     }
-    if let Some(n) = whole("n", body.n, 1, i128::from(u32::MAX))?.filter(|n| *n != 1) {
+    // An upstream server answers n choices itself.
+    if let Some(n) = whole("n", body.n, 1, i128::from(u32::MAX))?.filter(|n| *n != 1 && model.is_some()) {
         return Err(Refusal::invalid(format!("'n' is {n}; this server generates one choice per request (n = 1)")));
     }
     // OpenAI's seed is a signed 64-bit integer; a negative one draws as its two's complement.
     let seed = whole("seed", body.seed, i128::from(i64::MIN), i128::from(u64::MAX))?.map(|s| s as u64);
-    match model {
-        Some(_) => unserved::check(&body.rest)?,
-        None => unserved::check_relay(&body.rest)?,
+    if model.is_some() {
+        unserved::check(&body.rest)?;
     }
     let logprobs = logprobs(kind, body.logprobs, body.top_logprobs)?;
-    if logprobs.is_some() && model.is_none() {
-        return Err(Refusal::invalid(
-            "'logprobs' is asked for; this relay passes back only its upstream's text, so it cannot return them yet",
-        ));
-    }
     let stop = match body.stop {
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s],
@@ -647,9 +646,13 @@ mod tests {
             json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
         )
         .contains("messages[0].content[0] is of type 'image_url'"));
-        let relayed = |body: serde_json::Value| parse(body.to_string().as_bytes(), Kind::Completion, None);
-        assert!(relayed(json!({"model": "m", "prompt": "a", "logprobs": 2})).unwrap_err().message.contains("relay"));
-        assert!(relayed(json!({"model": "m", "prompt": "a", "logprobs": false})).is_ok());
+        // A relay sends on what its upstream serves: n, logprobs, images.
+        let relayed = |kind, body: serde_json::Value| parse(body.to_string().as_bytes(), kind, None);
+        assert!(relayed(Kind::Completion, json!({"model": "m", "prompt": "a", "logprobs": 2, "n": 2})).is_ok());
+        let image =
+            json!([{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "x"}}]);
+        let chat = relayed(Kind::Chat, json!({"model": "m", "messages": [{"role": "user", "content": image}]}));
+        assert_eq!(chat.unwrap().prompt, "what is this?");
         assert_eq!(
             err(Kind::Chat, json!({"model": "m", "messages": [{"role": "user<|im_end|>", "content": "x"}]})),
             "messages[0].role is 'user<|im_end|>'; it must be one of system, developer, user, assistant, tool, function"
@@ -683,5 +686,6 @@ mod tests {
         assert_eq!(completion(json!({"logprobs": null})), Ok(None));
         assert_eq!(completion(json!({"logprobs": -1})), Err("'logprobs' is -1; it must be at least 0".into()));
         assert!(completion(json!({"top_logprobs": 2})).unwrap_err().contains("a completion asks with 'logprobs'"));
+        assert_eq!(completion(json!({"top_logprobs": 0})), Ok(None));
     }
 }

@@ -105,19 +105,10 @@ const UNSERVED: &[(&str, Neutral)] = &[
 /// The longest value a refusal repeats.
 const SHOWN: usize = 80;
 
-/// The fields a relay cannot answer yet, though its upstream can: it passes back only the text
-/// of what the upstream streams, so a tool call would be lost.
-const RELAY_UNSERVED: &[&str] = &["tools", "functions", "tool_choice", "function_call"];
-
 /// `Err` naming the first field of `rest` (the body's fields this server does not read itself)
 /// that the built-in engines would not honour.
 pub fn check(rest: &Map<String, Value>) -> Result<(), Refusal> {
     check_fields(rest, |_| true)
-}
-
-/// [`check`] for a relay's request: the fields whose answer it cannot pass back.
-pub fn check_relay(rest: &Map<String, Value>) -> Result<(), Refusal> {
-    check_fields(rest, |field| RELAY_UNSERVED.contains(&field))
 }
 
 fn check_fields(rest: &Map<String, Value>, which: impl Fn(&str) -> bool) -> Result<(), Refusal> {
@@ -167,14 +158,6 @@ mod tests {
         assert!(refused(json!({"modalities": ["text", "audio"]})).unwrap().starts_with("'modalities'"));
         let long = refused(json!({"tools": (0..100).map(|i| json!({"n": i})).collect::<Vec<_>>()})).unwrap();
         assert!(long.contains("...;") && long.len() < 200, "{long}");
-    }
-
-    #[test]
-    fn a_relay_refuses_only_what_it_cannot_pass_back() {
-        let body = json!({"echo": true, "response_format": {"type": "json_object"}});
-        assert_eq!(check_relay(body.as_object().unwrap()), Ok(()), "the upstream serves those");
-        let tools = json!({"tools": [{"type": "function"}]});
-        assert!(check_relay(tools.as_object().unwrap()).unwrap_err().message.starts_with("'tools' is"));
     }
 
     #[test]

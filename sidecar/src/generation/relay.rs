@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,7 +57,13 @@ pub(super) enum Report {
 
 /// What an upstream request says.
 pub(super) enum Said {
-    Text(String),
+    /// One of its choice chunks that brings something (text, a tool call, reasoning, logprobs)
+    /// or ends a choice; `counts` where it brings something, a token as far as deadlines go.
+    Chunk {
+        text: String,
+        choice: Box<Value>,
+        counts: bool,
+    },
     /// The tokens as the upstream counted them (its usage).
     Usage {
         prompt_tokens: u64,
@@ -75,6 +81,8 @@ pub struct Relay {
     ready: Arc<AtomicBool>,
     /// Bytes of prompt per token, as f64 bits: learned from the upstream's usage.
     bytes_per_token: Arc<AtomicU64>,
+    /// The upstream's context in tokens, as its `/v1/models` says (0 until it has).
+    context: Arc<AtomicU32>,
     base: String,
     /// The model's name upstream (`model` of what is sent).
     model: String,
@@ -101,7 +109,10 @@ impl Relay {
         let ready = Arc::new(AtomicBool::new(false));
         let bytes_per_token = Arc::new(AtomicU64::new(4.0f64.to_bits()));
         let oldest = OldestArrival::new();
-        tokio::spawn(health(client.clone(), base.clone(), ready.clone(), reports.clone(), metrics.kv_usage.clone()));
+        let context = Arc::new(AtomicU32::new(0));
+        let checks =
+            Checks { client: client.clone(), base: base.clone(), ready: ready.clone(), context: context.clone() };
+        tokio::spawn(health(checks, reports.clone(), metrics.kv_usage.clone()));
         let relaying = Relaying {
             lockout: Lockout::default(),
             window,
@@ -115,7 +126,7 @@ impl Relay {
             capacity: CapacityExport::new(targets, false),
         };
         let handle = Handle::spawn(relaying, reports_rx, oldest, metrics);
-        Relay { handle, ready, bytes_per_token, base, model: model.to_owned() }
+        Relay { handle, ready, bytes_per_token, context, base, model: model.to_owned() }
     }
 
     /// The prompt's tokens, estimated from its bytes at the ratio the upstream's usage showed.
@@ -130,6 +141,11 @@ impl Relay {
 
     pub fn model(&self) -> &str {
         &self.model
+    }
+
+    /// Prompt and answer tokens the upstream's model takes, once its `/v1/models` has said.
+    pub fn context_length(&self) -> Option<u32> {
+        Some(self.context.load(Ordering::Relaxed)).filter(|c| *c > 0)
     }
 
     /// The upstream answered its last health check.
@@ -161,15 +177,27 @@ pub fn kv_usage(exposition: &str) -> Option<f64> {
     values.into_iter().filter(|v| v.is_finite()).reduce(f64::max)
 }
 
-/// Polls `/health` (llama.cpp, vLLM, SGLang, TGI), or `/v1/models` where there is none, and,
-/// while the upstream is healthy, its `/metrics` for its KV-cache usage.
-async fn health(
+/// The model's context in tokens in an upstream's `/v1/models`: vLLM's `max_model_len`, or
+/// llama.cpp's `meta.n_ctx` (a slot's).
+pub fn context_of(models: &Value) -> Option<u32> {
+    let model = &models["data"][0];
+    let context = model["max_model_len"].as_u64().or_else(|| model["meta"]["n_ctx"].as_u64())?;
+    u32::try_from(context).ok().filter(|c| *c > 0)
+}
+
+/// What the health checks read and set.
+struct Checks {
     client: reqwest::Client,
     base: String,
     ready: Arc<AtomicBool>,
-    tx: mpsc::UnboundedSender<Report>,
-    kv: prometheus::Gauge,
-) {
+    context: Arc<AtomicU32>,
+}
+
+/// Polls `/health` (llama.cpp, vLLM, SGLang, TGI), or `/v1/models` where there is none, and,
+/// while the upstream is healthy, its `/metrics` for its KV-cache usage; once healthy, reads
+/// its model's context from `/v1/models`.
+async fn health(checks: Checks, tx: mpsc::UnboundedSender<Report>, kv: prometheus::Gauge) {
+    let Checks { client, base, ready, context } = checks;
     let mut last = None;
     loop {
         let check = |path: &str| client.get(format!("{base}{path}")).timeout(HEALTH_PERIOD).send();
@@ -193,6 +221,13 @@ async fn health(
             last = Some(ok);
         }
         if ok {
+            if context.load(Ordering::Relaxed) == 0 {
+                if let Ok(r) = check("/v1/models").await.and_then(|r| r.error_for_status()) {
+                    if let Some(c) = r.json::<Value>().await.ok().as_ref().and_then(context_of) {
+                        context.store(c, Ordering::Relaxed);
+                    }
+                }
+            }
             let scraped = client.get(format!("{base}/metrics")).timeout(HEALTH_PERIOD).send().await;
             if let Ok(r) = scraped.and_then(|r| r.error_for_status()) {
                 if let Some(usage) = r.text().await.ok().as_deref().and_then(kv_usage) {
@@ -275,10 +310,14 @@ impl Backend for Relaying {
         };
         let Some(caller) = self.callers.get_mut(&id).filter(|c| c.attempt == attempt) else { return };
         match said {
-            Said::Text(text) => {
+            Said::Chunk { text, choice, counts: true } => {
                 events.push(if caller.reply.has_first_token() { Event::Token(id) } else { Event::First(id) });
                 caller.tokens += 1;
-                caller.reply.token(text, None, ferry_core::clock::now(), &self.metrics);
+                caller.reply.token(Piece::Relayed { text, choice }, ferry_core::clock::now(), &self.metrics);
+            }
+            // A choice's end alone: passed on, no token.
+            Said::Chunk { text, choice, counts: false } => {
+                caller.reply.send(Piece::Relayed { text, choice }, ferry_core::clock::now())
             }
             Said::Usage { prompt_tokens, completion_tokens } => {
                 caller.usage = Some((prompt_tokens as u32, completion_tokens.map(|c| c as u32)));
@@ -432,21 +471,45 @@ async fn stream_upstream(client: &reqwest::Client, url: &str, body: &Value, repo
                         completion_tokens: value["usage"]["completion_tokens"].as_u64(),
                     });
                 }
-                let choice = &value["choices"][0];
-                let piece = choice["text"].as_str().or_else(|| choice["delta"]["content"].as_str());
-                if let Some(piece) = piece.filter(|p| !p.is_empty()) {
-                    report(Said::Text(piece.to_owned()));
-                }
-                if let Some(said) = choice["finish_reason"].as_str() {
-                    match finish(said) {
-                        Ok(r) => reason = Some(r),
-                        Err(failed) => return report(Said::Failed(failed)),
+                for choice in value["choices"].as_array().into_iter().flatten() {
+                    let ends = choice["finish_reason"].as_str();
+                    if let Some(said) = ends {
+                        match finish(said) {
+                            Ok(r) => reason = Some(r),
+                            Err(failed) => return report(Said::Failed(failed)),
+                        }
+                    }
+                    let counts = brings(choice);
+                    if counts || ends.is_some() {
+                        let text = choice["text"].as_str().or_else(|| choice["delta"]["content"].as_str());
+                        let text = text.unwrap_or_default().to_owned();
+                        report(Said::Chunk { text, choice: Box::new(choice.clone()), counts });
                     }
                 }
             }
         }
     }
     report(Said::Failed(fail(Outcome::Failed, "the upstream closed its stream before the end".to_owned())))
+}
+
+/// Whether an upstream's choice chunk brings part of the answer: text, a tool call, reasoning, a
+/// refusal or log-probabilities — any of them is a first token, as far as the TTFT deadline
+/// goes (a reasoning model thinks before it writes). A chunk that only opens the turn (`role`)
+/// brings nothing.
+fn brings(choice: &Value) -> bool {
+    let given = |v: &Value| match v {
+        Value::Null => false,
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+        _ => true,
+    };
+    let delta = &choice["delta"];
+    given(&choice["text"])
+        || ["content", "reasoning_content", "reasoning", "tool_calls", "function_call", "refusal"]
+            .iter()
+            .any(|field| given(&delta[*field]))
+        || given(&choice["logprobs"])
 }
 
 /// What the client is answered for an upstream's refusal: its overload as the sidecar's own
@@ -512,6 +575,18 @@ mod tests {
     }
 
     #[test]
+    fn any_part_of_an_answer_is_a_token_but_the_opening_of_a_turn_is_not() {
+        let chunk = |delta: Value| serde_json::json!({"index": 0, "delta": delta, "finish_reason": null});
+        assert!(!brings(&chunk(serde_json::json!({"role": "assistant", "content": null}))));
+        assert!(!brings(&chunk(serde_json::json!({"content": ""}))));
+        assert!(brings(&chunk(serde_json::json!({"content": "Hi"}))));
+        assert!(brings(&chunk(serde_json::json!({"reasoning_content": "First,"}))), "a reasoning model's thinking");
+        assert!(brings(&chunk(serde_json::json!({"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}))));
+        assert!(brings(&serde_json::json!({"index": 0, "text": " Paris", "finish_reason": null})));
+        assert!(!brings(&serde_json::json!({"index": 1, "text": "", "logprobs": null, "finish_reason": "length"})));
+    }
+
+    #[test]
     fn finish_reasons_pass_through_and_an_abort_is_a_failure() {
         assert_eq!(finish("length").unwrap(), FinishReason::Length);
         assert_eq!(finish("stop").unwrap(), FinishReason::Stop);
@@ -522,6 +597,14 @@ mod tests {
         let aborted = finish("abort").unwrap_err();
         assert_eq!(aborted.outcome, Outcome::Failed);
         assert_eq!(aborted.message, "the upstream ended the answer with finish_reason 'abort'");
+    }
+
+    #[test]
+    fn the_upstreams_context_is_read_as_vllm_and_llama_cpp_list_it() {
+        let vllm = serde_json::json!({"data": [{"id": "m", "max_model_len": 32768}]});
+        let llama = serde_json::json!({"data": [{"id": "m", "meta": {"n_ctx": 2048, "n_ctx_train": 8192}}]});
+        assert_eq!((context_of(&vllm), context_of(&llama)), (Some(32768), Some(2048)));
+        assert_eq!(context_of(&serde_json::json!({"data": [{"id": "m"}]})), None, "TGI lists none");
     }
 
     #[test]

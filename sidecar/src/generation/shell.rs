@@ -17,7 +17,7 @@ use std::time::Duration;
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::stream::{Control, Deadlines, Finished, Piece, Sent, Stream, TokenLogprob};
+use super::stream::{Control, Deadlines, Finished, Piece, Sent, Stream};
 use crate::metrics::GenerationMetrics;
 use crate::tally::Tally;
 use crate::task::{sleep_until, OldestArrival, Stopped};
@@ -380,15 +380,9 @@ impl Reply {
         self.started = Some(now);
     }
 
-    /// A token's text, sent even when empty (a token that ends mid-character): the caller checks
-    /// each token against its deadlines, the first against the TTFT deadline.
-    pub fn token(
-        &mut self,
-        text: String,
-        logprob: Option<Box<TokenLogprob>>,
-        now: Instant,
-        metrics: &GenerationMetrics,
-    ) {
+    /// A token's piece, sent even when its text is empty (a token that ends mid-character): the
+    /// caller checks each token against its deadlines, the first against the TTFT deadline.
+    pub fn token(&mut self, piece: Piece, now: Instant, metrics: &GenerationMetrics) {
         metrics.generation_tokens.inc();
         let first = self.first_token.is_none();
         if first {
@@ -399,7 +393,7 @@ impl Reply {
         }
         self.last_token = Some(now);
         let queued = first.then(|| self.queued());
-        let _ = self.stream.send(Sent { piece: Piece::Text(text, logprob), at: now, queued });
+        let _ = self.stream.send(Sent { piece, at: now, queued });
     }
 
     fn queued(&self) -> Duration {

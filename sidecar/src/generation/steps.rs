@@ -249,7 +249,7 @@ impl Backend for Steps {
                     return;
                 };
                 caller.tokens.push(token);
-                caller.reply.token(text, logprob, now, &self.metrics);
+                caller.reply.token(Piece::Text(text, logprob), now, &self.metrics);
             }
             Effect::End { id, end, admitted } => {
                 let (caller, idle) = (self.callers.remove(&id), self.ledger.is_idle());

@@ -31,7 +31,20 @@ pub struct Finished {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Piece {
     Text(String, Option<Box<TokenLogprob>>),
+    /// An upstream server's choice chunk, passed on as it sent it (tool calls, reasoning, its
+    /// logprobs, its `index` where it answers `n` > 1), with its text.
+    Relayed {
+        text: String,
+        choice: Box<serde_json::Value>,
+    },
     End(Result<Finished, Refusal>),
+}
+
+impl Piece {
+    /// Part of the answer (not its end): checked against the deadlines as a token.
+    pub fn is_token(&self) -> bool {
+        matches!(self, Piece::Text(..) | Piece::Relayed { .. })
+    }
 }
 
 /// A token of the answer as OpenAI's `logprobs` show it: its bytes and log-probability, and the
@@ -141,8 +154,8 @@ impl Stream {
         };
         let now = ferry_core::clock::now();
         let late = match &sent.piece {
-            Piece::Text(..) if !self.seen_first => now > self.ttft_deadline || now > self.deadline,
-            Piece::Text(..) | Piece::End(Ok(_)) => now > self.deadline,
+            piece if piece.is_token() && !self.seen_first => now > self.ttft_deadline || now > self.deadline,
+            Piece::Text(..) | Piece::Relayed { .. } | Piece::End(Ok(_)) => now > self.deadline,
             Piece::End(Err(_)) => false,
         };
         if late {
@@ -166,7 +179,7 @@ impl Stream {
             return Some(Piece::End(Err(refusal)));
         }
         match &sent.piece {
-            Piece::Text(..) => {
+            Piece::Text(..) | Piece::Relayed { .. } => {
                 if !self.seen_first {
                     self.seen_first = true;
                     self.queued = sent.queued;

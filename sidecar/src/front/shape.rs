@@ -1,0 +1,192 @@
+//! OpenAI's shapes of a generation's answer: the chunks of a stream and the whole answer, from
+//! the built-in engines' pieces (text, with log-probabilities where asked) or from an upstream
+//! server's own choice chunks, passed on as it sent them ([`super::relayed`]).
+
+use serde_json::{json, Map, Value};
+
+use super::prompt::Kind;
+use super::relayed::Merged;
+use crate::generation::stream::{Finished, Piece, TokenLogprob};
+
+/// The least log-probability written (vLLM's): JSON has no -infinity.
+const LEAST_LOGPROB: f32 = -9999.0;
+
+/// What every chunk and answer of one request repeats, and what its stream has sent so far.
+pub(super) struct Frame {
+    id: String,
+    created: u64,
+    model: String,
+    kind: Kind,
+    /// Whether the request asked for log-probabilities.
+    logprobs: bool,
+    /// Characters of the tokens shown so far: a completion's next `text_offset`.
+    offset: usize,
+    /// Whether the first chunk went (a chat's carries the role).
+    opened: bool,
+    /// An upstream's chunks ended their choices themselves: no finish chunk of ours.
+    finished_upstream: bool,
+}
+
+impl Frame {
+    pub fn new(id: String, created: u64, model: String, kind: Kind, logprobs: bool) -> Frame {
+        Frame { id, created, model, kind, logprobs, offset: 0, opened: false, finished_upstream: false }
+    }
+
+    fn object(&self, whole: bool) -> &'static str {
+        match (self.kind, whole) {
+            (Kind::Completion, _) => "text_completion",
+            (Kind::Chat, false) => "chat.completion.chunk",
+            (Kind::Chat, true) => "chat.completion",
+        }
+    }
+
+    fn wrap(&self, choices: Vec<Value>, usage: bool) -> Value {
+        let mut chunk = json!({"id": self.id, "object": self.object(false), "created": self.created, "model": self.model, "choices": choices});
+        if usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+
+    /// OpenAI's `logprobs` of a choice that brings `tokens`: chat's list of tokens with their
+    /// bytes and alternatives, or a completion's four lists (`text_offset` counts characters of
+    /// the tokens from the answer's start, as vLLM counts them); `null` where none were asked.
+    fn logprobs(&mut self, tokens: &[TokenLogprob]) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+        let logprob = |l: f32| l.max(LEAST_LOGPROB);
+        match self.kind {
+            Kind::Chat => {
+                let entry = |bytes: &[u8], l: f32| json!({"token": text(bytes), "logprob": logprob(l), "bytes": bytes});
+                let content: Vec<Value> = tokens
+                    .iter()
+                    .map(|t| {
+                        let mut e = entry(&t.token, t.logprob);
+                        e["top_logprobs"] = t.top.iter().map(|(b, l)| entry(b, *l)).collect();
+                        e
+                    })
+                    .collect();
+                json!({"content": content, "refusal": null})
+            }
+            Kind::Completion => {
+                let mut offsets = Vec::with_capacity(tokens.len());
+                for t in tokens {
+                    offsets.push(self.offset);
+                    self.offset += text(&t.token).chars().count();
+                }
+                let top: Vec<Value> = tokens
+                    .iter()
+                    .map(|t| t.top.iter().map(|(b, l)| (text(b), json!(logprob(*l)))).collect::<Map<_, _>>().into())
+                    .collect();
+                json!({
+                    "tokens": tokens.iter().map(|t| text(&t.token)).collect::<Vec<_>>(),
+                    "token_logprobs": tokens.iter().map(|t| logprob(t.logprob)).collect::<Vec<_>>(),
+                    "top_logprobs": top,
+                    "text_offset": offsets,
+                })
+            }
+        }
+    }
+
+    /// The chunk a piece of the answer makes; none for a token that brings nothing yet (one that
+    /// ends mid-character, its log-probability not asked for), but the first, which opens the
+    /// stream.
+    pub fn chunk(&mut self, piece: Piece, usage: bool) -> Option<Value> {
+        let first = !self.opened;
+        let choice = match piece {
+            Piece::Text(text, logprob) => {
+                if text.is_empty() && logprob.is_none() && !first {
+                    return None;
+                }
+                let logprobs = self.logprobs(Vec::from_iter(logprob.map(|l| *l)).as_slice());
+                match self.kind {
+                    Kind::Completion => json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": null}),
+                    Kind::Chat => {
+                        let mut delta = json!({"content": text});
+                        if first {
+                            delta["role"] = Value::from("assistant");
+                        }
+                        json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": null})
+                    }
+                }
+            }
+            Piece::Relayed { choice, .. } => {
+                let mut choice = *choice;
+                self.finished_upstream |= !choice["finish_reason"].is_null();
+                if first && self.kind == Kind::Chat && choice["delta"].get("role").is_none() {
+                    choice["delta"]["role"] = Value::from("assistant");
+                }
+                choice
+            }
+            Piece::End(_) => return None,
+        };
+        self.opened = true;
+        Some(self.wrap(vec![choice], usage))
+    }
+
+    /// The chunk that ends the stream's choice with its reason, unless an upstream's own chunks
+    /// ended their choices.
+    pub fn finish(&mut self, f: &Finished, usage: bool) -> Option<Value> {
+        if self.finished_upstream {
+            return None;
+        }
+        let reason = f.reason.as_str();
+        let choice = match self.kind {
+            Kind::Completion => json!({"index": 0, "text": "", "logprobs": null, "finish_reason": reason}),
+            Kind::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason}),
+        };
+        Some(self.wrap(vec![choice], usage))
+    }
+
+    pub fn usage_chunk(&self, f: &Finished) -> Value {
+        json!({"id": self.id, "object": self.object(false), "created": self.created, "model": self.model, "choices": [], "usage": usage(f)})
+    }
+
+    /// A whole answer: the built-in engines' text and log-probabilities, or an upstream's chunks
+    /// merged.
+    pub fn whole(&mut self, gathered: Gathered, f: &Finished) -> Value {
+        let choices = if gathered.relayed.is_empty() {
+            let logprobs = self.logprobs(&gathered.tokens);
+            let (text, reason) = (gathered.text, f.reason.as_str());
+            vec![match self.kind {
+                Kind::Completion => json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}),
+                Kind::Chat => json!({
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text, "refusal": null},
+                    "logprobs": logprobs,
+                    "finish_reason": reason,
+                }),
+            }]
+        } else {
+            gathered.relayed.choices(self.kind)
+        };
+        json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": choices, "usage": usage(f)})
+    }
+}
+
+fn usage(f: &Finished) -> Value {
+    json!({"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens, "total_tokens": f.prompt_tokens + f.completion_tokens})
+}
+
+/// What a whole answer gathers from its pieces.
+#[derive(Debug, Default)]
+pub(super) struct Gathered {
+    text: String,
+    tokens: Vec<TokenLogprob>,
+    relayed: Merged,
+}
+
+impl Gathered {
+    pub fn add(&mut self, piece: Piece) {
+        match piece {
+            Piece::Text(text, logprob) => {
+                self.text.push_str(&text);
+                self.tokens.extend(logprob.map(|l| *l));
+            }
+            Piece::Relayed { choice, .. } => self.relayed.add(&choice),
+            Piece::End(_) => {}
+        }
+    }
+}
