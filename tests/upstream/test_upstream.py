@@ -231,6 +231,18 @@ def test_an_answer_without_max_tokens_is_as_long_as_the_upstreams_own(llama, sid
     assert models[0]["max_model_len"] == 2048
 
 
+def test_a_prompts_tokens_are_the_upstreams_own_count(llama, sidecar):
+    # llama.cpp renders a chat with its template (a system turn of its own here) and tokenizes
+    # it: the prompt admission plans for is the one the server prefills, not a guess from bytes.
+    chat = {"messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 1, "temperature": 0}
+    completion = {"prompt": "The capital of France is", "max_tokens": 1, "temperature": 0}
+    for path, body in [("/v1/chat/completions", chat), ("/v1/completions", completion)]:
+        own = direct(llama, path, body)["usage"]["prompt_tokens"]
+        before = sidecar.metric("ferry_prompt_tokens_total{}")
+        direct(sidecar, path, {"model": MODEL, **body})
+        assert sidecar.metric("ferry_prompt_tokens_total{}") - before == own, path
+
+
 def test_a_request_that_cannot_meet_its_deadline_is_refused_at_once_naming_what_would_fit(sidecar):
     sidecar.client.completions.create(model=MODEL, prompt="warm up", max_tokens=8, temperature=0)
     started = time.monotonic()

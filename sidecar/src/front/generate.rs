@@ -214,10 +214,14 @@ async fn admit(
         Backend::Relay(relay) => {
             let call = prompt::parse(&bytes, kind, None)?;
             let body: Value = serde_json::from_slice(&bytes).map_err(|e| Refusal::invalid(e.to_string()))?;
-            // Token ids are counted; a text is estimated from its bytes.
+            // Token ids are counted; a text is counted by the upstream where it says, else
+            // estimated from its bytes.
             let estimate = match &call.ids {
                 Some(ids) => (ids.len() as u32).max(1),
-                None => relay.estimate_tokens(call.prompt.len()),
+                None => match relay.count_tokens(kind == Kind::Chat, &body).await {
+                    Some(counted) => counted.max(1),
+                    None => relay.estimate_tokens(call.prompt.len()),
+                },
             };
             (call, Tokens::Estimated(estimate), Some(body))
         }

@@ -14,7 +14,8 @@
 //! - [`sim`]: the `sim-llm` engine.
 //! - [`llm`]: the `llm` engine: ferry-llm's decoder serving a real model.
 //! - [`relay`]: the backend around ferry-core's concurrency window, in front of an
-//!   OpenAI-compatible LLM server beside the sidecar (engine `openai`).
+//!   OpenAI-compatible LLM server beside the sidecar (engine `openai`); [`tokenize`] asks that
+//!   server for a prompt's tokens.
 //! - [`stream`]: what a caller holds: text pieces and one end, checked against the deadlines.
 
 pub mod engine;
@@ -25,3 +26,4 @@ pub mod sim;
 pub mod steps;
 pub mod stop;
 pub mod stream;
+pub mod tokenize;

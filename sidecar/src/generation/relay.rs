@@ -18,6 +18,7 @@ use tokio::task::AbortHandle;
 
 use super::shell::{self, Backend, CapacityExport, Handle, PromptTokens, Reply};
 use super::stream::{Control, Piece};
+use super::tokenize::UpstreamTokens;
 use crate::metrics::GenerationMetrics;
 use crate::task::OldestArrival;
 use ferry_core::generation::capacity::{upstream, Targets};
@@ -83,6 +84,8 @@ pub struct Relay {
     bytes_per_token: Arc<AtomicU64>,
     /// The upstream's context in tokens, as its `/v1/models` says (0 until it has).
     context: Arc<AtomicU32>,
+    /// The upstream's own count of a prompt's tokens.
+    tokens: Arc<UpstreamTokens>,
     base: String,
     /// The model's name upstream (`model` of what is sent).
     model: String,
@@ -110,6 +113,7 @@ impl Relay {
         let bytes_per_token = Arc::new(AtomicU64::new(4.0f64.to_bits()));
         let oldest = OldestArrival::new();
         let context = Arc::new(AtomicU32::new(0));
+        let tokens = Arc::new(UpstreamTokens::new(client.clone(), base.clone(), model.to_owned()));
         let checks =
             Checks { client: client.clone(), base: base.clone(), ready: ready.clone(), context: context.clone() };
         tokio::spawn(health(checks, reports.clone(), metrics.kv_usage.clone()));
@@ -126,7 +130,13 @@ impl Relay {
             capacity: CapacityExport::new(targets, false),
         };
         let handle = Handle::spawn(relaying, reports_rx, oldest, metrics);
-        Relay { handle, ready, bytes_per_token, context, base, model: model.to_owned() }
+        Relay { handle, ready, bytes_per_token, context, tokens, base, model: model.to_owned() }
+    }
+
+    /// The prompt's tokens as the upstream counts them, where it says (`body` is the client's
+    /// request; `chat` for the chat endpoint); `None` leaves them to [`Relay::estimate_tokens`].
+    pub async fn count_tokens(&self, chat: bool, body: &Value) -> Option<u32> {
+        self.tokens.count(chat, body).await
     }
 
     /// The prompt's tokens, estimated from its bytes at the ratio the upstream's usage showed.
