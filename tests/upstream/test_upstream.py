@@ -206,12 +206,13 @@ def test_n_choices_and_logprobs_come_back_as_the_upstream_sent_them(llama, sidec
     merged = {}
     for chunk in sidecar.client.chat.completions.create(model=MODEL, stream=True, **chat):
         for c in chunk.choices:
-            m = merged.setdefault(c.index, {"content": "", "logprobs": [], "finish": None})
+            m = merged.setdefault(c.index, {"content": "", "logprobs": [], "finish": None, "role": c.delta.role})
             m["content"] += c.delta.content or ""
             m["logprobs"] += [(t.token, t.logprob) for t in (c.logprobs.content if c.logprobs else [])]
             m["finish"] = c.finish_reason or m["finish"]
     assert [merged[i]["content"] for i in (0, 1)] == [c["message"]["content"] for c in own]
     assert [merged[i]["finish"] for i in (0, 1)] == [c["finish_reason"] for c in own]
+    assert [merged[i]["role"] for i in (0, 1)] == ["assistant", "assistant"], "each choice's first chunk"
     assert merged[1]["logprobs"] == [(t["token"], t["logprob"]) for t in own[1]["logprobs"]["content"]]
     completion = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0, "logprobs": 2}
     mine = direct(sidecar, "/v1/completions", {"model": MODEL, **completion})["choices"][0]

@@ -206,11 +206,11 @@ fn whole(field: &str, value: Option<Value>, min: i128, max: i128) -> Result<Opti
 /// How many of the most likely tokens to return at each place, where log-probabilities are
 /// asked for: chat's `logprobs: true` with `top_logprobs`, or completions' `logprobs` (the
 /// number itself; `false` from clients that send it as a flag).
-fn logprobs(kind: Kind, asked: Option<Value>, top: Option<Value>) -> Result<Option<u32>, Refusal> {
+fn logprobs(kind: Kind, asked: Option<Value>, top: Option<Value>, most: i128) -> Result<Option<u32>, Refusal> {
     let asked = asked.filter(|v| !v.is_null() && *v != Value::Bool(false));
     match kind {
         Kind::Chat => {
-            let top = whole("top_logprobs", top, 0, MAX_LOGPROBS)?;
+            let top = whole("top_logprobs", top, 0, most)?;
             match asked {
                 None if top.unwrap_or(0) > 0 => {
                     Err(Refusal::invalid(format!("'top_logprobs' is {}; it needs 'logprobs': true", top.unwrap_or(0))))
@@ -222,12 +222,12 @@ fn logprobs(kind: Kind, asked: Option<Value>, top: Option<Value>) -> Result<Opti
         }
         Kind::Completion => {
             // 0, which clients fill in, asks for nothing.
-            if let Some(top) = whole("top_logprobs", top, 0, MAX_LOGPROBS)?.filter(|n| *n > 0) {
+            if let Some(top) = whole("top_logprobs", top, 0, most)?.filter(|n| *n > 0) {
                 return Err(Refusal::invalid(format!(
                     "'top_logprobs' is {top}; a completion asks with 'logprobs', the number of most likely tokens"
                 )));
             }
-            Ok(whole("logprobs", asked, 0, MAX_LOGPROBS)?.map(|n| n as u32))
+            Ok(whole("logprobs", asked, 0, most)?.map(|n| n as u32))
         }
     }
 }
@@ -267,7 +267,8 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
     let many = |n: usize| {
         Refusal::invalid(format!("'prompt' is a list of {n} prompts; this server takes one prompt per request"))
     };
-    if kind == Kind::Completion {
+    // (An upstream server judges its own fields.)
+    if kind == Kind::Completion && model.is_some() {
         let templated = [
             ("add_generation_prompt", body.add_generation_prompt == Some(false)),
             ("continue_final_message", body.continue_final_message == Some(true)),
@@ -389,7 +390,9 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
     if model.is_some() {
         unserved::check(&body.rest)?;
     }
-    let logprobs = logprobs(kind, body.logprobs, body.top_logprobs)?;
+    // An upstream server has its own limit (vLLM's --max-logprobs).
+    let most = if model.is_some() { MAX_LOGPROBS } else { i128::from(u32::MAX) };
+    let logprobs = logprobs(kind, body.logprobs, body.top_logprobs, most)?;
     let stop = match body.stop {
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s],

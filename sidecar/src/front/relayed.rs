@@ -50,7 +50,17 @@ impl Merged {
                     message.insert("role".into(), Value::from("assistant"));
                     message.entry("content").or_insert(Value::Null);
                     message.entry("refusal").or_insert(Value::Null);
+                    // A whole answer's tool calls have no index: their place in the list is it.
+                    if let Some(Value::Array(calls)) = message.get_mut("tool_calls") {
+                        for call in calls.iter_mut().filter_map(Value::as_object_mut) {
+                            call.remove("index");
+                        }
+                    }
                     fields.insert("message".into(), Value::Object(message));
+                    // OpenAI's schema wants a chat's logprobs with both lists (vLLM's lack one).
+                    if let Some(Value::Object(logprobs)) = fields.get_mut("logprobs") {
+                        logprobs.entry("refusal").or_insert(Value::Null);
+                    }
                 } else {
                     fields.entry("text").or_insert(Value::from(""));
                 }
@@ -121,11 +131,11 @@ mod tests {
         assert_eq!(
             choices[0],
             json!({"index": 0, "message": {"role": "assistant", "content": "Hello", "reasoning_content": "hm", "refusal": null},
-                   "logprobs": {"content": [{"token": "Hel"}, {"token": "lo"}]}, "finish_reason": "length", "x_vendor": 3})
+                   "logprobs": {"content": [{"token": "Hel"}, {"token": "lo"}], "refusal": null}, "finish_reason": "length", "x_vendor": 3})
         );
         assert_eq!(
             choices[1]["message"]["tool_calls"],
-            json!([{"index": 0, "id": "c1", "type": "function", "function": {"name": "get", "arguments": "{\"city\": 1}"}}])
+            json!([{"id": "c1", "type": "function", "function": {"name": "get", "arguments": "{\"city\": 1}"}}])
         );
         assert_eq!(
             (choices[1]["message"]["content"].clone(), choices[1]["finish_reason"].clone()),

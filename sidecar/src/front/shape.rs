@@ -23,13 +23,25 @@ pub(super) struct Frame {
     offset: usize,
     /// Whether the first chunk went (a chat's carries the role).
     opened: bool,
+    /// The choices an upstream's chunks have opened (each chat choice's first carries the role).
+    opened_choices: std::collections::BTreeSet<u64>,
     /// An upstream's chunks ended their choices themselves: no finish chunk of ours.
     finished_upstream: bool,
 }
 
 impl Frame {
     pub fn new(id: String, created: u64, model: String, kind: Kind, logprobs: bool) -> Frame {
-        Frame { id, created, model, kind, logprobs, offset: 0, opened: false, finished_upstream: false }
+        Frame {
+            id,
+            created,
+            model,
+            kind,
+            logprobs,
+            offset: 0,
+            opened: false,
+            opened_choices: Default::default(),
+            finished_upstream: false,
+        }
     }
 
     fn object(&self, whole: bool) -> &'static str {
@@ -76,9 +88,15 @@ impl Frame {
                     offsets.push(self.offset);
                     self.offset += text(&t.token).chars().count();
                 }
+                // The drawn token among them, as vLLM and OpenAI write a completion's (one more
+                // than asked where it is not among the most likely).
                 let top: Vec<Value> = tokens
                     .iter()
-                    .map(|t| t.top.iter().map(|(b, l)| (text(b), json!(logprob(*l)))).collect::<Map<_, _>>().into())
+                    .map(|t| {
+                        let mut top: Map<_, _> = t.top.iter().map(|(b, l)| (text(b), json!(logprob(*l)))).collect();
+                        top.entry(text(&t.token)).or_insert(json!(logprob(t.logprob)));
+                        top.into()
+                    })
                     .collect();
                 json!({
                     "tokens": tokens.iter().map(|t| text(&t.token)).collect::<Vec<_>>(),
@@ -115,8 +133,10 @@ impl Frame {
             Piece::Relayed { choice, .. } => {
                 let mut choice = *choice;
                 self.finished_upstream |= !choice["finish_reason"].is_null();
-                if first && self.kind == Kind::Chat && choice["delta"].get("role").is_none() {
-                    choice["delta"]["role"] = Value::from("assistant");
+                let opens = self.opened_choices.insert(choice["index"].as_u64().unwrap_or(0));
+                if let Some(Value::Object(delta)) = choice.get_mut("delta").filter(|_| opens && self.kind == Kind::Chat)
+                {
+                    delta.entry("role").or_insert(Value::from("assistant"));
                 }
                 choice
             }

@@ -320,13 +320,16 @@ impl Backend for Relaying {
         };
         let Some(caller) = self.callers.get_mut(&id).filter(|c| c.attempt == attempt) else { return };
         match said {
-            Said::Chunk { text, choice, counts: true } => {
+            // A chunk that brings part of the answer is a token; so is the first chunk of any
+            // kind (a choice ended empty): once the client has something, the request has begun
+            // and is never sent again.
+            Said::Chunk { text, choice, counts } if counts || !caller.reply.has_first_token() => {
                 events.push(if caller.reply.has_first_token() { Event::Token(id) } else { Event::First(id) });
-                caller.tokens += 1;
+                caller.tokens += u32::from(counts);
                 caller.reply.token(Piece::Relayed { text, choice }, ferry_core::clock::now(), &self.metrics);
             }
             // A choice's end alone: passed on, no token.
-            Said::Chunk { text, choice, counts: false } => {
+            Said::Chunk { text, choice, .. } => {
                 caller.reply.send(Piece::Relayed { text, choice }, ferry_core::clock::now())
             }
             Said::Usage { prompt_tokens, completion_tokens } => {
@@ -514,12 +517,12 @@ fn brings(choice: &Value) -> bool {
         Value::Object(o) => !o.is_empty(),
         _ => true,
     };
-    let delta = &choice["delta"];
+    let (delta, logprobs) = (&choice["delta"], &choice["logprobs"]);
     given(&choice["text"])
         || ["content", "reasoning_content", "reasoning", "tool_calls", "function_call", "refusal"]
             .iter()
             .any(|field| given(&delta[*field]))
-        || given(&choice["logprobs"])
+        || ["content", "refusal", "tokens"].iter().any(|field| given(&logprobs[*field]))
 }
 
 /// What the client is answered for an upstream's refusal: its overload as the sidecar's own
@@ -594,6 +597,8 @@ mod tests {
         assert!(brings(&chunk(serde_json::json!({"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}))));
         assert!(brings(&serde_json::json!({"index": 0, "text": " Paris", "finish_reason": null})));
         assert!(!brings(&serde_json::json!({"index": 1, "text": "", "logprobs": null, "finish_reason": "length"})));
+        let empty = serde_json::json!({"index": 0, "delta": {}, "logprobs": {"content": [], "refusal": null}});
+        assert!(!brings(&empty), "no token in its log-probabilities");
     }
 
     #[test]
