@@ -48,6 +48,14 @@ pub const SEQUENCES: &str = "ferry_sequences";
 pub const KV_BLOCKS: &str = "ferry_kv_blocks";
 /// Gauge: used KV blocks over all blocks.
 pub const KV_USAGE: &str = "ferry_kv_usage_ratio";
+/// Gauge, always 1: the KV cache's layout in its labels, [`BLOCK_SIZE`] (tokens a block) and
+/// [`BLOCKS`] (blocks in all), named as vLLM's `vllm:cache_config_info` names them, so that an
+/// endpoint picker's prefix-cache scorer reads Ferry's as it reads vLLM's.
+pub const KV_CACHE_CONFIG: &str = "ferry_kv_cache_config_info";
+/// A label of [`KV_CACHE_CONFIG`].
+pub const BLOCK_SIZE: &str = "block_size";
+/// A label of [`KV_CACHE_CONFIG`].
+pub const BLOCKS: &str = "num_gpu_blocks";
 /// Counter: sequences that gave their KV blocks back to be recomputed.
 pub const PREEMPTIONS: &str = "ferry_preemptions_total";
 /// Counter: prompt tokens of admitted generations.
@@ -97,12 +105,13 @@ pub const PROMISE: &str = "promise";
 pub const ADMISSION_LOCKED: &str = "ferry_admission_locked";
 
 /// The generation metrics above, for tests that check an exposition against the contract.
-pub const GENERATION: [&str; 17] = [
+pub const GENERATION: [&str; 18] = [
     TIME_TO_FIRST_TOKEN,
     INTER_TOKEN_LATENCY,
     SEQUENCES,
     KV_BLOCKS,
     KV_USAGE,
+    KV_CACHE_CONFIG,
     PREEMPTIONS,
     PROMPT_TOKENS,
     GENERATION_TOKENS,

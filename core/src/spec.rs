@@ -81,6 +81,71 @@ pub struct InferenceServiceSpec {
     /// "Tenants"), mounted into every worker pod and re-read when the Secret changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenants: Option<TenantsSpec>,
+    /// How a gateway reaches the worker pods: an `InferencePool` for the Gateway API Inference
+    /// Extension (README, "Behind the Gateway API Inference Extension").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<RoutingSpec>,
+}
+
+/// Routing behind the Gateway API Inference Extension.
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RoutingSpec {
+    /// The operator owns an `InferencePool` (`inference.networking.k8s.io/v1`) of the same name
+    /// selecting the worker pods on their API port, and labels them `llm-d.ai/engine-type: ferry`.
+    #[serde(default)]
+    pub inference_pool: bool,
+    /// The endpoint picker the pool hands each request to (default: the Service
+    /// `<name>-epp` on port 9002, failing closed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_picker: Option<EndpointPickerSpec>,
+}
+
+impl RoutingSpec {
+    /// The endpoint picker of the service `name`, defaults filled in.
+    pub fn picker(&self, name: &str) -> EndpointPickerSpec {
+        let given = self.endpoint_picker.clone().unwrap_or_default();
+        EndpointPickerSpec { name: given.name.or_else(|| Some(format!("{name}-epp"))), ..given }
+    }
+}
+
+/// The endpoint picker's Service (the pool's `endpointPickerRef`).
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointPickerSpec {
+    /// The picker's Service in the service's namespace (default `<name>-epp`, as the chart names it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(length(min = 1, max = 63), regex(pattern = "^[a-z]([-a-z0-9]*[a-z0-9])?$")))]
+    pub name: Option<String>,
+    /// Its gRPC (ext_proc) port.
+    #[serde(default = "default_picker_port")]
+    #[cfg_attr(feature = "kube", schemars(range(min = 1, max = 65535)))]
+    pub port: u16,
+    /// What the gateway does when the picker does not answer: `FailClose` (refuse the request,
+    /// the default) or `FailOpen` (send it to any pod of the pool).
+    #[serde(default)]
+    pub failure_mode: FailureMode,
+}
+
+impl Default for EndpointPickerSpec {
+    fn default() -> Self {
+        EndpointPickerSpec { name: None, port: default_picker_port(), failure_mode: FailureMode::default() }
+    }
+}
+
+fn default_picker_port() -> u16 {
+    9002
+}
+
+/// The InferencePool's `endpointPickerRef.failureMode`, spelled as that API spells it.
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FailureMode {
+    #[default]
+    FailClose,
+    FailOpen,
 }
 
 /// Where the tenants file is: a key of a Secret in the service's namespace.
@@ -570,6 +635,10 @@ mod status {
         /// own pods (the median of the latest).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub measured_startup_time: Option<f64>,
+        /// The `InferencePool` the operator keeps for the service (`spec.routing.inferencePool`),
+        /// once applied; its `Routed` condition says why not where it could not be.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub inference_pool: Option<String>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pub conditions: Vec<Condition>,
     }

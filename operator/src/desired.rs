@@ -348,6 +348,7 @@ pub fn deployment(
     let grace = (checked.latency_budget * 10).as_secs() as i64 + 30;
     let mut template_labels = labels(isvc);
     template_labels.extend(selector(isvc));
+    template_labels.extend(crate::routing::pod_labels(isvc));
     Ok(Deployment {
         metadata: meta(isvc),
         spec: Some(DeploymentSpec {

@@ -9,6 +9,7 @@
 //! - [`autoscale`]: the scaling decision (pure) and the capacity planner.
 //! - [`crdgen`]: writes the CRD YAML (`crds/`), checked for drift by a test.
 //! - [`desired`]: the worker Deployment and Service an InferenceService should have (pure).
+//! - [`routing`]: the InferencePool a routed service has, for the Gateway API Inference Extension (pure).
 //! - [`probe`]: the worker pods' start-up allowance, from the measured time-to-ready (pure).
 //! - [`status`]: the conditions it reports, from its Deployment (pure).
 //! - [`reconcile`]: applies the desired objects and the status; backoff on failure.
@@ -27,5 +28,6 @@ pub mod monitoring;
 pub mod probe;
 pub mod rbac;
 pub mod reconcile;
+pub mod routing;
 pub mod run;
 pub mod status;

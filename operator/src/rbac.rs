@@ -55,6 +55,17 @@ pub const CLUSTER_RULES: &[Rule] = &[
     },
 ];
 
+/// Rules the ClusterRole adds where the chart lets services be routed (`routing.inferencePools`):
+/// the InferencePools of services with `spec.routing.inferencePool`, server-side applied, and
+/// deleted when a service stops asking for one (deleting the service deletes its pool through
+/// its owner reference).
+pub const ROUTING_RULES: &[Rule] = &[Rule {
+    api_group: "inference.networking.k8s.io",
+    resource: "inferencepools",
+    verbs: &["create", "patch", "delete"],
+    why: "InferencePools of routed services: server-side applied, deleted when routing is turned off",
+}];
+
 /// Rules in the operator's own namespace (a Role): leader election.
 pub const NAMESPACE_RULES: &[Rule] = &[Rule {
     api_group: "coordination.k8s.io",
@@ -100,13 +111,18 @@ pub fn allows(method: &str, path: &str, query: &str) -> bool {
     let Some((group, resource, verb)) = attributes(method, path, query) else { return false };
     CLUSTER_RULES
         .iter()
+        .chain(ROUTING_RULES)
         .chain(NAMESPACE_RULES)
         .any(|r| r.api_group == group && r.resource == resource && r.verbs.contains(&verb))
 }
 
 /// The rules as JSON, for `ferry-operator rbac` (the chart test reads it).
 pub fn to_json() -> serde_json::Value {
-    serde_json::json!({ "clusterRules": CLUSTER_RULES, "namespaceRules": NAMESPACE_RULES })
+    serde_json::json!({
+        "clusterRules": CLUSTER_RULES,
+        "routingRules": ROUTING_RULES,
+        "namespaceRules": NAMESPACE_RULES,
+    })
 }
 
 #[cfg(test)]
@@ -123,7 +139,11 @@ mod tests {
             a("PATCH", "/apis/ferry.dev/v1alpha1/namespaces/ml/inferenceservices/x/status", ""),
             Some("ferry.dev|inferenceservices/status|patch".into())
         );
-        assert!(!allows("DELETE", "/apis/apps/v1/namespaces/ml/deployments/x", ""), "the operator never deletes");
+        assert!(
+            !allows("DELETE", "/apis/apps/v1/namespaces/ml/deployments/x", ""),
+            "the operator never deletes workers"
+        );
+        assert!(allows("DELETE", "/apis/inference.networking.k8s.io/v1/namespaces/ml/inferencepools/x", ""));
         assert!(!allows("GET", "/api/v1/namespaces/ml/secrets/x", ""), "nor reads secrets");
     }
 }

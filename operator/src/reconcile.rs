@@ -10,14 +10,14 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::desired::{self, Images, FIELD_MANAGER, REPLICAS_MANAGER};
 use crate::metrics::OperatorMetrics;
-use crate::status;
+use crate::{routing, status};
 use ferry_core::spec::{InferenceService, InferenceServiceStatus};
 
 /// What every reconcile shares.
@@ -146,10 +146,14 @@ async fn apply(isvc: &InferenceService, ctx: &Context) -> Result<Action, Error> 
         desired_replicas = Some(replicas);
     }
     services.patch(&name, &apply, &Patch::Apply(&desired::service(isvc))).await.map_err(Error::ApplyService)?;
+    let (pool, routed) = route(isvc, ctx, &namespace, &previous).await;
 
     let workers = status::observe(&applied, generation, &now);
-    let conditions = status::carry_transitions(workers.conditions, &previous.conditions);
+    let mut conditions = workers.conditions;
+    conditions.extend(routed.map(|(ok, reason, message)| status::routed(ok, reason, message, generation, &now)));
+    let conditions = status::carry_transitions(conditions, &previous.conditions);
     let patch = InferenceServiceStatus {
+        inference_pool: pool,
         observed_generation: generation,
         replicas: Some(workers.replicas),
         ready_replicas: Some(workers.ready),
@@ -158,7 +162,12 @@ async fn apply(isvc: &InferenceService, ctx: &Context) -> Result<Action, Error> 
         desired_replicas,
         ..Default::default()
     };
-    isvcs.patch_status(&name, &PatchParams::default(), &status::patch(&patch)).await.map_err(Error::PatchStatus)?;
+    let mut body = serde_json::json!({ "status": patch });
+    if patch.inference_pool.is_none() && previous.inference_pool.is_some() {
+        // A merge patch leaves out what is unset: the pool that is gone is cleared by a null.
+        body["status"]["inferencePool"] = serde_json::Value::Null;
+    }
+    isvcs.patch_status(&name, &PatchParams::default(), &Patch::Merge(body)).await.map_err(Error::PatchStatus)?;
 
     if created {
         let note =
@@ -169,6 +178,48 @@ async fn apply(isvc: &InferenceService, ctx: &Context) -> Result<Action, Error> 
         publish(ctx, isvc, EventType::Normal, "Updated", "Apply", note).await;
     }
     Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// Applies the service's InferencePool where it asks for one, and deletes the one it had where
+/// it no longer does. Returns the pool's name for the status and the `Routed` condition. A pool
+/// that cannot be applied (the Inference Extension's CRD not installed, no RBAC for it) fails
+/// the condition, not the reconcile: the pods serve through their Service all the same.
+async fn route(
+    isvc: &InferenceService,
+    ctx: &Context,
+    namespace: &str,
+    previous: &InferenceServiceStatus,
+) -> (Option<String>, Option<(bool, &'static str, String)>) {
+    let name = isvc.name_any();
+    let pools: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, &routing::pool_resource());
+    match routing::inference_pool(isvc) {
+        Some(pool) => {
+            match pools.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&pool)).await {
+                Ok(_) => (
+                    Some(name.clone()),
+                    Some((true, "InferencePoolApplied", format!("InferencePool {name} selects the worker pods"))),
+                ),
+                Err(e) => {
+                    tracing::warn!(object = %key(isvc), error = %e, "could not apply the InferencePool");
+                    let message = format!("applying InferencePool {name} (inference.networking.k8s.io/v1): {e}");
+                    (None, Some((false, "InferencePoolNotApplied", message)))
+                }
+            }
+        }
+        None if previous.inference_pool.is_some() => {
+            match pools.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => {
+                    tracing::warn!(object = %key(isvc), error = %e, "could not delete the InferencePool");
+                    let message = format!("deleting InferencePool {name}, which routing no longer asks for: {e}");
+                    return (Some(name), Some((false, "InferencePoolNotDeleted", message)));
+                }
+            }
+            (None, None)
+        }
+        None => (None, None),
+    }
 }
 
 /// Events are for people; failing to publish one must not fail the reconcile.

@@ -14,6 +14,7 @@ use kube::api::Patch;
 pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
+pub const ROUTED: &str = "Routed";
 
 /// A merge patch of the status subresource that sets the fields `status` has and leaves the
 /// others (the other writer's) alone.
@@ -38,6 +39,12 @@ fn condition(type_: &str, ok: bool, reason: &str, message: String, generation: O
         observed_generation: generation,
         last_transition_time: now.clone(),
     }
+}
+
+/// The `Routed` condition of a service with `spec.routing.inferencePool`: whether its
+/// InferencePool is applied (and why not).
+pub fn routed(ok: bool, reason: &str, message: String, generation: Option<i64>, now: &Time) -> Condition {
+    condition(ROUTED, ok, reason, message, generation, now)
 }
 
 /// Conditions for an InferenceService whose Deployment is `deployment` (as last read or applied).

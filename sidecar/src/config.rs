@@ -309,6 +309,7 @@ impl Settings {
             scaling: Default::default(),
             generation: None,
             tenants: None,
+            routing: None,
         });
         let generation = spec.generation.unwrap_or_default();
         let (model, engine, batching) = (spec.model, spec.engine, spec.batching);

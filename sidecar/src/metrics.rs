@@ -34,6 +34,7 @@ pub struct Metrics {
     sequences: IntGaugeVec,
     kv_blocks: IntGaugeVec,
     kv_usage: prometheus::GaugeVec,
+    kv_config: IntGaugeVec,
     preemptions: IntCounterVec,
     prompt_tokens: IntCounterVec,
     generation_tokens: IntCounterVec,
@@ -127,6 +128,11 @@ impl Metrics {
                 .expect("valid gauge"),
             kv_usage: prometheus::GaugeVec::new(Opts::new(metric::KV_USAGE, "Used KV-cache blocks over all blocks."), MV)
                 .expect("valid gauge"),
+            kv_config: IntGaugeVec::new(
+                Opts::new(metric::KV_CACHE_CONFIG, "The KV cache's layout in its labels (always 1), as vLLM's cache_config_info."),
+                &[metric::MODEL, metric::VERSION, metric::BLOCK_SIZE, metric::BLOCKS],
+            )
+            .expect("valid gauge"),
             preemptions: IntCounterVec::new(
                 Opts::new(metric::PREEMPTIONS, "Sequences that gave their KV blocks back, to be recomputed."),
                 MV,
@@ -214,6 +220,7 @@ impl Metrics {
             Box::new(m.sequences.clone()),
             Box::new(m.kv_blocks.clone()),
             Box::new(m.kv_usage.clone()),
+            Box::new(m.kv_config.clone()),
             Box::new(m.preemptions.clone()),
             Box::new(m.prompt_tokens.clone()),
             Box::new(m.generation_tokens.clone()),
@@ -297,6 +304,7 @@ impl Metrics {
             kv_used: state(&self.kv_blocks, "used"),
             kv_free: state(&self.kv_blocks, "free"),
             kv_usage: self.kv_usage.with_label_values(&mv),
+            kv_config: KvConfig { gauge: self.kv_config.clone(), model: model.to_owned(), version: version.to_owned() },
             preemptions: self.preemptions.with_label_values(&mv),
             prompt_tokens: self.prompt_tokens.with_label_values(&mv),
             generation_tokens: self.generation_tokens.with_label_values(&mv),
@@ -325,10 +333,23 @@ impl Metrics {
 
     /// The text exposition format.
     pub fn render(&self) -> String {
-        let mut out = Vec::new();
-        TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("text encoding cannot fail");
-        String::from_utf8(out).expect("the text format is UTF-8")
+        encode(&self.registry.gather())
     }
+
+    /// The exposition served on the API port, for an endpoint picker that scrapes the port it
+    /// routes to: every family but those with a [`metric::TENANT`] label, since callers of the API
+    /// must not read other tenants' figures (the admin listener serves all of them).
+    pub fn render_public(&self) -> String {
+        let mut families = self.registry.gather();
+        families.retain(|f| !f.get_metric().iter().any(|m| m.get_label().iter().any(|l| l.name() == metric::TENANT)));
+        encode(&families)
+    }
+}
+
+fn encode(families: &[prometheus::proto::MetricFamily]) -> String {
+    let mut out = Vec::new();
+    TextEncoder::new().encode(families, &mut out).expect("text encoding cannot fail");
+    String::from_utf8(out).expect("the text format is UTF-8")
 }
 
 impl Default for Metrics {
@@ -400,6 +421,7 @@ pub struct GenerationMetrics {
     pub kv_used: prometheus::IntGauge,
     pub kv_free: prometheus::IntGauge,
     pub kv_usage: prometheus::Gauge,
+    pub kv_config: KvConfig,
     pub preemptions: prometheus::IntCounter,
     pub prompt_tokens: prometheus::IntCounter,
     pub generation_tokens: prometheus::IntCounter,
@@ -413,6 +435,23 @@ pub struct GenerationMetrics {
     pub step_cost: [prometheus::Gauge; 5],
     pub capacity_requests: prometheus::Gauge,
     pub capacity_tokens: prometheus::Gauge,
+}
+
+/// `ferry_kv_cache_config_info` of one model version: its layout is known only once the engine
+/// has loaded (the built-in decoder sizes its cache from the memory left), and the relay has none.
+#[derive(Clone)]
+pub struct KvConfig {
+    gauge: IntGaugeVec,
+    model: String,
+    version: String,
+}
+
+impl KvConfig {
+    /// The cache holds `blocks` blocks of `block_size` tokens.
+    pub fn set(&self, block_size: u32, blocks: u32) {
+        let (size, blocks) = (block_size.to_string(), blocks.to_string());
+        self.gauge.with_label_values(&[self.model.as_str(), &self.version, &size, &blocks]).set(1);
+    }
 }
 
 /// The `term` labels of `ferry_step_cost_seconds`, in the order of

@@ -306,8 +306,12 @@ async fn metrics_expose_every_name_of_the_contract_on_the_admin_port_only() {
     assert_eq!(metric_value(&text, "ferry_batch_size_count", "model=\"m\""), 1.0);
     assert_eq!(metric_value(&text, "ferry_model_ready", "model=\"m\""), 1.0);
     assert_eq!(metric_value(&text, "ferry_target_seconds", "promise=\"request\""), 0.75);
+    // The API port serves them too, for an endpoint picker that scrapes the port it routes to.
     let on_api = s.http.get(s.url("/metrics")).send().await.unwrap();
-    assert_eq!(on_api.status(), 404);
+    assert_eq!(on_api.status(), 200);
+    assert!(on_api.headers()["content-type"].to_str().unwrap().starts_with("text/plain; version=0.0.4"));
+    let on_api = on_api.text().await.unwrap();
+    assert_eq!(metric_value(&on_api, "ferry_batch_size_count", "model=\"m\""), 1.0);
 }
 
 #[tokio::test]

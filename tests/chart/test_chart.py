@@ -153,6 +153,10 @@ def test_rbac_grants_exactly_the_calls_the_operator_makes():
     objects, _ = render()
     assert rules_of(find(objects, "ClusterRole")) == expected(needed["clusterRules"])
     assert rules_of(find(objects, "Role")) == expected(needed["namespaceRules"])
+    # Routed services' InferencePools only where the chart is told they are used.
+    routed, _ = render({"routing": {"inferencePools": True}})
+    assert needed["routingRules"]
+    assert rules_of(find(routed, "ClusterRole")) == expected(needed["clusterRules"] + needed["routingRules"])
     binding = find(objects, "ClusterRoleBinding")
     assert binding["subjects"][0]["name"] == find(objects, "ServiceAccount")["metadata"]["name"]
 
@@ -218,3 +222,55 @@ def test_a_monitoring_object_with_a_field_its_crd_lacks_is_refused():
     rule["spec"]["groups"][0]["rules"][0]["for"] = "ten minutes"
     with pytest.raises(Exception, match="for"):
         validate_monitoring(rule)
+
+
+ROUTING = {
+    "routing": {
+        "inferencePools": True,
+        "endpointPicker": {"enabled": True, "pool": "chat", "namespace": "ml", "image": {"tag": "v0.3.0"}},
+        "httpRoute": {"enabled": True, "gateway": {"name": "inference-gateway", "namespace": "gateways"}},
+    }
+}
+
+
+def test_the_endpoint_picker_and_its_route_render_only_when_asked_for_and_are_valid():
+    report = helm.lint(str(CHART), ROUTING, kube_version="v1.33.0")
+    assert not [m for m in report["messages"] if m["severity"] >= 2] + report["errors"], report
+    plain, _ = render()
+    assert not [o for o in plain if o["metadata"]["name"].endswith("-epp") or o["kind"] == "HTTPRoute"]
+    objects, _ = render(ROUTING)
+    picker = [o for o in objects if o["metadata"]["name"] == "chat-epp"]
+    assert sorted(o["kind"] for o in picker) == [
+        "ConfigMap", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount",
+    ]
+    for obj in picker:
+        assert obj["metadata"]["namespace"] == "ml"
+        kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+    # Where the operator's InferencePool points by default (spec.routing.endpointPicker):
+    # the Service <service>-epp, gRPC on 9002.
+    service = find(picker, "Service")
+    assert service["spec"]["ports"][0]["port"] == 9002
+    args = find(picker, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--pool-name=chat" in args and "--pool-namespace=ml" in args
+    config = yaml.safe_load(find(picker, "ConfigMap")["data"]["config.yaml"])
+    assert config["kind"] == "EndpointPickerConfig"
+    declared = {p.get("name", p["type"]) for p in config["plugins"]}
+    referenced = {r["pluginRef"] for profile in config["schedulingProfiles"] for r in profile["plugins"]}
+    referenced |= {r["pluginRef"] for r in config["requestHandler"]["parsers"]}
+    referenced |= {s["pluginRef"] for s in config["dataLayer"]["sources"]}
+    referenced |= {e["pluginRef"] for s in config["dataLayer"]["sources"] for e in s["extractors"]}
+    assert referenced <= declared, referenced - declared
+    route = find(objects, "HTTPRoute")
+    assert route["spec"]["parentRefs"] == [{"name": "inference-gateway", "namespace": "gateways"}]
+    rule = route["spec"]["rules"][0]
+    assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "chat"}]
+    assert rule["retry"]["codes"] == [503]
+
+
+def test_a_picker_without_its_pool_or_image_tag_is_refused_naming_the_value():
+    for values, name in [
+        ({"routing": {"endpointPicker": {"enabled": True, "image": {"tag": "v1"}}}}, "routing.endpointPicker.pool"),
+        ({"routing": {"endpointPicker": {"enabled": True, "pool": "chat"}}}, "routing.endpointPicker.image.tag"),
+    ]:
+        with pytest.raises(Exception, match=name.replace(".", r"\.")):
+            render(values)

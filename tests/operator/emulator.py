@@ -9,6 +9,7 @@ watches over real HTTP), with what a kube-rs controller needs that kmock 0.8 lac
   `status` subresource is the only way to change a status (and changes nothing else);
 - a missing object is a 404 with reason `NotFound` (kube's `get_opt` reads it);
 - PUT replaces, with 409 Conflict on a stale `resourceVersion` (the leader Lease relies on it);
+- deleting an object deletes what it owns (`ownerReferences`), as the garbage collector does;
 - lists and watches honour `labelSelector`, watches `timeoutSeconds`, and a watch subscribes to
   changes before it sends the current objects, so that nothing written in between is lost.
 
@@ -220,12 +221,26 @@ class Emulator(kmock.KubernetesEmulator):
         async with self._lock:
             if key not in self._objects or self._objects[key].deleted:
                 return failure(404, "NotFound", f"{request.resource.plural} {request.name} not found")
-            gone = copy.deepcopy(self._objects[key].raw)
-            gone["metadata"]["resourceVersion"] = self._version()
-            self._objects[key].history.append(gone)
-            self._objects[key].delete()
-            await self._buses[request.resource].put({"type": "DELETED", "object": gone})
+            gone = await self._remove(key)
         return aiohttp.web.json_response(gone)
+
+    async def _remove(self, key):
+        """Deletes the object at `key`, then what it owns, as the garbage collector of a cluster
+        does in the background (`ownerReferences` naming its uid). Under the lock."""
+        gone = copy.deepcopy(self._objects[key].raw)
+        gone["metadata"]["resourceVersion"] = self._version()
+        self._objects[key].history.append(gone)
+        self._objects[key].delete()
+        await self._buses[key[0]].put({"type": "DELETED", "object": gone})
+        uid = gone["metadata"].get("uid")
+        owned = [
+            k for k, obj in self._objects.items()
+            if not obj.deleted and k[1] == key[1]
+            and any(o.get("uid") == uid for o in (obj.raw.get("metadata") or {}).get("ownerReferences") or [])
+        ]
+        for k in owned:
+            await self._remove(k)
+        return gone
 
     def _current(self, request):
         selector = request.params.get("labelSelector")

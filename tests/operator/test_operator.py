@@ -330,3 +330,56 @@ def test_a_generation_service_scales_by_what_its_pods_serve(loading_world):
     assert replicas() == 2, f"after the load: {seen}"
     assert fell >= 20, f"scaled down {fell:.0f} s after the load stopped; the delay is 20 s"
     assert tail.summary()["cut"] == 0
+
+
+def test_a_routed_service_has_an_inference_pool_for_as_long_as_it_asks(world):
+    """`spec.routing.inferencePool`: the operator keeps an InferencePool selecting the worker pods
+    on their API port, where each pod serves the metrics an endpoint picker reads; pods carry the
+    engine-type label the picker's config is chosen by; the pool goes when routing is turned off,
+    and, through its owner reference, with the service."""
+    api, kubelet, _, _ = world
+    name = "chat"
+    isvcs = f"/apis/ferry.dev/v1alpha1/namespaces/{NS}/inferenceservices"
+    pool_path = f"/apis/inference.networking.k8s.io/v1/namespaces/{NS}/inferencepools/{name}"
+    manifest = yaml.safe_load((ROOT / "examples" / "generation.yaml").read_text())
+    manifest["metadata"]["namespace"] = NS
+    manifest["spec"]["routing"] = {"inferencePool": True}
+    status, _ = call(api.url + isvcs, "POST", manifest)
+    assert status == 201
+
+    pool = wait_for("the InferencePool", lambda: get(api, pool_path))
+    assert pool["spec"]["selector"] == {"matchLabels": {"ferry.dev/inference-service": name}}
+    assert pool["spec"]["targetPorts"] == [{"number": 8080}]
+    assert pool["spec"]["endpointPickerRef"] == {
+        "group": "", "kind": "Service", "name": f"{name}-epp", "port": {"number": 9002}, "failureMode": "FailClose"}
+    owner = get(api, f"{isvcs}/{name}")["metadata"]["uid"]
+    assert [o["uid"] for o in pool["metadata"]["ownerReferences"]] == [owner]
+    wait_for("status.inferencePool and Routed", lambda: (
+        (s := get(api, f"{isvcs}/{name}").get("status") or {}).get("inferencePool") == name
+        and any(c["type"] == "Routed" and c["status"] == "True" for c in s.get("conditions", []))))
+
+    # The pods the pool selects: labelled for the picker, the metrics it reads on the API port.
+    pods = wait_for("a labelled pod", lambda: call(
+        api.url + f"/api/v1/namespaces/{NS}/pods?labelSelector=llm-d.ai/engine-type%3Dferry")[1].get("items"))
+    assert all(p["metadata"]["labels"]["ferry.dev/inference-service"] == name for p in pods)
+    ip = wait_for("a ready pod", lambda: (kubelet.ready_ips(name) or [None])[0])
+    with urllib.request.urlopen(f"http://{ip}:8080/metrics", timeout=10) as r:
+        text = r.read().decode()
+    assert 'ferry_sequences{model="smollm2",state="waiting",version="1"} 0' in text, text[:2000]
+    assert re.search(r'ferry_kv_cache_config_info\{block_size="16",model="smollm2",num_gpu_blocks="\d+"', text)
+
+    # Routing turned off: the pool goes, and the status says so.
+    status, _ = call(api.url + f"{isvcs}/{name}", "PATCH", {"spec": {"routing": {"inferencePool": False}}},
+                     "application/merge-patch+json")
+    assert status == 200
+    wait_for("the pool deleted", lambda: get(api, pool_path) is None)
+    wait_for("status without the pool", lambda: "inferencePool" not in (get(api, f"{isvcs}/{name}").get("status") or {}))
+
+    # On again, then the service deleted: its pool, Deployment and Service go with it.
+    call(api.url + f"{isvcs}/{name}", "PATCH", {"spec": {"routing": {"inferencePool": True}}},
+         "application/merge-patch+json")
+    wait_for("the pool again", lambda: get(api, pool_path))
+    status, _ = call(api.url + f"{isvcs}/{name}", "DELETE")
+    assert status == 200
+    wait_for("the pool collected", lambda: get(api, pool_path) is None)
+    assert get(api, f"/apis/apps/v1/namespaces/{NS}/deployments/{name}") is None

@@ -110,6 +110,12 @@ def test_a_request_without_a_known_token_is_401_and_not_load(sidecar):
     metrics = sidecar.metrics()
     assert re.search(r'ferry_requests_total\{[^}]*outcome="unauthorized"[^}]*\} 2', metrics), metrics
     assert re.search(r'ferry_tenant_requests_total\{outcome="ok",tenant="light"\} 1', metrics), metrics
+    # The API port serves the metrics too (for an endpoint picker), but never a tenant's figures:
+    # its callers are the tenants.
+    with urllib.request.urlopen(f"{sidecar.url}/metrics", timeout=10) as r:
+        public = r.read().decode()
+    assert re.search(r'ferry_requests_total\{[^}]*outcome="unauthorized"[^}]*\} 2', public), public
+    assert "tenant" not in public, public
 
 
 def test_over_quota_is_429_with_a_retry_after_that_when_honoured_gets_a_200(sidecar):

@@ -348,9 +348,12 @@ pub fn api(front: Shared) -> Router {
         .route(generate::CHAT, post(generate::chat))
         .route(generate::MODELS, get(generate::models))
         // Where the clients of OpenAI-compatible servers wait for readiness (vLLM and llama.cpp
-        // serve it on their API port). `/metrics` stays on the admin listener: callers of the API
-        // never see other tenants' figures (DESIGN.md).
+        // serve it on their API port).
         .route("/health", get(ready))
+        // Where an endpoint picker (the Gateway API Inference Extension's) scrapes the pods it
+        // routes to: the port its InferencePool targets. Every family but the tenants': callers
+        // of the API never see other tenants' figures (DESIGN.md); the admin listener has all.
+        .route("/metrics", get(public_metrics))
         .fallback(no_route)
         .layer(middleware::from_fn_with_state(front.clone(), request_id))
         .with_state(front)
@@ -504,6 +507,20 @@ fn readiness(front: &Front, name: &str, version: Option<&str>) -> Response {
 }
 
 async fn metrics(State(front): State<Shared>) -> Response {
+    refresh(&front);
+    ([(header::CONTENT_TYPE, EXPOSITION)], front.metrics.render()).into_response()
+}
+
+async fn public_metrics(State(front): State<Shared>) -> Response {
+    refresh(&front);
+    ([(header::CONTENT_TYPE, EXPOSITION)], front.metrics.render_public()).into_response()
+}
+
+/// Prometheus' text format 0.0.4.
+const EXPOSITION: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The gauges read at a scrape rather than kept up to date.
+fn refresh(front: &Front) {
     let draining = front.is_draining();
     for served in &front.models {
         served.batcher.refresh_age();
@@ -513,5 +530,4 @@ async fn metrics(State(front): State<Shared>) -> Response {
         served.refresh_age();
         front.metrics.ready(&served.name, &served.version, !draining && served.is_ready());
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], front.metrics.render()).into_response()
 }

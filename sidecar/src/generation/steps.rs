@@ -57,6 +57,8 @@ pub fn spawn(
 ) -> Generator {
     let (done_tx, done_rx) = mpsc::unbounded_channel();
     let oldest = OldestArrival::new();
+    let pool = ledger.scheduler().pool();
+    metrics.kv_config.set(pool.block_size(), pool.total());
     let steps = Steps {
         lockout: Lockout::default(),
         ledger,
