@@ -100,6 +100,18 @@ pub struct RoutingSpec {
     /// `<name>-epp` on port 9002, failing closed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_picker: Option<EndpointPickerSpec>,
+    /// The gateway objectives (`x-llm-d-inference-objective`) whose requests ride the batch tier:
+    /// list here the InferenceObjectives you give a negative priority. Works with or without
+    /// the pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(
+        feature = "kube",
+        schemars(
+            length(max = 32),
+            inner(length(min = 1, max = 253), regex(pattern = "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))
+        )
+    )]
+    pub batch_objectives: Vec<String>,
 }
 
 impl RoutingSpec {

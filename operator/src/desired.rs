@@ -221,6 +221,9 @@ pub fn sidecar_args(spec: &InferenceServiceSpec, checked: &Checked) -> Vec<Strin
         args.extend(g.max_queue_tokens.map(|n| format!("--max-queue-tokens={n}")));
         args.extend(g.prefix_cache.map(|on| format!("--prefix-cache={on}")));
     }
+    if let Some(objectives) = spec.routing.as_ref().map(|r| &r.batch_objectives).filter(|o| !o.is_empty()) {
+        args.push(format!("--batch-objectives={}", objectives.join(",")));
+    }
     if spec.tenants.is_some() {
         args.push(format!("--tenants={TENANTS_MOUNT}/{TENANTS_FILE}"));
     }

@@ -89,7 +89,7 @@ mod tests {
 
     #[test]
     fn a_routed_service_has_a_pool_on_its_pods_api_port_and_its_picker() {
-        let isvc = service(Some(RoutingSpec { inference_pool: true, endpoint_picker: None }));
+        let isvc = service(Some(RoutingSpec { inference_pool: true, ..RoutingSpec::default() }));
         let pool = inference_pool(&isvc).expect("routed");
         assert_eq!(pool["metadata"]["name"], "chat");
         assert_eq!(pool["metadata"]["namespace"], "ml");
@@ -108,7 +108,11 @@ mod tests {
     fn the_picker_is_the_specs_where_given() {
         let picker =
             EndpointPickerSpec { name: Some("shared-epp".into()), port: 9102, failure_mode: FailureMode::FailOpen };
-        let isvc = service(Some(RoutingSpec { inference_pool: true, endpoint_picker: Some(picker) }));
+        let isvc = service(Some(RoutingSpec {
+            inference_pool: true,
+            endpoint_picker: Some(picker),
+            ..RoutingSpec::default()
+        }));
         let pool = inference_pool(&isvc).unwrap();
         assert_eq!(pool["spec"]["endpointPickerRef"]["name"], "shared-epp");
         assert_eq!(pool["spec"]["endpointPickerRef"]["port"]["number"], 9102);
@@ -116,8 +120,18 @@ mod tests {
     }
 
     #[test]
+    fn batch_objectives_reach_the_sidecar() {
+        let routing = RoutingSpec { batch_objectives: vec!["offline".into(), "eval".into()], ..RoutingSpec::default() };
+        let isvc = service(Some(routing));
+        let checked = crate::desired::check(&isvc.spec).unwrap();
+        let args = crate::desired::sidecar_args(&isvc.spec, &checked);
+        assert!(args.contains(&"--batch-objectives=offline,eval".to_owned()), "{args:?}");
+        assert!(!crate::desired::sidecar_args(&service(None).spec, &checked).iter().any(|a| a.contains("objectives")));
+    }
+
+    #[test]
     fn an_unrouted_service_has_no_pool_and_no_engine_label() {
-        for routing in [None, Some(RoutingSpec { inference_pool: false, endpoint_picker: None })] {
+        for routing in [None, Some(RoutingSpec::default())] {
             let isvc = service(routing);
             assert!(inference_pool(&isvc).is_none());
             assert!(pod_labels(&isvc).is_empty());

@@ -56,6 +56,12 @@ pub struct Cli {
     /// when it changes. Without it every caller is tenant `default`.
     #[arg(long, env = "FERRY_TENANTS")]
     pub tenants: Option<std::path::PathBuf>,
+    /// Gateway objectives whose requests ride the batch tier: a request whose
+    /// `x-llm-d-inference-objective` (or `x-gateway-inference-objective`) names one of these — the
+    /// InferenceObjectives given a negative priority — is batch-tier unless `x-ferry-priority`
+    /// says otherwise. Comma-separated. [default: `spec.routing.batchObjectives`]
+    #[arg(long, env = "FERRY_BATCH_OBJECTIVES", value_delimiter = ',')]
+    pub batch_objectives: Vec<String>,
     /// Longest deadline a request may ask for. [default: the latency budget]
     #[arg(long, env = "FERRY_MAX_TIMEOUT", value_parser = duration::parse)]
     pub max_timeout: Option<Duration>,
@@ -257,6 +263,7 @@ pub struct Settings {
     pub latency_budget: Duration,
     pub batch_latency_budget: Duration,
     pub tenants: Option<std::path::PathBuf>,
+    pub batch_objectives: Vec<String>,
     pub max_timeout: Duration,
     pub workers: usize,
     pub max_queue: usize,
@@ -312,6 +319,7 @@ impl Settings {
             routing: None,
         });
         let generation = spec.generation.unwrap_or_default();
+        let routing = spec.routing.unwrap_or_default();
         let (model, engine, batching) = (spec.model, spec.engine, spec.batching);
         let sim = engine.sim.unwrap_or_default();
         let latency_budget = cli.latency_budget.unwrap_or(batching.latency_budget.duration());
@@ -326,6 +334,7 @@ impl Settings {
             latency_budget,
             batch_latency_budget: cli.batch_latency_budget.unwrap_or(latency_budget * 10),
             tenants: cli.tenants.clone(),
+            batch_objectives: if cli.batch_objectives.is_empty() { routing.batch_objectives } else { cli.batch_objectives.clone() },
             max_timeout: cli.max_timeout.unwrap_or(latency_budget),
             workers: cli.workers.unwrap_or(1),
             max_queue: cli.max_queue.unwrap_or(batching.max_queue as usize),

@@ -310,10 +310,13 @@ fn deadlines(settings: &Settings) -> DeadlinePolicy {
 
 /// The tenants file (`--tenants`), watched for changes; or every caller is `default`.
 fn tenants(settings: &Settings) -> Result<Arc<Tenants>, String> {
-    let tenants = Arc::new(match &settings.tenants {
-        Some(path) => Tenants::load(path)?,
-        None => Tenants::none(),
-    });
+    let tenants = Arc::new(
+        match &settings.tenants {
+            Some(path) => Tenants::load(path)?,
+            None => Tenants::none(),
+        }
+        .with_batch_objectives(settings.batch_objectives.clone()),
+    );
     tenants.watch(Duration::from_secs(1));
     Ok(tenants)
 }

@@ -2,7 +2,10 @@
 //! bearer tokens to tenants; with it, a request without a known token is refused 401 before it
 //! is counted as load, and each tenant's quotas (token buckets on requests and on tokens, a cap on
 //! its rows in the sidecar) are checked before admission. Without it every caller is tenant
-//! `default`, with no quota.
+//! `default`, with no quota — unless a gateway names the request's flow
+//! (`x-llm-d-inference-fairness-id`, as the Gateway API Inference Extension's endpoint picker
+//! passes it): then each flow shares the pod fairly as a tenant of weight 1 of that name, the
+//! first [`MAX_FLOWS`] distinct ones (the rest as `default`, so that labels stay bounded).
 //!
 //! The file is re-read when it changes (in Kubernetes a Secret's update swaps the mounted file):
 //! [`Tenants::watch`] polls it — a mounted Secret changes by a symlink swap that file-event
@@ -31,6 +34,16 @@ use ferry_core::ticket::Priority;
 pub const MAX_WEIGHT: u32 = 65_536;
 /// The most tenants one file may name (metric labels are bounded by the file).
 pub const MAX_TENANTS: usize = 1000;
+/// The headers naming a request's fairness flow where no tenants file is configured: the llm-d
+/// router's and the Gateway API Inference Extension's spelling.
+pub const FAIRNESS_HEADERS: [&str; 2] = ["x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id"];
+/// The headers naming a request's objective (an InferenceObjective of the Gateway API Inference
+/// Extension), as the llm-d router and the Extension spell them.
+pub const OBJECTIVE_HEADERS: [&str; 2] = ["x-llm-d-inference-objective", "x-gateway-inference-objective"];
+/// Distinct fairness flows given a share of their own; later ones share `default`'s.
+pub const MAX_FLOWS: usize = 64;
+/// The longest fairness id taken.
+pub const MAX_FLOW_ID: usize = 128;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -341,6 +354,10 @@ pub struct Tenants {
     default: Arc<Tenant>,
     /// Numbers by name, kept across reloads; 0 is `default`.
     ids: Mutex<HashMap<String, TenantId>>,
+    /// The fairness flows seen, by id (no file configured).
+    flows: Mutex<HashMap<String, Arc<Tenant>>>,
+    /// Objectives whose requests ride the batch tier (`--batch-objectives`).
+    batch_objectives: Vec<String>,
     last_text: Mutex<String>,
 }
 
@@ -352,6 +369,8 @@ impl Tenants {
             table: RwLock::new(Table { configured: false, tenants: Vec::new() }),
             default: Arc::new(Tenant::default_tenant()),
             ids: Mutex::new(HashMap::new()),
+            flows: Mutex::new(HashMap::new()),
+            batch_objectives: Vec::new(),
             last_text: Mutex::new(String::new()),
         }
     }
@@ -362,6 +381,34 @@ impl Tenants {
         let text = std::fs::read_to_string(path).map_err(|e| format!("--tenants {}: {e}", path.display()))?;
         tenants.apply(&text)?;
         Ok(tenants)
+    }
+
+    /// Requests naming one of `objectives` ride the batch tier ([`Tenants::asked_tier`]).
+    pub fn with_batch_objectives(mut self, objectives: Vec<String>) -> Self {
+        self.batch_objectives = objectives;
+        self
+    }
+
+    /// The tier a request asks for, for [`Tenant::tier`]: its `x-ferry-priority`, else `batch`
+    /// where a gateway's objective header names one of the batch objectives (the documented
+    /// rule: InferenceObjectives of negative priority are listed as such), else none.
+    pub fn asked_tier<'h>(&self, headers: &'h HeaderMap) -> Result<Option<&'h str>, Refusal> {
+        let text = |name: &str| -> Result<Option<&'h str>, Refusal> {
+            headers
+                .get(name)
+                .map(|v| v.to_str().map_err(|_| Refusal::invalid(format!("header {name} is not readable text"))))
+                .transpose()
+        };
+        if let Some(asked) = text(crate::front::PRIORITY.as_str())? {
+            return Ok(Some(asked));
+        }
+        for name in OBJECTIVE_HEADERS {
+            if let Some(objective) = text(name)? {
+                let batch = self.batch_objectives.iter().any(|b| b == objective.trim());
+                return Ok(batch.then_some("batch"));
+            }
+        }
+        Ok(None)
     }
 
     pub fn is_configured(&self) -> bool {
@@ -449,7 +496,7 @@ impl Tenants {
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Tenant>, Refusal> {
         let table = self.table.read().expect("tenants lock");
         if !table.configured {
-            return Ok(self.default.clone());
+            return self.flow(headers);
         }
         let unauthorized = |why: &str| Refusal::new(Outcome::Unauthorized, format!("unauthorized: {why}"));
         let Some(value) = headers.get(header::AUTHORIZATION) else {
@@ -472,6 +519,50 @@ impl Tenants {
             }
         }
         found.ok_or_else(|| unauthorized("the bearer token is not one of this service's tenants"))
+    }
+
+    /// The caller where no file is configured: its fairness flow's tenant, or `default`.
+    fn flow(&self, headers: &HeaderMap) -> Result<Arc<Tenant>, Refusal> {
+        let Some((name, value)) = FAIRNESS_HEADERS.iter().find_map(|h| headers.get(*h).map(|v| (*h, v))) else {
+            return Ok(self.default.clone());
+        };
+        let id = value
+            .to_str()
+            .ok()
+            .map(str::trim)
+            .filter(|id| id.len() <= MAX_FLOW_ID && id.bytes().all(|b| b.is_ascii_graphic()))
+            .ok_or_else(|| {
+                Refusal::invalid(format!(
+                    "header {name} is '{}'; a fairness id is at most {MAX_FLOW_ID} printable ASCII characters",
+                    String::from_utf8_lossy(value.as_bytes()).chars().take(MAX_FLOW_ID + 8).collect::<String>()
+                ))
+            })?;
+        if id.is_empty() || id == self.default.name {
+            return Ok(self.default.clone());
+        }
+        let mut flows = self.flows.lock().expect("flows lock");
+        if let Some(t) = flows.get(id) {
+            return Ok(t.clone());
+        }
+        if flows.len() >= MAX_FLOWS {
+            return Ok(self.default.clone());
+        }
+        let mut ids = self.ids.lock().expect("ids lock");
+        let next = ids.len() as TenantId + 1;
+        let number = *ids.entry(id.to_owned()).or_insert(next);
+        let spec = Spec {
+            name: id.to_owned(),
+            token: String::new(),
+            weight: 1,
+            rate: None,
+            burst: None,
+            tokens_per_minute: None,
+            max_queued_rows: None,
+            priority: PrioritySpec::Interactive,
+        };
+        let tenant = Arc::new(Tenant::new(number, &spec, ferry_core::clock::now(), None));
+        flows.insert(id.to_owned(), tenant.clone());
+        Ok(tenant)
     }
 }
 
@@ -506,6 +597,65 @@ mod tests {
         let bad = gold.tier(Some("urgent")).unwrap_err();
         assert_eq!(bad.outcome, Outcome::Invalid);
         assert!(bad.message.contains("x-ferry-priority is 'urgent'"), "{}", bad.message);
+    }
+
+    fn with(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (name, value) in pairs {
+            h.insert(*name, value.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn without_a_file_a_gateways_fairness_id_is_a_tenant_of_weight_one() {
+        let t = Tenants::none();
+        let a = t.authenticate(&with(&[("x-llm-d-inference-fairness-id", "team-a")])).unwrap();
+        let b = t.authenticate(&with(&[("x-gateway-inference-fairness-id", "team-b")])).unwrap();
+        let again = t.authenticate(&with(&[("x-llm-d-inference-fairness-id", " team-a ")])).unwrap();
+        assert_eq!((a.name.as_str(), a.weight, a.priority), ("team-a", 1, Priority::Interactive));
+        assert_eq!(b.name, "team-b");
+        assert_ne!(a.id, b.id);
+        assert_ne!(a.id, DEFAULT_TENANT);
+        assert_eq!(again.id, a.id, "one flow, one share");
+        assert_eq!(t.authenticate(&HeaderMap::new()).unwrap().id, DEFAULT_TENANT);
+        // Bad ids are refused naming the header and the limit; past MAX_FLOWS, flows share default.
+        let long = "x".repeat(MAX_FLOW_ID + 1);
+        let bad = t.authenticate(&with(&[("x-llm-d-inference-fairness-id", &long)])).unwrap_err();
+        assert_eq!(bad.outcome, Outcome::Invalid);
+        assert!(
+            bad.message.contains("x-llm-d-inference-fairness-id") && bad.message.contains("128"),
+            "{}",
+            bad.message
+        );
+        for i in 0..MAX_FLOWS {
+            t.authenticate(&with(&[("x-llm-d-inference-fairness-id", &format!("flow-{i}"))])).unwrap();
+        }
+        let late = t.authenticate(&with(&[("x-llm-d-inference-fairness-id", "one-too-many")])).unwrap();
+        assert_eq!(late.id, DEFAULT_TENANT);
+        assert_eq!(t.authenticate(&with(&[("x-llm-d-inference-fairness-id", "team-a")])).unwrap().id, a.id);
+    }
+
+    #[test]
+    fn with_a_file_the_fairness_id_is_not_who_calls() {
+        let t = loaded(FILE);
+        let h = with(&[("x-llm-d-inference-fairness-id", "team-a"), ("authorization", "Bearer gold-secret-1")]);
+        assert_eq!(t.authenticate(&h).unwrap().name, "gold");
+        let anonymous = t.authenticate(&with(&[("x-llm-d-inference-fairness-id", "team-a")])).unwrap_err();
+        assert_eq!(anonymous.outcome, Outcome::Unauthorized);
+    }
+
+    #[test]
+    fn a_batch_objective_asks_for_the_batch_tier_unless_the_request_says_otherwise() {
+        let t = Tenants::none().with_batch_objectives(vec!["offline".into()]);
+        let ask = |pairs: &[(&'static str, &str)]| t.asked_tier(&with(pairs)).unwrap().map(str::to_owned);
+        assert_eq!(ask(&[("x-llm-d-inference-objective", "offline")]), Some("batch".into()));
+        assert_eq!(ask(&[("x-gateway-inference-objective", "offline")]), Some("batch".into()));
+        assert_eq!(ask(&[("x-llm-d-inference-objective", "chat")]), None);
+        assert_eq!(ask(&[]), None);
+        let explicit = [("x-llm-d-inference-objective", "offline"), ("x-ferry-priority", "interactive")];
+        assert_eq!(ask(&explicit), Some("interactive".into()));
+        assert_eq!(Tenants::none().asked_tier(&with(&[("x-llm-d-inference-objective", "offline")])).unwrap(), None);
     }
 
     #[test]

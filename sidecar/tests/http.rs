@@ -512,3 +512,36 @@ async fn the_quickstart_manifest_serves() {
     assert!((105.0..300.0).contains(&took), "one request alone: maxWait 10 ms + 100 ms batch, took {took} ms");
     assert_eq!(doubled(r).await, vec![3.0, 5.0]);
 }
+
+#[tokio::test]
+async fn without_tenants_a_gateways_fairness_ids_are_counted_as_tenants_on_the_admin_port_only() {
+    let s = Sidecar::start(&["--model", "m"]).await;
+    for (flow, n) in [("team-a", 2), ("team-b", 1)] {
+        for _ in 0..n {
+            let r = s
+                .http
+                .post(s.url("/v2/models/m/infer"))
+                .header("x-llm-d-inference-fairness-id", flow)
+                .json(&body(&[vec![1.0]]))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+    }
+    let bad = s
+        .http
+        .post(s.url("/v2/models/m/infer"))
+        .header("x-llm-d-inference-fairness-id", "x".repeat(200))
+        .json(&body(&[vec![1.0]]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    assert!(bad.text().await.unwrap().contains("x-llm-d-inference-fairness-id"));
+    let admin = s.metrics().await;
+    assert_eq!(metric_value(&admin, "ferry_tenant_requests_total", "outcome=\"ok\",tenant=\"team-a\""), 2.0);
+    assert_eq!(metric_value(&admin, "ferry_tenant_requests_total", "outcome=\"ok\",tenant=\"team-b\""), 1.0);
+    let api = s.http.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(!api.contains("team-a") && api.contains("ferry_requests_total"), "{api}");
+}

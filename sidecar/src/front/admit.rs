@@ -12,7 +12,7 @@ use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::Response;
 use std::time::Instant;
 
-use super::{error, Front, Served, BATCH_SIZE, PRIORITY, SERVER_TIMING};
+use super::{error, Front, Served, BATCH_SIZE, SERVER_TIMING};
 use crate::batcher::Submission;
 use crate::deadline::TIMEOUT_HEADER;
 use crate::tally::Tally;
@@ -129,7 +129,7 @@ async fn admit_and_wait(
             .map(|v| v.to_str().map_err(|_| Refusal::invalid(format!("header {name} is not readable text"))))
             .transpose()
     };
-    let priority = tenant.tier(header_text(PRIORITY.as_str())?)?;
+    let priority = tenant.tier(front.tenants.asked_tier(headers)?)?;
     let timeout = front.deadlines.timeout(priority, header_text(TIMEOUT_HEADER)?, request.parameters.as_ref())?;
     let wanted = request.wanted;
     let signature = served.engine.signature();

@@ -23,7 +23,7 @@ use super::admit::read_body;
 use super::openai::error_body;
 use super::prompt::{self, Call, Kind, DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKENS};
 use super::shape::{Frame, Gathered};
-use super::{status_of, Backend, Front, Generating, Shared, PRIORITY, REQUEST_ID, SERVER_TIMING};
+use super::{status_of, Backend, Front, Generating, Shared, REQUEST_ID, SERVER_TIMING};
 use crate::deadline::TIMEOUT_HEADER;
 use crate::generation::relay;
 use crate::generation::shell::{PromptTokens, Submission};
@@ -232,7 +232,7 @@ async fn admit(
             .map(|v| v.to_str().map_err(|_| Refusal::invalid(format!("header {name} is not readable text"))))
             .transpose()
     };
-    let priority = tenant.tier(text(PRIORITY.as_str())?)?;
+    let priority = tenant.tier(front.tenants.asked_tier(headers)?)?;
     let timeout = front.deadlines.timeout(priority, text(TIMEOUT_HEADER)?, None)?;
     let ttft = millis_header(headers, &TTFT_HEADERS)?.unwrap_or(served.ttft_budget).min(timeout);
     let itl = millis_header(headers, &ITL_HEADERS)?.unwrap_or(served.itl);
