@@ -259,6 +259,7 @@ pub fn deployment(
 ) -> Result<Deployment, SpecError> {
     let spec = &isvc.spec;
     let checked = check(spec)?;
+    crate::routing::check(isvc)?;
     let measured = isvc.status.as_ref().and_then(|s| s.measured_startup_time).map(Duration::from_secs_f64);
     let startup = probe::allowance(checked.startup_time, measured, running.and_then(probe::running));
     let gpus = spec.engine.gpus.unwrap_or(1);

@@ -147,6 +147,9 @@ async fn apply(isvc: &InferenceService, ctx: &Context) -> Result<Action, Error> 
     }
     services.patch(&name, &apply, &Patch::Apply(&desired::service(isvc))).await.map_err(Error::ApplyService)?;
     let (pool, routed) = route(isvc, ctx, &namespace, &previous).await;
+    // A pool that could not be applied (or deleted) is tried again within the minute, not at the
+    // periodic requeue: the Inference Extension's CRDs or the RBAC may come soon after.
+    let retry_routing = routed.as_ref().is_some_and(|(ok, _, _)| !ok);
 
     let workers = status::observe(&applied, generation, &now);
     let mut conditions = workers.conditions;
@@ -177,7 +180,7 @@ async fn apply(isvc: &InferenceService, ctx: &Context) -> Result<Action, Error> 
         let note = format!("applied generation {} to worker Deployment and Service {name}", generation.unwrap_or(0));
         publish(ctx, isvc, EventType::Normal, "Updated", "Apply", note).await;
     }
-    Ok(Action::requeue(Duration::from_secs(300)))
+    Ok(Action::requeue(Duration::from_secs(if retry_routing { 30 } else { 300 })))
 }
 
 /// Applies the service's InferencePool where it asks for one, and deletes the one it had where
@@ -202,11 +205,15 @@ async fn route(
                 Err(e) => {
                     tracing::warn!(object = %key(isvc), error = %e, "could not apply the InferencePool");
                     let message = format!("applying InferencePool {name} (inference.networking.k8s.io/v1): {e}");
-                    (None, Some((false, "InferencePoolNotApplied", message)))
+                    // One applied before may still be there: the status keeps it, so that turning
+                    // routing off still deletes it.
+                    (previous.inference_pool.clone(), Some((false, "InferencePoolNotApplied", message)))
                 }
             }
         }
-        None if previous.inference_pool.is_some() => {
+        // One is recorded, or was asked for (a status write lost after the apply leaves only the
+        // condition): delete it, a pool already gone being no failure.
+        None if previous.inference_pool.is_some() || previous.conditions.iter().any(|c| c.type_ == status::ROUTED) => {
             match pools.delete(&name, &DeleteParams::default()).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 404 => {}

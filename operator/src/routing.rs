@@ -8,7 +8,7 @@ use kube::api::{ApiResource, GroupVersionKind};
 use kube::{Resource, ResourceExt};
 use serde_json::{json, Value};
 
-use crate::desired::{labels, selector, HTTP_PORT};
+use crate::desired::{labels, selector, SpecError, HTTP_PORT};
 use ferry_core::spec::{FailureMode, InferenceService};
 
 /// The label by which an endpoint picker (llm-d's `core-metrics-extractor`) finds the engine
@@ -36,6 +36,22 @@ pub fn pod_labels(isvc: &InferenceService) -> Vec<(String, String)> {
     } else {
         Vec::new()
     }
+}
+
+/// A routed service whose picker would be named past a Service name's 63 characters (the
+/// default, `<name>-epp`, of a name over 59) cannot be routed: said as an invalid spec.
+pub fn check(isvc: &InferenceService) -> Result<(), SpecError> {
+    let Some(routing) = isvc.spec.routing.as_ref().filter(|r| r.inference_pool) else { return Ok(()) };
+    let picker = routing.picker(&isvc.name_any()).name.unwrap_or_default();
+    if picker.len() > 63 {
+        return Err(SpecError {
+            message: format!(
+                "spec.routing.endpointPicker.name: the default '{picker}' is {} characters, over a Service name's 63; name the picker",
+                picker.len()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The InferencePool of `isvc` (named as the service, owned by it, so that deleting the service
@@ -117,6 +133,21 @@ mod tests {
         assert_eq!(pool["spec"]["endpointPickerRef"]["name"], "shared-epp");
         assert_eq!(pool["spec"]["endpointPickerRef"]["port"]["number"], 9102);
         assert_eq!(pool["spec"]["endpointPickerRef"]["failureMode"], "FailOpen");
+    }
+
+    #[test]
+    fn a_default_picker_name_past_63_characters_is_an_invalid_spec() {
+        let routing = RoutingSpec { inference_pool: true, ..RoutingSpec::default() };
+        let mut isvc = service(Some(routing.clone()));
+        isvc.metadata.name = Some("x".repeat(60));
+        let e = check(&isvc).unwrap_err();
+        assert!(e.message.contains("spec.routing.endpointPicker.name") && e.message.contains("64 characters"), "{e}");
+        let named = EndpointPickerSpec { name: Some("epp".into()), ..EndpointPickerSpec::default() };
+        isvc.spec.routing = Some(RoutingSpec { endpoint_picker: Some(named), ..routing });
+        assert!(check(&isvc).is_ok());
+        isvc.metadata.name = Some("x".repeat(59));
+        isvc.spec.routing = Some(RoutingSpec { inference_pool: true, ..RoutingSpec::default() });
+        assert!(check(&isvc).is_ok());
     }
 
     #[test]

@@ -385,7 +385,7 @@ impl Tenants {
 
     /// Requests naming one of `objectives` ride the batch tier ([`Tenants::asked_tier`]).
     pub fn with_batch_objectives(mut self, objectives: Vec<String>) -> Self {
-        self.batch_objectives = objectives;
+        self.batch_objectives = objectives.into_iter().map(|o| o.trim().to_owned()).filter(|o| !o.is_empty()).collect();
         self
     }
 
@@ -496,6 +496,7 @@ impl Tenants {
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Tenant>, Refusal> {
         let table = self.table.read().expect("tenants lock");
         if !table.configured {
+            drop(table);
             return self.flow(headers);
         }
         let unauthorized = |why: &str| Refusal::new(Outcome::Unauthorized, format!("unauthorized: {why}"));
@@ -656,6 +657,8 @@ mod tests {
         let explicit = [("x-llm-d-inference-objective", "offline"), ("x-ferry-priority", "interactive")];
         assert_eq!(ask(&explicit), Some("interactive".into()));
         assert_eq!(Tenants::none().asked_tier(&with(&[("x-llm-d-inference-objective", "offline")])).unwrap(), None);
+        let empty = Tenants::none().with_batch_objectives(vec![String::new()]);
+        assert_eq!(empty.asked_tier(&with(&[("x-llm-d-inference-objective", "")])).unwrap(), None);
     }
 
     #[test]

@@ -224,6 +224,19 @@ def test_a_monitoring_object_with_a_field_its_crd_lacks_is_refused():
         validate_monitoring(rule)
 
 
+class Strict(yaml.SafeLoader):
+    """PyYAML keeps the last of a key given twice; Go's YAML parsers and kubeconform refuse it."""
+
+
+def _no_duplicate_keys(loader, node, deep=False):
+    keys = [loader.construct_object(k, deep=deep) for k, _ in node.value]
+    assert len(keys) == len(set(keys)), f"a key given twice at line {node.start_mark.line + 1}: {keys}"
+    return loader.construct_mapping(node, deep)
+
+
+Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicate_keys)
+
+
 ROUTING = {
     "routing": {
         "inferencePools": True,
@@ -238,7 +251,10 @@ def test_the_endpoint_picker_and_its_route_render_only_when_asked_for_and_are_va
     assert not [m for m in report["messages"] if m["severity"] >= 2] + report["errors"], report
     plain, _ = render()
     assert not [o for o in plain if o["metadata"]["name"].endswith("-epp") or o["kind"] == "HTTPRoute"]
-    objects, _ = render(ROUTING)
+    objects, out = render(ROUTING)
+    for path, text in out.items():
+        if path.endswith(".yaml"):
+            list(yaml.load_all(text, Loader=Strict))  # no key twice in a mapping (strict parsers refuse it)
     picker = [o for o in objects if o["metadata"]["name"] == "chat-epp"]
     assert sorted(o["kind"] for o in picker) == [
         "ConfigMap", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount",
@@ -252,8 +268,11 @@ def test_the_endpoint_picker_and_its_route_render_only_when_asked_for_and_are_va
     assert service["spec"]["ports"][0]["port"] == 9002
     args = find(picker, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--pool-name=chat" in args and "--pool-namespace=ml" in args
+    assert {o["metadata"]["labels"]["app.kubernetes.io/component"] for o in picker} == {"endpoint-picker"}
     config = yaml.safe_load(find(picker, "ConfigMap")["data"]["config.yaml"])
     assert config["kind"] == "EndpointPickerConfig"
+    producer = next(p for p in config["plugins"] if p["type"] == "approx-prefix-cache-producer")
+    assert producer["parameters"]["blockSizeTokens"] == 16, "Ferry's default kvBlockSize"
     declared = {p.get("name", p["type"]) for p in config["plugins"]}
     referenced = {r["pluginRef"] for profile in config["schedulingProfiles"] for r in profile["plugins"]}
     referenced |= {r["pluginRef"] for r in config["requestHandler"]["parsers"]}

@@ -379,6 +379,12 @@ def test_a_routed_service_has_an_inference_pool_for_as_long_as_it_asks(world):
     call(api.url + f"{isvcs}/{name}", "PATCH", {"spec": {"routing": {"inferencePool": True}}},
          "application/merge-patch+json")
     wait_for("the pool again", lambda: get(api, pool_path))
+    # Settled first (the label change has rolled out, the reconciles it caused are done), so that
+    # no apply in flight re-creates what the garbage collector takes.
+    wait_for("the rollout done", lambda: (
+        (i := get(api, f"{isvcs}/{name}"))["metadata"]["generation"] == (i.get("status") or {}).get("observedGeneration")
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in i["status"].get("conditions", []))
+        and any(c["type"] == "Routed" and c["status"] == "True" for c in i["status"].get("conditions", []))), timeout=60)
     status, _ = call(api.url + f"{isvcs}/{name}", "DELETE")
     assert status == 200
     wait_for("the pool collected", lambda: get(api, pool_path) is None)

@@ -16,6 +16,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
 
+{{- /* The labels of objects that are not the operator's own (the endpoint picker's, the route):
+ferry.labels' set with the component given. */ -}}
+{{- define "ferry.componentLabels" -}}
+app.kubernetes.io/name: {{ include "ferry.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
+{{- end -}}
+
 {{- define "ferry.labels" -}}
 {{ include "ferry.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
