@@ -83,6 +83,25 @@ fn arrival(cancels: bool) -> impl Strategy<Value = Arrival> {
         })
 }
 
+/// Arrivals, some of them one more sequence of an earlier one's prompt (OpenAI's `n`): a copy of
+/// it, submitted in its group, the prompt made wholly shared so that the two are the same tokens.
+fn arrivals(cancels: bool) -> impl Strategy<Value = Vec<Arrival>> {
+    prop::collection::vec((arrival(cancels), prop::bool::weighted(0.2)), 1..40).prop_map(|drawn| {
+        let mut arrivals: Vec<Arrival> = Vec::with_capacity(drawn.len());
+        for (i, (a, fork)) in drawn.into_iter().enumerate() {
+            if fork && i > 0 {
+                let leader = arrivals[i - 1].fork_of.unwrap_or(i - 1);
+                let whole = arrivals[leader].prompt;
+                arrivals[leader] = arrivals[leader].shared(2, whole);
+                arrivals.push(arrivals[leader].fork_of(leader));
+            } else {
+                arrivals.push(a);
+            }
+        }
+        arrivals
+    })
+}
+
 /// What holds for every trace, whatever the estimates.
 fn invariants(setup: &Setup, arrivals: &[Arrival], trace: &Trace) -> Result<(), TestCaseError> {
     for step in &trace.steps {
@@ -155,7 +174,7 @@ proptest! {
     #[test]
     fn steps_respect_the_budget_and_blocks_never_leak(
         setup in setup(),
-        arrivals in prop::collection::vec(arrival(true), 1..40),
+        arrivals in arrivals(true),
         slower in 1u32..4,
         discipline in prop::sample::select(vec![Discipline::Deadlines, Discipline::Fcfs, Discipline::Static]),
     ) {
@@ -169,7 +188,7 @@ proptest! {
     #[test]
     fn with_exact_estimates_no_admitted_sequence_misses_a_promise(
         setup in setup(),
-        arrivals in prop::collection::vec(arrival(false), 1..40),
+        arrivals in arrivals(false),
     ) {
         let trace = replay(setup, &arrivals);
         invariants(&setup, &arrivals, &trace)?;

@@ -180,8 +180,8 @@ def test_a_prompt_may_come_as_token_ids(sidecar):
 
 def test_bad_requests_get_openai_errors_that_name_the_field(sidecar):
     with pytest.raises(openai.BadRequestError) as e:
-        sidecar.client.completions.create(model=MODEL, prompt="a", n=2)
-    assert "'n' is 2" in e.value.message
+        sidecar.client.completions.create(model=MODEL, prompt="a", n=129)
+    assert "'n' is 129; it must be at most 128" in e.value.message
     with pytest.raises(openai.NotFoundError) as e:
         sidecar.client.completions.create(model="gpt-4", prompt="a")
     assert "'gpt-4' is unknown" in e.value.message
@@ -364,7 +364,7 @@ SHARED_FIELDS = {
     "frequency_penalty": (0.5, HONOURED),
     "logit_bias": ({"1": 5}, HONOURED),
     "max_tokens": (2, HONOURED),
-    "n": (2, REFUSED),
+    "n": (2, HONOURED),
     "presence_penalty": (0.5, HONOURED),
     "seed": (-7, HONOURED),
     "stop": (["three"], HONOURED),

@@ -268,6 +268,40 @@ def test_vllms_template_controls_render_as_the_template_says(sidecar):
     assert "'continue_final_message' is for chat completions" in e.value.message
 
 
+def test_n_choices_are_sequences_of_their_own_and_each_answers_as_alone(sidecar):
+    # Three choices of one chat, drawn at temperature 1 with seed 5: admitted together, they
+    # prefill side by side, each its own prompt (a system turn of its own: nothing cached), as
+    # vLLM fans out n; the prompt's full blocks of 16 are cached after, and each later request of
+    # the same chat finds them. Choice i is what the same request answers alone with seed 5 + i
+    # (vLLM's seeding).
+    messages = [{"role": "system", "content": "You answer in French. Session 8417."}, *CHATS[0]["messages"]]
+    asked = dict(model=MODEL, messages=messages, max_tokens=8, temperature=1.0)
+    hits = sidecar.metrics().get("ferry_prefix_cache_hits_total", 0)
+    together = sidecar.client.chat.completions.create(**asked, seed=5, n=3)
+    prompt = together.usage.prompt_tokens
+    shared = (prompt - 1) // 16 * 16
+    assert sidecar.metrics()["ferry_prefix_cache_hits_total"] == hits, "side by side: none cached yet"
+    alone = [sidecar.client.chat.completions.create(**asked, seed=5 + i) for i in range(3)]
+    assert sidecar.metrics()["ferry_prefix_cache_hits_total"] - hits == 3 * shared > 0
+    assert [c.index for c in together.choices] == [0, 1, 2]
+    assert [c.message.content for c in together.choices] == [a.choices[0].message.content for a in alone]
+    assert len({c.message.content for c in together.choices}) > 1, "three draws, not one"
+    assert alone[0].usage.prompt_tokens == prompt
+    assert together.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    # Streamed: each choice's chunks, gathered by index, are its whole answer; one usage.
+    texts, finishes, usage = {}, {}, None
+    for chunk in sidecar.client.chat.completions.create(
+        **asked, seed=5, n=3, stream=True, stream_options={"include_usage": True}
+    ):
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+            finishes[c.index] = c.finish_reason or finishes.get(c.index)
+    assert [texts[i] for i in range(3)] == [c.message.content for c in together.choices]
+    assert [finishes[i] for i in range(3)] == [c.finish_reason for c in together.choices]
+    assert usage.completion_tokens == together.usage.completion_tokens
+
+
 def test_a_prompt_past_the_context_is_refused_naming_the_limit(sidecar):
     with pytest.raises(openai.BadRequestError) as e:
         sidecar.client.completions.create(model=MODEL, prompt="hello " * 9000, max_tokens=4)

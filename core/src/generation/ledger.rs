@@ -30,6 +30,12 @@ pub enum Event {
     /// A request arrives, with the hashes of its prompt's full blocks for the prefix cache (empty
     /// where the cache is off).
     Submit(Request, Prefix),
+    /// `n` > 1 sequences of one prompt arrive together (OpenAI's `n`, a list of prompts):
+    /// admitted all or none, then scheduled each as its own sequence, in order (as vLLM fans out
+    /// `n`: the prefix cache shares the prompt's blocks with those that start after the first
+    /// has computed them). Admission's forecast of each is exact, as for any sequence; a fork
+    /// that waited for its leader's prompt was not (it ran later than forecast).
+    SubmitGroup(Vec<Request>, Prefix),
     /// Its caller went away.
     Cancel(SeqId),
     /// Step `step` ended, as `outcome` says.
@@ -150,7 +156,7 @@ impl Ledger {
             // The next step leaves before the first newcomer is admitted: admission forecasts
             // with that step in flight, and a burst of arrivals never holds the engine idle for
             // the time its forecasts take (the newcomers join the step after).
-            if matches!(command, Event::Submit(..)) && !dispatched {
+            if matches!(command, Event::Submit(..) | Event::SubmitGroup(..)) && !dispatched {
                 dispatched = true;
                 if self.running.is_none() {
                     self.dispatch(now, effects);
@@ -158,6 +164,7 @@ impl Ledger {
             }
             match command {
                 Event::Submit(r, prefix) => self.submit(r, prefix, now, effects),
+                Event::SubmitGroup(group, prefix) => self.submit_group(group, prefix, now, effects),
                 Event::Cancel(id) => {
                     self.scheduler.remove(id);
                     self.failures.remove(&id);
@@ -206,6 +213,40 @@ impl Ledger {
                     );
                 }
                 effects.push(Effect::End { id: r.id, end: End::Unfinished(refusal), admitted: false })
+            }
+        }
+    }
+
+    /// Admits `n` sequences of one prompt one after another, each forecast with those before it
+    /// held; where one is refused, those taken are taken back and every one is refused with its
+    /// reason (no probe: a group is never a probe).
+    fn submit_group(&mut self, group: Vec<Request>, prefix: Prefix, now: Instant, effects: &mut Vec<Effect>) {
+        let mut taken: Vec<SeqId> = Vec::with_capacity(group.len());
+        for (i, r) in group.iter().enumerate() {
+            let in_flight = self.running.as_ref().map(|(_, plan, at)| InFlight { plan, end: *at + plan.expected });
+            let admitted = self.scheduler.check_bounds(r).and_then(|()| {
+                if self.enforces_deadlines() {
+                    forecast::admit(&self.scheduler, in_flight, r, &prefix, now, self.margin.get())
+                } else {
+                    Ok(())
+                }
+            });
+            match admitted {
+                Ok(()) => {
+                    self.scheduler.insert(*r, prefix.clone());
+                    taken.push(r.id);
+                }
+                Err(refusal) => {
+                    for id in taken {
+                        self.scheduler.remove(id);
+                    }
+                    let message = format!("choice {} of {}: {}", i + 1, group.len(), refusal.message);
+                    let refusal = Refusal { message, ..refusal };
+                    for r in &group {
+                        effects.push(Effect::End { id: r.id, end: End::Unfinished(refusal.clone()), admitted: false });
+                    }
+                    return;
+                }
             }
         }
     }

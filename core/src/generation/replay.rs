@@ -41,6 +41,9 @@ pub struct Arrival {
     /// Its prompt starts with the first `.1` tokens of shared prompt `.0` (a system prompt, a
     /// conversation so far), which the prefix cache may hold; else every token is its own.
     pub shared: Option<(u32, u32)>,
+    /// It is one more sequence of request `.0`'s prompt (OpenAI's `n`), arriving with it and
+    /// submitted in one group with it ([`Event::SubmitGroup`]).
+    pub fork_of: Option<usize>,
 }
 
 impl Arrival {
@@ -59,6 +62,7 @@ impl Arrival {
             weight: 1,
             cancel_after: None,
             shared: None,
+            fork_of: None,
         }
     }
 
@@ -101,6 +105,13 @@ impl Arrival {
     /// asked for them.
     pub fn shared(mut self, group: u32, tokens: u32) -> Self {
         self.shared = Some((group, tokens));
+        self
+    }
+
+    /// One more sequence of request `leader`'s prompt, in its group (give it the same `at`,
+    /// prompt and sharing).
+    pub fn fork_of(mut self, leader: usize) -> Self {
+        self.fork_of = Some(leader);
         self
     }
 }
@@ -302,22 +313,38 @@ impl<'a> Shell<'a> {
             Some(_) => Prefix::of(0, &ids, self.setup.block_size),
             None => Prefix::default(),
         };
-        events.push(Event::Submit(
-            Request {
-                id,
-                arrival: now,
-                priority: a.priority,
-                tenant: a.tenant,
-                weight: a.weight,
-                prompt: a.prompt,
-                max_tokens: a.max_tokens,
-                bytes: 64,
-                ttft_deadline: now + a.ttft,
-                itl: a.itl,
-                deadline: now + a.timeout,
-            },
-            prefix,
-        ));
+        let request = Request {
+            id,
+            arrival: now,
+            priority: a.priority,
+            tenant: a.tenant,
+            weight: a.weight,
+            prompt: a.prompt,
+            max_tokens: a.max_tokens,
+            bytes: 64,
+            ttft_deadline: now + a.ttft,
+            itl: a.itl,
+            deadline: now + a.timeout,
+        };
+        match a.fork_of.map(|k| k as SeqId) {
+            // Into its leader's submission, made a group.
+            Some(leader) => {
+                let at = events.iter().position(|e| match e {
+                    Event::Submit(r, _) => r.id == leader,
+                    Event::SubmitGroup(g, _) => g[0].id == leader,
+                    _ => false,
+                });
+                match at.map(|at| &mut events[at]) {
+                    Some(Event::SubmitGroup(g, _)) => g.push(request),
+                    Some(e) => {
+                        let Event::Submit(r, prefix) = e.clone() else { unreachable!("found as a submission") };
+                        *e = Event::SubmitGroup(vec![r, request], prefix);
+                    }
+                    None => panic!("fork {i} arrives without its leader {leader}"),
+                }
+            }
+            None => events.push(Event::Submit(request, prefix)),
+        }
         self.known.insert(id, ids);
         if let Some(after) = a.cancel_after {
             self.cancels.push((now + after, id));

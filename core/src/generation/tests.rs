@@ -338,3 +338,53 @@ fn blocks_a_waiting_sequence_took_from_the_cache_come_back_when_the_lone_running
     }
     assert!(trace.pool_errors.is_empty(), "{:?}", trace.pool_errors);
 }
+
+#[test]
+fn n_sequences_of_one_prompt_are_sequences_of_their_own_that_the_prefix_cache_serves_later() {
+    // A 100-token prompt, three sequences (OpenAI's n = 3), the prefix cache on: admitted
+    // together, they prefill side by side in the first step (300 tokens: 10 + 30 ms), each its
+    // own tokens — as vLLM fans out n — and decode together (10 + 3 ms a step). The same prompt
+    // arriving after that step finds its 6 full blocks of 16 in the cache and computes only the
+    // last 4 tokens.
+    let a = Arrival::new(0, 100, 5).shared(0, 100);
+    let later = Arrival::new(45, 100, 5).shared(0, 100);
+    let trace = replay(setup(), &[a, a.fork_of(0), a.fork_of(0), later]);
+    let chunks = |id: u64| -> Vec<(u32, u32)> {
+        trace
+            .steps
+            .iter()
+            .flat_map(|s| s.plan.members.iter().filter(|m| m.id == id && !m.decode).map(|m| (m.start, m.len)))
+            .collect()
+    };
+    for i in 0..3 {
+        assert_eq!(chunks(i), vec![(0, 100)], "{i}");
+        assert_eq!(times(&trace, i as usize)[..2], [40.0, 53.0], "{i}");
+    }
+    assert_eq!(chunks(3), vec![(96, 4)]);
+    for i in 0..4 {
+        assert!(finished(&trace, i), "{i}: {:?}", trace.fates[i].end);
+        assert_eq!(trace.fates[i].ids, trace.fates[i].expected, "each answer its own: {i}");
+    }
+    assert!(trace.pool_errors.is_empty(), "{:?}", trace.pool_errors);
+}
+
+#[test]
+fn a_group_is_admitted_whole_or_refused_whole() {
+    // A 300-token prompt and a 40-token answer take 40 ms to prefill and 39 decodes of 11 ms:
+    // 469 ms alone; two side by side, 70 + 39 x 12 = 538 ms. With a 500 ms deadline one fits
+    // and two do not: neither is admitted, each refused saying which choice failed. With 600 ms
+    // both are.
+    let a = Arrival::new(0, 300, 40).timeout_ms(600);
+    let trace = replay(setup(), &[a, a.fork_of(0)]);
+    assert!(trace.fates.iter().all(|f| finished(&trace, 0) && f.admitted && f.ids == f.expected));
+    let tight = a.timeout_ms(500);
+    assert!(replay(setup(), &[tight]).fates[0].admitted, "one alone fits");
+    let trace = replay(setup(), &[tight, tight.fork_of(0)]);
+    for fate in &trace.fates {
+        assert!(!fate.admitted && fate.tokens.is_empty(), "{:?}", fate.end);
+        let Some((_, Ending::Unfinished(refusal))) = &fate.end else { panic!("refused: {:?}", fate.end) };
+        assert!(refusal.message.starts_with("choice 2 of 2: "), "{}", refusal.message);
+        assert_eq!(refusal.outcome, Outcome::Infeasible);
+    }
+    assert!(trace.pool_errors.is_empty(), "{:?}", trace.pool_errors);
+}

@@ -82,6 +82,7 @@ pub fn run(service: &Service, discipline: Discipline, trace: &[Request]) -> Vec<
             weight: 1,
             cancel_after: None,
             shared: None,
+            fork_of: None,
         })
         .collect();
     let replayed = replay(service.setup(discipline), &arrivals);

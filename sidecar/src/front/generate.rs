@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 use std::time::Instant;
 
 use super::admit::read_body;
+use super::choices;
 use super::openai::error_body;
 use super::prompt::{self, Call, Kind, DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKENS};
 use super::shape::{Frame, Gathered};
@@ -78,7 +79,7 @@ pub(super) async fn models(State(front): State<Shared>) -> Json<Value> {
 }
 
 /// An error in OpenAI's shape, with `Retry-After` where the refusal has one.
-fn error(refusal: &Refusal) -> Response {
+pub(super) fn error(refusal: &Refusal) -> Response {
     let status = status_of(refusal.outcome);
     let mut response = (status, Json(error_body(status, &refusal.message))).into_response();
     if let Some(secs) = refusal.retry_after_secs() {
@@ -126,8 +127,14 @@ async fn generate(front: Shared, headers: HeaderMap, body: Body, kind: Kind) -> 
         Err(refusal) => return refuse(tally, refusal),
     };
     match admit(&front, &served, &headers, &tenant, bytes, kind, arrival).await {
+        Ok((Admitted::Choices(submissions), call, held)) => {
+            let Backend::Steps(steps) = &served.backend else { unreachable!("admitted for its own backend") };
+            let streams = steps.get().expect("admitted only once loaded").1.submit_group(submissions);
+            choices::answer(&served, &headers, call, kind, streams, held, tally, arrival).await
+        }
         Ok((admitted, call, held)) => {
             let stream = match admitted {
+                Admitted::Choices(_) => unreachable!("answered above"),
                 Admitted::Steps(submission) => match &served.backend {
                     Backend::Steps(steps) => {
                         steps.get().expect("admitted only once loaded").1.submit(submission, tally)
@@ -148,6 +155,8 @@ async fn generate(front: Shared, headers: HeaderMap, body: Body, kind: Kind) -> 
 /// A request ready for its backend.
 enum Admitted {
     Steps(Submission<Prompt>),
+    /// `n` > 1 sequences of one prompt, each with its own seed.
+    Choices(Vec<Submission<Prompt>>),
     Relay(Submission<relay::Upstream>),
 }
 
@@ -252,7 +261,7 @@ async fn admit(
                     if call.max_tokens.is_some() { "as asked" } else { "the default" }
                 )));
             }
-            Admitted::Steps(Submission {
+            let submission = Submission {
                 prompt: Prompt { tokens, sampling: call.sampling.clone(), stop: call.stop.clone() },
                 max_tokens,
                 priority,
@@ -263,7 +272,21 @@ async fn admit(
                 ttft_deadline: arrival + ttft,
                 itl,
                 deadline: arrival + timeout,
-            })
+            };
+            if call.n == 1 {
+                Admitted::Steps(submission)
+            } else {
+                // Choice i draws with seed + i, as vLLM seeds its n sequences.
+                Admitted::Choices(
+                    (0..call.n)
+                        .map(|i| {
+                            let mut s = submission.clone();
+                            s.prompt.sampling.seed = s.prompt.sampling.seed.wrapping_add(u64::from(i));
+                            s
+                        })
+                        .collect(),
+                )
+            }
         }
         (Backend::Relay(relay), Tokens::Estimated(prompt_tokens), Some(mut body)) => {
             // Without a max_tokens the upstream answers until its model ends or its context is
@@ -309,11 +332,15 @@ async fn admit(
     };
     // The tenant's quotas: this request, its prompt and the most it may produce, and one row (a
     // sequence) held until its answer has begun.
-    let tokens = match &admitted {
-        Admitted::Steps(s) => u64::from(s.prompt.prompt_tokens()) + u64::from(s.max_tokens),
-        Admitted::Relay(s) => u64::from(s.prompt.prompt_tokens()) + u64::from(s.max_tokens),
+    let (rows, tokens) = match &admitted {
+        Admitted::Steps(s) => (1, u64::from(s.prompt.prompt_tokens()) + u64::from(s.max_tokens)),
+        Admitted::Choices(c) => {
+            let s = &c[0];
+            (c.len() as u64, u64::from(s.prompt.prompt_tokens()) + c.len() as u64 * u64::from(s.max_tokens))
+        }
+        Admitted::Relay(s) => (1, u64::from(s.prompt.prompt_tokens()) + u64::from(s.max_tokens)),
     };
-    let held = tenant.take(1, tokens, ferry_core::clock::now())?;
+    let held = tenant.take(rows, tokens, ferry_core::clock::now())?;
     Ok((admitted, call, held))
 }
 
@@ -324,13 +351,13 @@ enum Tokens {
 }
 
 /// An SSE event carrying `value`.
-fn event(value: &Value) -> Bytes {
+pub(super) fn event(value: &Value) -> Bytes {
     Bytes::from(format!("data: {value}\n\n"))
 }
 
 /// The event that ends a stream cut short: OpenAI's error shape, `deadline_exceeded` for a
 /// deadline; no `[DONE]` follows.
-fn error_event(refusal: &Refusal) -> Bytes {
+pub(super) fn error_event(refusal: &Refusal) -> Bytes {
     let status = status_of(refusal.outcome);
     let mut body = error_body(status, &refusal.message);
     if refusal.outcome == Outcome::Expired {
@@ -419,7 +446,7 @@ async fn answer(
                         out.extend_from_slice(&event(&finish));
                     }
                     if include_usage {
-                        out.extend_from_slice(&event(&frame.usage_chunk(&f)));
+                        out.extend_from_slice(&event(&frame.usage_chunk(&[f])));
                     }
                     out.extend_from_slice(b"data: [DONE]\n\n");
                     (Bytes::from(out), true)

@@ -2,10 +2,10 @@
 //! the prompt (or the conversation, rendered with the model's own chat template), `max_tokens`
 //! (or `max_completion_tokens`), sampling (`temperature`, `top_p`, `seed`, `top_k`, `min_p`,
 //! `logit_bias`, `ignore_eos`: vLLM's ranges and meanings), `logprobs` (and chat's
-//! `top_logprobs`), `stop`, `n` = 1, `stream` and `stream_options.include_usage`. Fields that
-//! would change the answer and that the built-in engines do not act on are refused, naming them
-//! ([`super::unserved`]), as is `n` > 1, rather than answered without what they ask for (a relay
-//! sends all of them on, and passes back what its upstream answers); fields that do not
+//! `top_logprobs`), `stop`, `n` (up to 128), `stream` and `stream_options.include_usage`. Fields
+//! that would change the answer and that the built-in engines do not act on are refused, naming
+//! them ([`super::unserved`]), rather than answered without what they ask for (a relay sends all
+//! of them on, and passes back what its upstream answers); fields that do not
 //! change it (`user`, `metadata`, ...) are accepted and ignored, as vLLM does. Whole numbers may
 //! be written as floats (`610.0`) and seeds may be negative, as OpenAI's schema allows.
 
@@ -147,6 +147,9 @@ pub const ROLES: [&str; 6] = ["system", "developer", "user", "assistant", "tool"
 /// at each place (vLLM's default `max_logprobs`; OpenAI's chat limit).
 pub const MAX_LOGPROBS: i128 = 20;
 
+/// The most choices a request may ask for (OpenAI's limit for `n`).
+pub const MAX_N: i128 = 128;
+
 /// The most entries a `logit_bias` may have (OpenAI's limit).
 pub const MAX_LOGIT_BIAS: usize = 300;
 
@@ -246,6 +249,8 @@ pub struct Call {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Choices asked for (`n`): sequences of the one prompt, each drawn with its own seed.
+    pub n: u32,
 }
 
 /// The `model` field, read first so that the request can be routed.
@@ -381,10 +386,9 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(Refusal::invalid(format!("'top_p' is {top_p}; it must be more than 0 and at most 1")));
     }
-    // An upstream server answers n choices itself.
-    if let Some(n) = whole("n", body.n, 1, i128::from(u32::MAX))?.filter(|n| *n != 1 && model.is_some()) {
-        return Err(Refusal::invalid(format!("'n' is {n}; this server generates one choice per request (n = 1)")));
-    }
+    // An upstream server answers n choices itself, within its own limits.
+    let most = if model.is_some() { MAX_N } else { i128::from(u32::MAX) };
+    let n = whole("n", body.n, 1, most)?.unwrap_or(1) as u32;
     // OpenAI's seed is a signed 64-bit integer; a negative one draws as its two's complement.
     let seed = whole("seed", body.seed, i128::from(i64::MIN), i128::from(u64::MAX))?.map(|s| s as u64);
     if model.is_some() {
@@ -458,6 +462,7 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
         stop,
         stream,
         include_usage: stream && body.stream_options.unwrap_or_default().include_usage,
+        n,
     })
 }
 
@@ -618,9 +623,10 @@ mod tests {
     fn bad_fields_are_named_with_their_value_and_limit() {
         let err = |kind, body| call(kind, body).unwrap_err().message;
         assert_eq!(
-            err(Kind::Completion, json!({"model": "m", "prompt": "a", "n": 2})),
-            "'n' is 2; this server generates one choice per request (n = 1)"
+            err(Kind::Completion, json!({"model": "m", "prompt": "a", "n": 129})),
+            "'n' is 129; it must be at most 128"
         );
+        assert_eq!(call(Kind::Completion, json!({"model": "m", "prompt": "a", "n": 3.0})).unwrap().n, 3);
         assert_eq!(
             err(Kind::Completion, json!({"model": "m", "prompt": "a", "max_tokens": 0})),
             "'max_tokens' is 0; it must be at least 1"

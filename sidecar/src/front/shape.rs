@@ -19,8 +19,8 @@ pub(super) struct Frame {
     kind: Kind,
     /// Whether the request asked for log-probabilities.
     logprobs: bool,
-    /// Characters of the tokens shown so far: a completion's next `text_offset`.
-    offset: usize,
+    /// Characters of each choice's tokens shown so far: a completion's next `text_offset`.
+    offsets: std::collections::BTreeMap<u64, usize>,
     /// Whether the first chunk went (a chat's carries the role).
     opened: bool,
     /// The choices an upstream's chunks have opened (each chat choice's first carries the role).
@@ -37,7 +37,7 @@ impl Frame {
             model,
             kind,
             logprobs,
-            offset: 0,
+            offsets: Default::default(),
             opened: false,
             opened_choices: Default::default(),
             finished_upstream: false,
@@ -63,7 +63,7 @@ impl Frame {
     /// OpenAI's `logprobs` of a choice that brings `tokens`: chat's list of tokens with their
     /// bytes and alternatives, or a completion's four lists (`text_offset` counts characters of
     /// the tokens from the answer's start, as vLLM counts them); `null` where none were asked.
-    fn logprobs(&mut self, tokens: &[TokenLogprob]) -> Value {
+    fn logprobs(&mut self, index: u64, tokens: &[TokenLogprob]) -> Value {
         if !self.logprobs {
             return Value::Null;
         }
@@ -84,9 +84,10 @@ impl Frame {
             }
             Kind::Completion => {
                 let mut offsets = Vec::with_capacity(tokens.len());
+                let offset = self.offsets.entry(index).or_default();
                 for t in tokens {
-                    offsets.push(self.offset);
-                    self.offset += text(&t.token).chars().count();
+                    offsets.push(*offset);
+                    *offset += text(&t.token).chars().count();
                 }
                 // The drawn token among them, as vLLM and OpenAI write a completion's (one more
                 // than asked where it is not among the most likely).
@@ -112,21 +113,28 @@ impl Frame {
     /// ends mid-character, its log-probability not asked for), but the first, which opens the
     /// stream.
     pub fn chunk(&mut self, piece: Piece, usage: bool) -> Option<Value> {
+        self.chunk_at(0, piece, usage)
+    }
+
+    /// [`Frame::chunk`] for choice `index` of the built-in engines' `n`.
+    pub fn chunk_at(&mut self, index: u64, piece: Piece, usage: bool) -> Option<Value> {
         let first = !self.opened;
         let choice = match piece {
             Piece::Text(text, logprob) => {
                 if text.is_empty() && logprob.is_none() && !first {
                     return None;
                 }
-                let logprobs = self.logprobs(Vec::from_iter(logprob.map(|l| *l)).as_slice());
+                let logprobs = self.logprobs(index, Vec::from_iter(logprob.map(|l| *l)).as_slice());
                 match self.kind {
-                    Kind::Completion => json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": null}),
+                    Kind::Completion => {
+                        json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": null})
+                    }
                     Kind::Chat => {
                         let mut delta = json!({"content": text});
-                        if first {
+                        if self.opened_choices.insert(index) {
                             delta["role"] = Value::from("assistant");
                         }
-                        json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": null})
+                        json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": null})
                     }
                 }
             }
@@ -152,42 +160,63 @@ impl Frame {
         if self.finished_upstream {
             return None;
         }
-        let reason = f.reason.as_str();
-        let choice = match self.kind {
-            Kind::Completion => json!({"index": 0, "text": "", "logprobs": null, "finish_reason": reason}),
-            Kind::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason}),
-        };
-        Some(self.wrap(vec![choice], usage))
+        Some(self.finish_at(0, f, usage))
     }
 
-    pub fn usage_chunk(&self, f: &Finished) -> Value {
-        json!({"id": self.id, "object": self.object(false), "created": self.created, "model": self.model, "choices": [], "usage": usage(f)})
+    /// The chunk that ends choice `index` of the built-in engines' `n`.
+    pub fn finish_at(&mut self, index: u64, f: &Finished, usage: bool) -> Value {
+        let reason = f.reason.as_str();
+        let choice = match self.kind {
+            Kind::Completion => json!({"index": index, "text": "", "logprobs": null, "finish_reason": reason}),
+            Kind::Chat => json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": reason}),
+        };
+        self.wrap(vec![choice], usage)
+    }
+
+    /// The chunk with the usage of choices that ended as `ends` say (the prompt counted once).
+    pub fn usage_chunk(&self, ends: &[Finished]) -> Value {
+        json!({"id": self.id, "object": self.object(false), "created": self.created, "model": self.model, "choices": [], "usage": usage(ends)})
     }
 
     /// A whole answer: the built-in engines' text and log-probabilities, or an upstream's chunks
     /// merged.
     pub fn whole(&mut self, gathered: Gathered, f: &Finished) -> Value {
-        let choices = if gathered.relayed.is_empty() {
-            let logprobs = self.logprobs(&gathered.tokens);
+        self.whole_of(vec![(gathered, *f)])
+    }
+
+    /// A whole answer of the built-in engines' `n` choices, in order (or of an upstream's one
+    /// stream).
+    pub fn whole_of(&mut self, choices: Vec<(Gathered, Finished)>) -> Value {
+        let ends: Vec<Finished> = choices.iter().map(|c| c.1).collect();
+        let mut all = Vec::with_capacity(choices.len());
+        for (index, (gathered, f)) in (0u64..).zip(choices) {
+            if !gathered.relayed.is_empty() {
+                all.extend(gathered.relayed.choices(self.kind));
+                continue;
+            }
+            let logprobs = self.logprobs(index, &gathered.tokens);
             let (text, reason) = (gathered.text, f.reason.as_str());
-            vec![match self.kind {
-                Kind::Completion => json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}),
+            all.push(match self.kind {
+                Kind::Completion => {
+                    json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason})
+                }
                 Kind::Chat => json!({
-                    "index": 0,
+                    "index": index,
                     "message": {"role": "assistant", "content": text, "refusal": null},
                     "logprobs": logprobs,
                     "finish_reason": reason,
                 }),
-            }]
-        } else {
-            gathered.relayed.choices(self.kind)
-        };
-        json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": choices, "usage": usage(f)})
+            });
+        }
+        json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": all, "usage": usage(&ends)})
     }
 }
 
-fn usage(f: &Finished) -> Value {
-    json!({"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens, "total_tokens": f.prompt_tokens + f.completion_tokens})
+/// The usage of choices that ended as `ends` say: their prompt once, every answer's tokens.
+fn usage(ends: &[Finished]) -> Value {
+    let prompt = ends.first().map_or(0, |f| f.prompt_tokens);
+    let completion: u32 = ends.iter().map(|f| f.completion_tokens).sum();
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }
 
 /// What a whole answer gathers from its pieces.

@@ -85,7 +85,13 @@ impl<P> Deadlines for Submission<P> {
 
 /// What a shell's task hears from its handles.
 pub(super) enum Command<P> {
-    Submit { id: SeqId, submission: Submission<P>, stream: mpsc::UnboundedSender<Sent> },
+    Submit {
+        id: SeqId,
+        submission: Submission<P>,
+        stream: mpsc::UnboundedSender<Sent>,
+    },
+    /// `n` > 1 sequences of one prompt, admitted together.
+    SubmitGroup(Vec<(SeqId, Submission<P>, mpsc::UnboundedSender<Sent>)>),
     Control(Control),
     Drain(oneshot::Sender<()>),
 }
@@ -107,6 +113,13 @@ pub(super) trait Backend: Send + 'static {
     fn woke(&mut self, now: Instant, late: Duration, events: &mut Vec<Self::Event>);
     /// A request arrives: its caller is `reply`.
     fn submit(&mut self, request: Request, prompt: Self::Prompt, reply: Reply, events: &mut Vec<Self::Event>);
+    /// `n` > 1 sequences of one prompt arrive together; a backend that cannot admit them as one
+    /// group takes each on its own.
+    fn submit_group(&mut self, group: Vec<(Request, Self::Prompt, Reply)>, events: &mut Vec<Self::Event>) {
+        for (request, prompt, reply) in group {
+            self.submit(request, prompt, reply, events);
+        }
+    }
     fn control(&mut self, control: Control, events: &mut Vec<Self::Event>);
     fn report(&mut self, report: Self::Report, events: &mut Vec<Self::Event>);
     /// Why the backend can no longer serve, if it cannot (the task then ends, and with it the
@@ -232,12 +245,32 @@ impl<P: PromptTokens + Send + 'static> Handle<P> {
         let control = Box::new(move |c: Control| {
             let _ = commands.send(Command::Control(c));
         });
-        let mut stream = Stream::new(id, rx, control, tally, self.metrics.late_results.clone(), &submission);
+        let mut stream = Stream::new(id, rx, control, Some(tally), self.metrics.late_results.clone(), &submission);
         if self.commands.send(Command::Submit { id, submission, stream: tx }).is_err() {
             // The task is gone (its backend broke): the request fails here.
             stream.fail_now();
         }
         stream
+    }
+
+    /// Hands `n` > 1 sequences of one request to the shell, admitted all or none: a stream each,
+    /// none counting the request's outcome (its caller counts it once, for all of them).
+    pub fn submit_group(&self, submissions: Vec<Submission<P>>) -> Vec<Stream> {
+        let (mut group, mut streams) = (Vec::new(), Vec::new());
+        for submission in submissions {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = mpsc::unbounded_channel();
+            let commands = self.commands.clone();
+            let control = Box::new(move |c: Control| {
+                let _ = commands.send(Command::Control(c));
+            });
+            streams.push(Stream::new(id, rx, control, None, self.metrics.late_results.clone(), &submission));
+            group.push((id, submission, tx));
+        }
+        if self.commands.send(Command::SubmitGroup(group)).is_err() {
+            streams.iter_mut().for_each(Stream::fail_now);
+        }
+        streams
     }
 
     /// Resolves once every request has ended.
@@ -313,6 +346,13 @@ async fn run<B: Backend>(
             Command::Submit { id, submission, stream } => {
                 let (request, reply) = (submission.request(id), Reply::new(stream, submission.arrival));
                 backend.submit(request, submission.prompt, reply, events)
+            }
+            Command::SubmitGroup(group) => {
+                let group = group
+                    .into_iter()
+                    .map(|(id, s, stream)| (s.request(id), s.prompt, Reply::new(stream, s.arrival)))
+                    .collect();
+                backend.submit_group(group, events)
             }
             Command::Control(control) => backend.control(control, events),
             Command::Drain(tx) => drains.push(tx),

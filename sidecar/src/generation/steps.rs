@@ -163,7 +163,7 @@ impl Backend for Steps {
     const ADMISSIONS_PER_PASS: usize = 16;
 
     fn is_admission(event: &Event) -> bool {
-        matches!(event, Event::Submit(..))
+        matches!(event, Event::Submit(..) | Event::SubmitGroup(..))
     }
 
     fn woke(&mut self, now: Instant, late: Duration, events: &mut Vec<Event>) {
@@ -176,17 +176,25 @@ impl Backend for Steps {
             Some(seed) => Prefix::of(seed, &prompt.tokens, self.engine.kv().block_size),
             None => Prefix::default(),
         };
-        let caller = Caller {
-            reply,
-            prompt: request.prompt,
-            tokens: prompt.tokens,
-            sampling: prompt.sampling,
-            detokenizer: self.engine.model().detokenizer(),
-            stop: StopMatcher::new(prompt.stop),
-        };
+        let caller = self.caller(&request, prompt, reply);
         self.callers.insert(request.id, caller);
         self.capacity.arrived(request.prompt);
         events.push(Event::Submit(request, named));
+    }
+
+    /// One prompt's `n` sequences: the ledger admits them all or none.
+    fn submit_group(&mut self, group: Vec<(Request, Prompt, Reply)>, events: &mut Vec<Event>) {
+        let named = match (self.prefix_cache, group.first()) {
+            (Some(seed), Some((_, prompt, _))) => Prefix::of(seed, &prompt.tokens, self.engine.kv().block_size),
+            _ => Prefix::default(),
+        };
+        let mut requests = Vec::with_capacity(group.len());
+        for (request, prompt, reply) in group {
+            self.callers.insert(request.id, self.caller(&request, prompt, reply));
+            self.capacity.arrived(request.prompt);
+            requests.push(request);
+        }
+        events.push(Event::SubmitGroup(requests, named));
     }
 
     fn control(&mut self, control: Control, events: &mut Vec<Event>) {
@@ -300,6 +308,17 @@ impl Backend for Steps {
 }
 
 impl Steps {
+    fn caller(&self, request: &Request, prompt: Prompt, reply: Reply) -> Caller {
+        Caller {
+            reply,
+            prompt: request.prompt,
+            tokens: prompt.tokens,
+            sampling: prompt.sampling,
+            detokenizer: self.engine.model().detokenizer(),
+            stop: StopMatcher::new(prompt.stop),
+        }
+    }
+
     /// A wake `late` after it was due: past [`PROCESS_PAUSED`], the process did not run meanwhile
     /// (SIGSTOP, a CPU quota, a page-cache stall), the engine with it, so the running step's stall
     /// deadline moves by as much. The watchdog's own wake alone does not tell a stop that ends

@@ -105,7 +105,7 @@ impl Stream {
         id: SeqId,
         rx: mpsc::UnboundedReceiver<Sent>,
         control: Box<dyn Fn(Control) + Send + Sync>,
-        tally: Tally,
+        tally: Option<Tally>,
         late_results: prometheus::IntCounter,
         deadlines: &dyn Deadlines,
     ) -> Stream {
@@ -113,7 +113,7 @@ impl Stream {
             id,
             rx,
             control,
-            tally: Some(tally),
+            tally,
             late_results,
             arrival: deadlines.arrival(),
             ttft_deadline: deadlines.ttft_deadline(),
