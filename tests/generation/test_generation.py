@@ -178,6 +178,31 @@ def test_a_prompt_may_come_as_token_ids(sidecar):
         assert r.usage.prompt_tokens == 3 and r.usage.completion_tokens == 2
 
 
+def test_a_list_of_prompts_is_answered_n_choices_a_prompt_in_order(sidecar):
+    # sim-llm answers with its prompt's words, cycled: each choice shows whose prompt it is.
+    prompts = ["one two", "three four five"]
+    alone = [sidecar.client.completions.create(model=MODEL, prompt=p, max_tokens=4) for p in prompts]
+    r = sidecar.client.completions.create(model=MODEL, prompt=prompts, max_tokens=4, n=2)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert [c.text for c in r.choices] == [alone[0].choices[0].text] * 2 + [alone[1].choices[0].text] * 2
+    assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone), "each prompt once"
+    assert r.usage.completion_tokens == 2 * sum(a.usage.completion_tokens for a in alone)
+    texts, usage = {}, None
+    stream = sidecar.client.completions.create(
+        model=MODEL, prompt=prompts, max_tokens=4, n=2, stream=True, stream_options={"include_usage": True})
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert [texts[i] for i in range(4)] == [c.text for c in r.choices]
+    assert usage.prompt_tokens == r.usage.prompt_tokens
+    ids = sidecar.client.completions.create(model=MODEL, prompt=[[0, 1], [2]], max_tokens=1)
+    assert [c.index for c in ids.choices] == [0, 1] and ids.usage.prompt_tokens == 3
+    with pytest.raises(openai.BadRequestError) as e:
+        sidecar.client.completions.create(model=MODEL, prompt=["a", "b", "c"], n=50)
+    assert "'prompt' is a list of 3 prompts and 'n' is 50: 150 choices; at most 128" in e.value.message
+
+
 def test_bad_requests_get_openai_errors_that_name_the_field(sidecar):
     with pytest.raises(openai.BadRequestError) as e:
         sidecar.client.completions.create(model=MODEL, prompt="a", n=129)

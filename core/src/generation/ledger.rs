@@ -35,7 +35,7 @@ pub enum Event {
     /// `n`: the prefix cache shares the prompt's blocks with those that start after the first
     /// has computed them). Admission's forecast of each is exact, as for any sequence; a fork
     /// that waited for its leader's prompt was not (it ran later than forecast).
-    SubmitGroup(Vec<Request>, Prefix),
+    SubmitGroup(Vec<(Request, Prefix)>),
     /// Its caller went away.
     Cancel(SeqId),
     /// Step `step` ended, as `outcome` says.
@@ -164,7 +164,7 @@ impl Ledger {
             }
             match command {
                 Event::Submit(r, prefix) => self.submit(r, prefix, now, effects),
-                Event::SubmitGroup(group, prefix) => self.submit_group(group, prefix, now, effects),
+                Event::SubmitGroup(group) => self.submit_group(group, now, effects),
                 Event::Cancel(id) => {
                     self.scheduler.remove(id);
                     self.failures.remove(&id);
@@ -220,13 +220,13 @@ impl Ledger {
     /// Admits `n` sequences of one prompt one after another, each forecast with those before it
     /// held; where one is refused, those taken are taken back and every one is refused with its
     /// reason (no probe: a group is never a probe).
-    fn submit_group(&mut self, group: Vec<Request>, prefix: Prefix, now: Instant, effects: &mut Vec<Effect>) {
+    fn submit_group(&mut self, group: Vec<(Request, Prefix)>, now: Instant, effects: &mut Vec<Effect>) {
         let mut taken: Vec<SeqId> = Vec::with_capacity(group.len());
-        for (i, r) in group.iter().enumerate() {
+        for (i, (r, prefix)) in group.iter().enumerate() {
             let in_flight = self.running.as_ref().map(|(_, plan, at)| InFlight { plan, end: *at + plan.expected });
             let admitted = self.scheduler.check_bounds(r).and_then(|()| {
                 if self.enforces_deadlines() {
-                    forecast::admit(&self.scheduler, in_flight, r, &prefix, now, self.margin.get())
+                    forecast::admit(&self.scheduler, in_flight, r, prefix, now, self.margin.get())
                 } else {
                     Ok(())
                 }
@@ -242,7 +242,7 @@ impl Ledger {
                     }
                     let message = format!("choice {} of {}: {}", i + 1, group.len(), refusal.message);
                     let refusal = Refusal { message, ..refusal };
-                    for r in &group {
+                    for (r, _) in &group {
                         effects.push(Effect::End { id: r.id, end: End::Unfinished(refusal.clone()), admitted: false });
                     }
                     return;

@@ -331,14 +331,14 @@ impl<'a> Shell<'a> {
             Some(leader) => {
                 let at = events.iter().position(|e| match e {
                     Event::Submit(r, _) => r.id == leader,
-                    Event::SubmitGroup(g, _) => g[0].id == leader,
+                    Event::SubmitGroup(g) => g[0].0.id == leader,
                     _ => false,
                 });
                 match at.map(|at| &mut events[at]) {
-                    Some(Event::SubmitGroup(g, _)) => g.push(request),
+                    Some(Event::SubmitGroup(g)) => g.push((request, prefix)),
                     Some(e) => {
-                        let Event::Submit(r, prefix) = e.clone() else { unreachable!("found as a submission") };
-                        *e = Event::SubmitGroup(vec![r, request], prefix);
+                        let Event::Submit(r, first) = e.clone() else { unreachable!("found as a submission") };
+                        *e = Event::SubmitGroup(vec![(r, first), (request, prefix)]);
                     }
                     None => panic!("fork {i} arrives without its leader {leader}"),
                 }

@@ -1,7 +1,8 @@
-//! The answer to a request for `n` > 1 choices from the built-in engines: one stream a choice
-//! (sequences of one prompt, each scheduled as its own), merged into OpenAI's one answer —
-//! chunks of every choice as they come, each with its `index`, then one usage for all (the prompt
-//! counted once) — or a whole answer with the choices in order. The group is admitted or refused
+//! The answer to a request for `n` > 1 choices, or for a list of prompts, from the built-in
+//! engines: one stream a choice (sequences of the prompts, each scheduled as its own), merged into
+//! OpenAI's one answer — chunks of every choice as they come, each with its `index` (prompt `p`'s
+//! choice `i` is `p × n + i`), then one usage for all (each prompt counted once) — or a whole
+//! answer with the choices in order. The group is admitted or refused
 //! whole, so the first piece of any choice says which; a choice that fails after that (a
 //! deadline) fails the request, and the rest are cancelled. The request's outcome is counted
 //! here, once: the streams count none.
@@ -53,7 +54,8 @@ pub(super) async fn answer(
         served.name.clone(),
         kind,
         call.sampling.logprobs.is_some(),
-    );
+    )
+    .choices_per_prompt(call.n);
     let mut choices = merged(streams);
     // Nothing is sent before the first token of any choice (or the group's refusal).
     let first = match choices.next().await {

@@ -191,25 +191,38 @@ async fn admit(
     let (call, tokens, body) = match &served.backend {
         Backend::Steps(steps) => {
             let engine = steps.get().expect("ready: loaded").0.clone();
-            let read = move || -> Result<(Call, Vec<u32>), Refusal> {
+            let read = move || -> Result<(Call, Vec<Vec<u32>>), Refusal> {
                 let model = engine.model();
                 let mut call = prompt::parse(&bytes, kind, Some(model))?;
-                let tokens = match call.ids.take() {
-                    Some(ids) => {
-                        if let Some((i, id)) = ids.iter().enumerate().find(|(_, id)| **id >= model.vocab_size()) {
-                            return Err(unknown_token(model, &format!("'prompt'[{i}] is token {id}")));
+                let listed = !call.more.is_empty();
+                let first = (std::mem::take(&mut call.prompt), call.ids.take());
+                let mut prompts = Vec::with_capacity(1 + call.more.len());
+                for (p, (text, ids)) in std::iter::once(first).chain(std::mem::take(&mut call.more)).enumerate() {
+                    // Where the prompt is a list, its errors name the prompt: 'prompt'[1][4].
+                    let at = if listed { format!("'prompt'[{p}]") } else { "'prompt'".to_owned() };
+                    let tokens = match ids {
+                        Some(ids) => {
+                            if let Some((i, id)) = ids.iter().enumerate().find(|(_, id)| **id >= model.vocab_size()) {
+                                return Err(unknown_token(model, &format!("{at}[{i}] is token {id}")));
+                            }
+                            ids
                         }
-                        ids
+                        None => model.encode(&text).map_err(Refusal::invalid)?,
+                    };
+                    if tokens.is_empty() {
+                        let which =
+                            if listed { format!("{at} has no tokens") } else { "the prompt has no tokens".into() };
+                        return Err(Refusal::invalid(which));
                     }
-                    None => model.encode(&call.prompt).map_err(Refusal::invalid)?,
-                };
+                    if p == 0 {
+                        call.prompt = text;
+                    }
+                    prompts.push(tokens);
+                }
                 if let Some((token, _)) = call.sampling.logit_bias.iter().find(|(t, _)| *t >= model.vocab_size()) {
                     return Err(unknown_token(model, &format!("'logit_bias' names token {token}")));
                 }
-                if tokens.is_empty() {
-                    return Err(Refusal::invalid("the prompt has no tokens"));
-                }
-                Ok((call, tokens))
+                Ok((call, prompts))
             };
             let (call, tokens) = if size as usize > OFFLOAD_BYTES {
                 tokio::task::spawn_blocking(read)
@@ -250,10 +263,10 @@ async fn admit(
         Kind::Chat => DEFAULT_CHAT_MAX_TOKENS,
     };
     let admitted = match (&served.backend, tokens, body) {
-        (Backend::Steps(steps), Tokens::Ids(tokens), _) => {
+        (Backend::Steps(steps), Tokens::Ids(mut prompts), _) => {
             let context = steps.get().expect("ready: loaded").0.model().context_length();
-            let max_tokens =
-                call.max_tokens.unwrap_or_else(|| default.min(context.saturating_sub(tokens.len() as u32).max(1)));
+            let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) as u32;
+            let max_tokens = call.max_tokens.unwrap_or_else(|| default.min(context.saturating_sub(longest).max(1)));
             if call.sampling.min_tokens > max_tokens {
                 return Err(Refusal::invalid(format!(
                     "'min_tokens' is {}; it must be at most max_tokens ({max_tokens}, {})",
@@ -261,6 +274,8 @@ async fn admit(
                     if call.max_tokens.is_some() { "as asked" } else { "the default" }
                 )));
             }
+            let more = prompts.split_off(1);
+            let tokens = prompts.pop().expect("one prompt at least");
             let submission = Submission {
                 prompt: Prompt { tokens, sampling: call.sampling.clone(), stop: call.stop.clone() },
                 max_tokens,
@@ -273,16 +288,22 @@ async fn admit(
                 itl,
                 deadline: arrival + timeout,
             };
-            if call.n == 1 {
+            if call.n == 1 && more.is_empty() {
                 Admitted::Steps(submission)
             } else {
-                // Choice i draws with seed + i, as vLLM seeds its n sequences.
+                // Prompt p's choice i is choice p × n + i, drawn with seed + i, as vLLM seeds the
+                // n sequences of each prompt of a list.
+                let prompts = std::iter::once(submission.prompt.tokens.clone()).chain(more);
                 Admitted::Choices(
-                    (0..call.n)
-                        .map(|i| {
-                            let mut s = submission.clone();
-                            s.prompt.sampling.seed = s.prompt.sampling.seed.wrapping_add(u64::from(i));
-                            s
+                    prompts
+                        .flat_map(|tokens| {
+                            let submission = &submission;
+                            (0..call.n).map(move |i| {
+                                let mut s = submission.clone();
+                                s.prompt.tokens = tokens.clone();
+                                s.prompt.sampling.seed = s.prompt.sampling.seed.wrapping_add(u64::from(i));
+                                s
+                            })
                         })
                         .collect(),
                 )
@@ -335,8 +356,8 @@ async fn admit(
     let (rows, tokens) = match &admitted {
         Admitted::Steps(s) => (1, u64::from(s.prompt.prompt_tokens()) + u64::from(s.max_tokens)),
         Admitted::Choices(c) => {
-            let s = &c[0];
-            (c.len() as u64, u64::from(s.prompt.prompt_tokens()) + c.len() as u64 * u64::from(s.max_tokens))
+            let prompts: u64 = c.iter().step_by(call.n as usize).map(|s| u64::from(s.prompt.prompt_tokens())).sum();
+            (c.len() as u64, prompts + c.len() as u64 * u64::from(c[0].max_tokens))
         }
         Admitted::Relay(s) => (1, u64::from(s.prompt.prompt_tokens()) + u64::from(s.max_tokens)),
     };
@@ -346,7 +367,8 @@ async fn admit(
 
 /// A prompt as its backend needs it.
 enum Tokens {
-    Ids(Vec<u32>),
+    /// Each prompt's (one, or a list's).
+    Ids(Vec<Vec<u32>>),
     Estimated(u32),
 }
 

@@ -249,8 +249,11 @@ pub struct Call {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
-    /// Choices asked for (`n`): sequences of the one prompt, each drawn with its own seed.
+    /// Choices asked for (`n`): sequences of each prompt, each drawn with its own seed.
     pub n: u32,
+    /// A completion's prompts after the first, where `prompt` is a list (text, or token ids):
+    /// `n` choices each, indexed after the first's, as vLLM and OpenAI answer a list.
+    pub more: Vec<(String, Option<Vec<u32>>)>,
 }
 
 /// The `model` field, read first so that the request can be routed.
@@ -269,9 +272,7 @@ pub fn model_of(bytes: &[u8]) -> Result<String, Refusal> {
 pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Result<Call, Refusal> {
     let mut body: Body = serde_json::from_slice(bytes)
         .map_err(|e| Refusal::invalid(format!("the body is not a valid completion request: {e}")))?;
-    let many = |n: usize| {
-        Refusal::invalid(format!("'prompt' is a list of {n} prompts; this server takes one prompt per request"))
-    };
+    let empty = || Refusal::invalid("'prompt' is an empty list; send at least one prompt");
     // (An upstream server judges its own fields.)
     if kind == Kind::Completion && model.is_some() {
         let templated = [
@@ -286,20 +287,26 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
         }
     }
     let mut ids = None;
+    let mut more = Vec::new();
     let prompt = match kind {
         Kind::Completion => match body.prompt {
             Some(Prompt::One(text)) => text,
-            Some(Prompt::Many(mut texts)) if texts.len() == 1 => texts.remove(0),
-            Some(Prompt::Many(texts)) => return Err(many(texts.len())),
+            Some(Prompt::Many(texts)) => {
+                let mut texts = texts.into_iter();
+                let first = texts.next().ok_or_else(empty)?;
+                more = texts.map(|t| (t, None)).collect();
+                first
+            }
             Some(Prompt::Ids(list)) => {
                 ids = Some(list);
                 String::new()
             }
-            Some(Prompt::ManyIds(mut lists)) if lists.len() == 1 => {
-                ids = Some(lists.remove(0));
+            Some(Prompt::ManyIds(lists)) => {
+                let mut lists = lists.into_iter();
+                ids = Some(lists.next().ok_or_else(empty)?);
+                more = lists.map(|l| (String::new(), Some(l))).collect();
                 String::new()
             }
-            Some(Prompt::ManyIds(lists)) => return Err(many(lists.len())),
             Some(Prompt::Other(_)) => {
                 return Err(Refusal::invalid(
                     "'prompt' must be a string, a list of one string, or token ids (whole numbers from 0)",
@@ -389,6 +396,13 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
     // An upstream server answers n choices itself, within its own limits.
     let most = if model.is_some() { MAX_N } else { i128::from(u32::MAX) };
     let n = whole("n", body.n, 1, most)?.unwrap_or(1) as u32;
+    let prompts = 1 + more.len() as u32;
+    if model.is_some() && i128::from(prompts * n.min(MAX_N as u32)) > MAX_N {
+        return Err(Refusal::invalid(format!(
+            "'prompt' is a list of {prompts} prompts and 'n' is {n}: {} choices; at most {MAX_N} a request",
+            u64::from(prompts) * u64::from(n)
+        )));
+    }
     // OpenAI's seed is a signed 64-bit integer; a negative one draws as its two's complement.
     let seed = whole("seed", body.seed, i128::from(i64::MIN), i128::from(u64::MAX))?.map(|s| s as u64);
     if model.is_some() {
@@ -440,10 +454,21 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
         )));
     }
     let stream = body.stream.unwrap_or(false);
+    let (mut prompt, mut ids) = (prompt, ids);
+    if model.is_none() {
+        // An upstream server answers the list itself: its prompts count together, for their size.
+        for (text, more_ids) in more.drain(..) {
+            prompt.push_str(&text);
+            if let (Some(all), Some(more_ids)) = (ids.as_mut(), more_ids) {
+                all.extend(more_ids);
+            }
+        }
+    }
     Ok(Call {
         model: body.model,
         prompt,
         ids,
+        more,
         max_tokens,
         sampling: Sampling {
             temperature: temperature as f32,
@@ -635,8 +660,16 @@ mod tests {
             .contains("'temperature' is 3"));
         assert!(err(Kind::Completion, json!({"model": "m", "prompt": "a", "top_p": 0})).contains("'top_p' is 0"));
         assert!(err(Kind::Completion, json!({"model": "m", "prompt": [1, -2]})).contains("or token ids"));
-        assert!(err(Kind::Completion, json!({"model": "m", "prompt": [[1], [2]]})).contains("list of 2 prompts"));
-        assert!(err(Kind::Completion, json!({"model": "m", "prompt": ["a", "b"]})).contains("list of 2 prompts"));
+        let listed = call(Kind::Completion, json!({"model": "m", "prompt": ["a", "b", "c"], "n": 2})).unwrap();
+        assert_eq!((listed.prompt.as_str(), listed.more.len(), listed.n), ("a", 2, 2));
+        assert_eq!(listed.more[1], ("c".to_owned(), None));
+        let ids = call(Kind::Completion, json!({"model": "m", "prompt": [[1], [2, 3]]})).unwrap();
+        assert_eq!((ids.ids, ids.more), (Some(vec![1]), vec![(String::new(), Some(vec![2, 3]))]));
+        assert_eq!(
+            err(Kind::Completion, json!({"model": "m", "prompt": ["a", "b", "c"], "n": 50})),
+            "'prompt' is a list of 3 prompts and 'n' is 50: 150 choices; at most 128 a request"
+        );
+        assert!(err(Kind::Completion, json!({"model": "m", "prompt": []})).contains("'prompt' is an empty list"));
         assert!(err(Kind::Completion, json!({"model": "m", "prompt": "a", "stop": ["1", "2", "3", "4", "5"]}))
             .contains("'stop' has 5"));
         let long = "x".repeat(MAX_STOP_BYTES + 1);

@@ -27,6 +27,9 @@ pub(super) struct Frame {
     opened_choices: std::collections::BTreeSet<u64>,
     /// An upstream's chunks ended their choices themselves: no finish chunk of ours.
     finished_upstream: bool,
+    /// Choices of each prompt (`n`): a list's prompt `p` has choices `p × n` to `p × n + n - 1`,
+    /// and each prompt counts once in the usage.
+    per_prompt: usize,
 }
 
 impl Frame {
@@ -41,7 +44,14 @@ impl Frame {
             opened: false,
             opened_choices: Default::default(),
             finished_upstream: false,
+            per_prompt: 1,
         }
+    }
+
+    /// The answer's choices come `n` to a prompt.
+    pub fn choices_per_prompt(mut self, n: u32) -> Frame {
+        self.per_prompt = n.max(1) as usize;
+        self
     }
 
     fn object(&self, whole: bool) -> &'static str {
@@ -173,9 +183,9 @@ impl Frame {
         self.wrap(vec![choice], usage)
     }
 
-    /// The chunk with the usage of choices that ended as `ends` say (the prompt counted once).
+    /// The chunk with the usage of choices that ended as `ends` say (each prompt counted once).
     pub fn usage_chunk(&self, ends: &[Finished]) -> Value {
-        json!({"id": self.id, "object": self.object(false), "created": self.created, "model": self.model, "choices": [], "usage": usage(ends)})
+        json!({"id": self.id, "object": self.object(false), "created": self.created, "model": self.model, "choices": [], "usage": usage(ends, self.per_prompt)})
     }
 
     /// A whole answer: the built-in engines' text and log-probabilities, or an upstream's chunks
@@ -208,13 +218,14 @@ impl Frame {
                 }),
             });
         }
-        json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": all, "usage": usage(&ends)})
+        json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": all, "usage": usage(&ends, self.per_prompt)})
     }
 }
 
-/// The usage of choices that ended as `ends` say: their prompt once, every answer's tokens.
-fn usage(ends: &[Finished]) -> Value {
-    let prompt = ends.first().map_or(0, |f| f.prompt_tokens);
+/// The usage of choices that ended as `ends` say, `per_prompt` to a prompt: each prompt once,
+/// every answer's tokens.
+fn usage(ends: &[Finished], per_prompt: usize) -> Value {
+    let prompt: u32 = ends.iter().step_by(per_prompt).map(|f| f.prompt_tokens).sum();
     let completion: u32 = ends.iter().map(|f| f.completion_tokens).sum();
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }

@@ -182,19 +182,19 @@ impl Backend for Steps {
         events.push(Event::Submit(request, named));
     }
 
-    /// One prompt's `n` sequences: the ledger admits them all or none.
+    /// A request's sequences (`n` of each of its prompts): the ledger admits them all or none.
     fn submit_group(&mut self, group: Vec<(Request, Prompt, Reply)>, events: &mut Vec<Event>) {
-        let named = match (self.prefix_cache, group.first()) {
-            (Some(seed), Some((_, prompt, _))) => Prefix::of(seed, &prompt.tokens, self.engine.kv().block_size),
-            _ => Prefix::default(),
-        };
-        let mut requests = Vec::with_capacity(group.len());
+        let mut members = Vec::with_capacity(group.len());
         for (request, prompt, reply) in group {
+            let named = match self.prefix_cache {
+                Some(seed) => Prefix::of(seed, &prompt.tokens, self.engine.kv().block_size),
+                None => Prefix::default(),
+            };
             self.callers.insert(request.id, self.caller(&request, prompt, reply));
             self.capacity.arrived(request.prompt);
-            requests.push(request);
+            members.push((request, named));
         }
-        events.push(Event::SubmitGroup(requests, named));
+        events.push(Event::SubmitGroup(members));
     }
 
     fn control(&mut self, control: Control, events: &mut Vec<Event>) {
