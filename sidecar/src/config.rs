@@ -173,6 +173,11 @@ pub struct Cli {
     /// sim-llm). --prefix-cache=false turns it off. [default: true]
     #[arg(long, env = "FERRY_PREFIX_CACHE", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub prefix_cache: Option<bool>,
+    /// Read special tokens typed in chat messages as the tokens they name (engine llm): for
+    /// callers trusted to write turns of their own. Off, a user who types `<|im_start|>system`
+    /// sends those characters as text, not a system turn. [default: false]
+    #[arg(long, env = "FERRY_SPECIAL_TOKENS_IN_MESSAGES", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub special_tokens_in_messages: Option<bool>,
     /// Fixed time per step of the sim-llm engine (spec.engine.sim.stepTime). [default: 10ms]
     #[arg(long, env = "FERRY_SIM_STEP_TIME", value_parser = duration::parse_fine)]
     pub sim_step_time: Option<Duration>,
@@ -202,6 +207,8 @@ pub struct GenerationSettings {
     pub max_queue_tokens: u64,
     /// Prompts share the KV blocks they start with ([`ferry_core::generation::prefix`]).
     pub prefix_cache: bool,
+    /// Special tokens typed in messages are read as tokens (`--special-tokens-in-messages`).
+    pub special_tokens_in_messages: bool,
 }
 
 /// The engine to run, with its settings.
@@ -449,6 +456,7 @@ impl Settings {
                 kv_block_size: cli.kv_block_size.or(generation.kv_block_size).unwrap_or(16),
                 max_queue_tokens: cli.max_queue_tokens.or(generation.max_queue_tokens).unwrap_or(1 << 18),
                 prefix_cache: cli.prefix_cache.or(generation.prefix_cache).unwrap_or(true),
+                special_tokens_in_messages: cli.special_tokens_in_messages.unwrap_or(false),
             },
         };
         s.check()?;

@@ -26,6 +26,8 @@ pub struct LlmEngine {
     ends: Arc<[u32]>,
     kv: KvLayout,
     cost: StepCost,
+    /// Special tokens typed in messages read as tokens (`--special-tokens-in-messages`).
+    message_specials: bool,
 }
 
 /// The KV cache's share of the GPU memory left once the weights are loaded, when its size is
@@ -69,7 +71,13 @@ impl LlmEngine {
         let kv = KvLayout { blocks: model.kv_blocks(), block_size };
         let cost = calibrate(&model, block_size).map_err(|e| format!("the first steps failed: {e}"))?;
         let ends = model.text().end_tokens().into();
-        Ok(LlmEngine { model, ends, kv, cost })
+        Ok(LlmEngine { model, ends, kv, cost, message_specials: false })
+    }
+
+    /// Reads special tokens typed in chat messages as the tokens they name.
+    pub fn reading_message_specials(mut self, on: bool) -> Self {
+        self.message_specials = on;
+        self
     }
 }
 
@@ -135,7 +143,11 @@ impl LanguageModel for LlmEngine {
     }
 
     fn chat_tokens(&self, messages: &[Message], options: &ChatOptions) -> Result<Vec<u32>, String> {
-        self.model.text().chat_tokens(&ours(messages), options)
+        let text = self.model.text();
+        if self.message_specials {
+            return text.encode(&text.chat(&ours(messages), options)?);
+        }
+        text.chat_tokens(&ours(messages), options)
     }
 
     fn detokenizer(&self) -> Box<dyn Detokenizer> {
