@@ -104,6 +104,18 @@ fn arrivals(cancels: bool) -> impl Strategy<Value = Vec<Arrival>> {
 
 /// What holds for every trace, whatever the estimates.
 fn invariants(setup: &Setup, arrivals: &[Arrival], trace: &Trace) -> Result<(), TestCaseError> {
+    // A group (OpenAI's n) is admitted whole or refused whole.
+    for (i, a) in arrivals.iter().enumerate() {
+        if let Some(leader) = a.fork_of {
+            prop_assert_eq!(
+                trace.fates[i].admitted,
+                trace.fates[leader].admitted,
+                "request {} of request {}'s group admitted apart from it",
+                i,
+                leader
+            );
+        }
+    }
     for step in &trace.steps {
         let shape = step.plan.shape;
         prop_assert!(shape.tokens() <= setup.policy.max_batch_tokens, "a step of {} tokens", shape.tokens());

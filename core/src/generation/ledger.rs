@@ -200,27 +200,45 @@ impl Ledger {
             {
                 self.scheduler.insert_probe(r, prefix)
             }
-            Err(mut refusal) => {
-                let margin = self.margin.get();
-                if refusal.outcome == Outcome::Infeasible && margin > self.margin.floor() {
-                    let p = self.margin.parts();
-                    refusal.message += &format!(
-                        " (the {} ms margin: timers {} ms late, steps {} ms over their estimate, tokens {} ms on their way)",
-                        margin.as_millis(),
-                        p.lateness.as_millis(),
-                        p.overshoot.as_millis(),
-                        p.trip.as_millis()
-                    );
-                }
+            Err(refusal) => {
+                let refusal = self.with_margin(refusal);
                 effects.push(Effect::End { id: r.id, end: End::Unfinished(refusal), admitted: false })
             }
         }
     }
 
+    /// An infeasible refusal says how much of it the deadline margin was, where it is above its
+    /// floor.
+    fn with_margin(&self, mut refusal: Refusal) -> Refusal {
+        let margin = self.margin.get();
+        if refusal.outcome == Outcome::Infeasible && margin > self.margin.floor() {
+            let p = self.margin.parts();
+            refusal.message += &format!(
+                " (the {} ms margin: timers {} ms late, steps {} ms over their estimate, tokens {} ms on their way)",
+                margin.as_millis(),
+                p.lateness.as_millis(),
+                p.overshoot.as_millis(),
+                p.trip.as_millis()
+            );
+        }
+        refusal
+    }
+
     /// Admits `n` sequences of one prompt one after another, each forecast with those before it
     /// held; where one is refused, those taken are taken back and every one is refused with its
-    /// reason (no probe: a group is never a probe).
+    /// reason. A group the queue's bounds could never hold together is refused as too large
+    /// (waiting would not help); one whose first member alone is infeasible on an idle engine is
+    /// taken in as probes, as a single request would be ([`crate::evidence`], rule 3), so that
+    /// step estimates too pessimistic can learn from groups too.
     fn submit_group(&mut self, group: Vec<(Request, Prefix)>, now: Instant, effects: &mut Vec<Effect>) {
+        let refuse_all = |refusal: Refusal, effects: &mut Vec<Effect>| {
+            for (r, _) in &group {
+                effects.push(Effect::End { id: r.id, end: End::Unfinished(refusal.clone()), admitted: false });
+            }
+        };
+        if let Some(refusal) = self.scheduler.group_beyond_bounds(group.iter().map(|(r, _)| r)) {
+            return refuse_all(refusal, effects);
+        }
         let mut taken: Vec<SeqId> = Vec::with_capacity(group.len());
         for (i, (r, prefix)) in group.iter().enumerate() {
             let in_flight = self.running.as_ref().map(|(_, plan, at)| InFlight { plan, end: *at + plan.expected });
@@ -236,16 +254,23 @@ impl Ledger {
                     self.scheduler.insert(*r, prefix.clone());
                     taken.push(r.id);
                 }
+                Err(refusal)
+                    if i == 0
+                        && refusal.outcome == Outcome::Infeasible
+                        && self.running.is_none()
+                        && self.scheduler.probe_fits(r, prefix, now, self.margin.floor()) =>
+                {
+                    for (r, prefix) in &group {
+                        self.scheduler.insert_probe(*r, prefix.clone());
+                    }
+                    return;
+                }
                 Err(refusal) => {
                     for id in taken {
                         self.scheduler.remove(id);
                     }
                     let message = format!("choice {} of {}: {}", i + 1, group.len(), refusal.message);
-                    let refusal = Refusal { message, ..refusal };
-                    for (r, _) in &group {
-                        effects.push(Effect::End { id: r.id, end: End::Unfinished(refusal.clone()), admitted: false });
-                    }
-                    return;
+                    return refuse_all(self.with_margin(Refusal { message, ..refusal }), effects);
                 }
             }
         }

@@ -374,6 +374,34 @@ impl Scheduler {
         queued.room_for(r, (p.max_queue, p.max_queue_bytes, p.max_queue_tokens))
     }
 
+    /// Whether a group of sequences (OpenAI's `n`, a list of prompts) is beyond what the queue
+    /// may ever hold at once — more sequences, bytes or prompt tokens than its bounds — so that
+    /// no wait would let it in: refused as too large, naming the bound.
+    pub fn group_beyond_bounds<'a>(&self, group: impl Iterator<Item = &'a Request>) -> Option<Refusal> {
+        let p = &self.policy;
+        let (mut n, mut bytes, mut tokens) = (0usize, 0u64, 0u64);
+        for r in group {
+            n += 1;
+            bytes += r.bytes;
+            tokens += u64::from(r.prompt);
+        }
+        let over = |what: &str, have: u64, most: u64| {
+            Refusal::new(
+                Outcome::TooLarge,
+                format!("the request's {n} sequences (n choices of each prompt) hold {have} {what}; the queue holds at most {most}: ask for fewer choices"),
+            )
+        };
+        if n > p.max_queue {
+            Some(over("sequences", n as u64, p.max_queue as u64))
+        } else if bytes > p.max_queue_bytes {
+            Some(over("bytes", bytes, p.max_queue_bytes))
+        } else if tokens > p.max_queue_tokens {
+            Some(over("prompt tokens", tokens, p.max_queue_tokens))
+        } else {
+            None
+        }
+    }
+
     /// Takes a request in as a probe ([`crate::evidence`], rule 3): it waits for its first step,
     /// and is not ended early on the word of the learned step times.
     pub fn insert_probe(&mut self, request: Request, prefix: Prefix) {

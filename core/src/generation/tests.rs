@@ -369,6 +369,28 @@ fn n_sequences_of_one_prompt_are_sequences_of_their_own_that_the_prefix_cache_se
 }
 
 #[test]
+fn a_group_the_queue_could_never_hold_is_too_large_not_full() {
+    // Three sequences where the queue holds two: no wait would let them in, so the answer is
+    // 413 naming the bound (a 503 would be retried for ever), and nothing is held.
+    let mut s = setup();
+    s.policy.max_queue = 2;
+    let a = Arrival::new(0, 10, 5);
+    let trace = replay(s, &[a, a.fork_of(0), a.fork_of(0)]);
+    for fate in &trace.fates {
+        let Some((_, Ending::Unfinished(refusal))) = &fate.end else { panic!("refused: {:?}", fate.end) };
+        assert_eq!(refusal.outcome, Outcome::TooLarge);
+        assert!(
+            refusal.message.contains("3 sequences") && refusal.message.contains("at most 2"),
+            "{}",
+            refusal.message
+        );
+        assert!(!fate.admitted);
+    }
+    assert!(replay(s, &[a, a.fork_of(0)]).fates.iter().all(|f| f.admitted), "two fit");
+    assert!(trace.pool_errors.is_empty(), "{:?}", trace.pool_errors);
+}
+
+#[test]
 fn a_group_is_admitted_whole_or_refused_whole() {
     // A 300-token prompt and a 40-token answer take 40 ms to prefill and 39 decodes of 11 ms:
     // 469 ms alone; two side by side, 70 + 39 x 12 = 538 ms. With a 500 ms deadline one fits

@@ -294,19 +294,24 @@ async fn admit(
                 // Prompt p's choice i is choice p × n + i, drawn with seed + i, as vLLM seeds the
                 // n sequences of each prompt of a list.
                 let prompts = std::iter::once(submission.prompt.tokens.clone()).chain(more);
-                Admitted::Choices(
-                    prompts
-                        .flat_map(|tokens| {
-                            let submission = &submission;
-                            (0..call.n).map(move |i| {
-                                let mut s = submission.clone();
-                                s.prompt.tokens = tokens.clone();
-                                s.prompt.sampling.seed = s.prompt.sampling.seed.wrapping_add(u64::from(i));
-                                s
-                            })
+                let mut choices: Vec<Submission<Prompt>> = prompts
+                    .flat_map(|tokens| {
+                        let submission = &submission;
+                        (0..call.n).map(move |i| {
+                            let mut s = submission.clone();
+                            s.prompt.tokens = tokens.clone();
+                            s.prompt.sampling.seed = s.prompt.sampling.seed.wrapping_add(u64::from(i));
+                            s
                         })
-                        .collect(),
-                )
+                    })
+                    .collect();
+                // The body's bytes shared among its sequences: the queue's byte bound counts the
+                // request once.
+                let share = size.div_ceil(choices.len() as u64);
+                for c in &mut choices {
+                    c.bytes = share;
+                }
+                Admitted::Choices(choices)
             }
         }
         (Backend::Relay(relay), Tokens::Estimated(prompt_tokens), Some(mut body)) => {

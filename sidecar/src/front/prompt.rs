@@ -309,7 +309,7 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
             }
             Some(Prompt::Other(_)) => {
                 return Err(Refusal::invalid(
-                    "'prompt' must be a string, a list of one string, or token ids (whole numbers from 0)",
+                    "'prompt' must be a string, token ids (whole numbers from 0), or a list of either",
                 ))
             }
             None => return Err(Refusal::invalid("'prompt' is missing")),
@@ -659,7 +659,7 @@ mod tests {
         assert!(err(Kind::Completion, json!({"model": "m", "prompt": "a", "temperature": 3}))
             .contains("'temperature' is 3"));
         assert!(err(Kind::Completion, json!({"model": "m", "prompt": "a", "top_p": 0})).contains("'top_p' is 0"));
-        assert!(err(Kind::Completion, json!({"model": "m", "prompt": [1, -2]})).contains("or token ids"));
+        assert!(err(Kind::Completion, json!({"model": "m", "prompt": [1, -2]})).contains("a list of either"));
         let listed = call(Kind::Completion, json!({"model": "m", "prompt": ["a", "b", "c"], "n": 2})).unwrap();
         assert_eq!((listed.prompt.as_str(), listed.more.len(), listed.n), ("a", 2, 2));
         assert_eq!(listed.more[1], ("c".to_owned(), None));

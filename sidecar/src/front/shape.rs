@@ -178,7 +178,11 @@ impl Frame {
         let reason = f.reason.as_str();
         let choice = match self.kind {
             Kind::Completion => json!({"index": index, "text": "", "logprobs": null, "finish_reason": reason}),
-            Kind::Chat => json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": reason}),
+            Kind::Chat => {
+                // A choice that ends before any text still says whose turn it was.
+                let delta = if self.opened_choices.insert(index) { json!({"role": "assistant"}) } else { json!({}) };
+                json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": reason})
+            }
         };
         self.wrap(vec![choice], usage)
     }
