@@ -237,13 +237,23 @@ async fn admit(
             let call = prompt::parse(&bytes, kind, None)?;
             let body: Value = serde_json::from_slice(&bytes).map_err(|e| Refusal::invalid(e.to_string()))?;
             // Token ids are counted; a text is counted by the upstream where it says, else
-            // estimated from its bytes.
-            let estimate = match &call.ids {
-                Some(ids) => (ids.len() as u32).max(1),
-                None => match relay.count_tokens(kind == Kind::Chat, &body).await {
-                    Some(counted) => counted.max(1),
-                    None => relay.estimate_tokens(call.prompt.len()),
-                },
+            // estimated from its bytes. A list of prompts is planned by its longest (the
+            // upstream runs them side by side; tokenizers take one prompt), from its bytes.
+            let estimate = if !call.more.is_empty() {
+                let first = (call.prompt.len(), call.ids.as_ref().map(Vec::len));
+                std::iter::once(first)
+                    .chain(call.more.iter().map(|(text, ids)| (text.len(), ids.as_ref().map(Vec::len))))
+                    .map(|(bytes, ids)| ids.map_or_else(|| relay.estimate_tokens(bytes), |n| n as u32).max(1))
+                    .max()
+                    .unwrap_or(1)
+            } else {
+                match &call.ids {
+                    Some(ids) => (ids.len() as u32).max(1),
+                    None => match relay.count_tokens(kind == Kind::Chat, &body).await {
+                        Some(counted) => counted.max(1),
+                        None => relay.estimate_tokens(call.prompt.len()),
+                    },
+                }
             };
             (call, Tokens::Estimated(estimate), Some(body))
         }

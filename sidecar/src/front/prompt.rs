@@ -454,16 +454,6 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
         )));
     }
     let stream = body.stream.unwrap_or(false);
-    let (mut prompt, mut ids) = (prompt, ids);
-    if model.is_none() {
-        // An upstream server answers the list itself: its prompts count together, for their size.
-        for (text, more_ids) in more.drain(..) {
-            prompt.push_str(&text);
-            if let (Some(all), Some(more_ids)) = (ids.as_mut(), more_ids) {
-                all.extend(more_ids);
-            }
-        }
-    }
     Ok(Call {
         model: body.model,
         prompt,
