@@ -7,8 +7,6 @@
 //! deadline) fails the request, and the rest are cancelled. The request's outcome is counted
 //! here, once: the streams count none.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -20,7 +18,7 @@ use std::time::Instant;
 use super::generate::{error, error_event, event};
 use super::prompt::{Call, Kind};
 use super::shape::{Frame, Gathered};
-use super::{Generating, REQUEST_ID, SERVER_TIMING};
+use super::{Generating, SERVER_TIMING};
 use crate::generation::stream::{Finished, Piece, Stream};
 use crate::tally::Tally;
 use crate::tenants::Held;
@@ -47,15 +45,8 @@ pub(super) async fn answer(
     arrival: Instant,
 ) -> Response {
     let n = streams.len();
-    let request_id = headers.get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("0").to_owned();
-    let mut frame = Frame::new(
-        format!("{}-{request_id}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }),
-        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-        served.name.clone(),
-        kind,
-        call.sampling.logprobs.is_some(),
-    )
-    .choices_per_prompt(call.n);
+    let mut frame = Frame::for_request(headers, served.name.clone(), kind, call.sampling.logprobs.is_some())
+        .choices_per_prompt(call.n);
     let mut choices = merged(streams);
     // Nothing is sent before the first token of any choice (or the group's refusal).
     let first = match choices.next().await {

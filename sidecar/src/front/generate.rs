@@ -9,7 +9,7 @@
 //! error response with its status (503, 504). A stream that reaches its deadline ends with an
 //! error event and no `[DONE]`; a whole answer not finished by then is a 504.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -24,7 +24,7 @@ use super::choices;
 use super::openai::error_body;
 use super::prompt::{self, Call, Kind, DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKENS};
 use super::shape::{Frame, Gathered};
-use super::{status_of, Backend, Front, Generating, Shared, REQUEST_ID, SERVER_TIMING};
+use super::{status_of, Backend, Front, Generating, Shared, SERVER_TIMING};
 use crate::deadline::TIMEOUT_HEADER;
 use crate::generation::relay;
 use crate::generation::shell::{PromptTokens, Submission};
@@ -416,14 +416,7 @@ async fn answer(
     mut held: Held,
     arrival: Instant,
 ) -> Response {
-    let request_id = headers.get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("0").to_owned();
-    let mut frame = Frame::new(
-        format!("{}-{request_id}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }),
-        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-        served.name.clone(),
-        kind,
-        call.sampling.logprobs.is_some(),
-    );
+    let mut frame = Frame::for_request(headers, served.name.clone(), kind, call.sampling.logprobs.is_some());
     // Nothing is sent before the first token (or the end).
     let first = match stream.next().await {
         Some(piece) if piece.is_token() => piece,

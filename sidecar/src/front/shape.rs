@@ -2,10 +2,14 @@
 //! the built-in engines' pieces (text, with log-probabilities where asked) or from an upstream
 //! server's own choice chunks, passed on as it sent them ([`super::relayed`]).
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::http::HeaderMap;
 use serde_json::{json, Map, Value};
 
 use super::prompt::Kind;
 use super::relayed::Merged;
+use super::REQUEST_ID;
 use crate::generation::stream::{Finished, Piece, TokenLogprob};
 
 /// The least log-probability written (vLLM's): JSON has no -infinity.
@@ -46,6 +50,18 @@ impl Frame {
             finished_upstream: false,
             per_prompt: 1,
         }
+    }
+
+    /// The frame of one request's answer: its id from the request's `x-request-id`, created now.
+    pub fn for_request(headers: &HeaderMap, model: String, kind: Kind, logprobs: bool) -> Frame {
+        let request_id = headers.get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("0");
+        Frame::new(
+            format!("{}-{request_id}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }),
+            SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            model,
+            kind,
+            logprobs,
+        )
     }
 
     /// The answer's choices come `n` to a prompt.
