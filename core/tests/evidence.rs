@@ -225,20 +225,27 @@ struct StepCase {
     slack: u64,
     spacing: u64,
     history: History,
+    /// Each pair is one request's two choices (OpenAI's n = 2), admitted together, rather than
+    /// two requests.
+    grouped: bool,
 }
 
 fn step_case() -> impl Strategy<Value = StepCase> {
-    (5u64..=30, 0u64..=2000, 0u64..=100, 1u32..=256, 1u32..=16, 0u64..=5, 1u64..=50, 0u64..=200, history()).prop_map(
-        |(fixed, per_decode_us, per_prefill_us, prompt, max_tokens, floor, slack, spacing, history)| StepCase {
-            fixed,
-            per_decode_us,
-            per_prefill_us,
-            prompt,
-            max_tokens,
-            floor,
-            slack,
-            spacing,
-            history,
+    let costs = (5u64..=30, 0u64..=2000, 0u64..=100, 1u32..=256, 1u32..=16, 0u64..=5, 1u64..=50, 0u64..=200);
+    (costs, history(), any::<bool>()).prop_map(
+        |((fixed, per_decode_us, per_prefill_us, prompt, max_tokens, floor, slack, spacing), history, grouped)| {
+            StepCase {
+                fixed,
+                per_decode_us,
+                per_prefill_us,
+                prompt,
+                max_tokens,
+                floor,
+                slack,
+                spacing,
+                history,
+                grouped,
+            }
         },
     )
 }
@@ -298,11 +305,11 @@ fn generation(c: &StepCase) -> Result<(), TestCaseError> {
     let first_pair = arrivals.len();
     let mut t = h.length;
     while t <= horizon {
-        for _ in 0..2 {
-            arrivals.push(
-                step_replay::Arrival::new(t, c.prompt, c.max_tokens).ttft_ms(ttft).itl_ms(itl).timeout_ms(timeout),
-            );
-        }
+        // A pair of requests, or one request's two choices: a group recovers as two requests do.
+        let a = step_replay::Arrival::new(t, c.prompt, c.max_tokens).ttft_ms(ttft).itl_ms(itl).timeout_ms(timeout);
+        let leader = arrivals.len();
+        arrivals.push(a);
+        arrivals.push(if c.grouped { a.fork_of(leader) } else { a });
         t += period;
     }
     let mut events: Vec<(Duration, StepEvent)> = h

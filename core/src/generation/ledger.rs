@@ -227,9 +227,10 @@ impl Ledger {
     /// Admits `n` sequences of one prompt one after another, each forecast with those before it
     /// held; where one is refused, those taken are taken back and every one is refused with its
     /// reason. A group the queue's bounds could never hold together is refused as too large
-    /// (waiting would not help); one whose first member alone is infeasible on an idle engine is
-    /// taken in as probes, as a single request would be ([`crate::evidence`], rule 3), so that
-    /// step estimates too pessimistic can learn from groups too.
+    /// (waiting would not help); one found infeasible on an idle engine that holds nothing else
+    /// is taken in as probes where the engine's starting costs say its first member fits, as a
+    /// single request would be ([`crate::evidence`], rule 3), so that a stall's estimates and
+    /// margin learn again from groups too (refused, a group runs no step to learn from).
     fn submit_group(&mut self, group: Vec<(Request, Prefix)>, now: Instant, effects: &mut Vec<Effect>) {
         let refuse_all = |refusal: Refusal, effects: &mut Vec<Effect>| {
             for (r, _) in &group {
@@ -254,11 +255,18 @@ impl Ledger {
                     self.scheduler.insert(*r, prefix.clone());
                     taken.push(r.id);
                 }
+                // Infeasible on an idle engine that holds nothing but the group's own: taken in
+                // as probes where the costs the engine started from say the whole group fits.
                 Err(refusal)
-                    if i == 0
-                        && refusal.outcome == Outcome::Infeasible
+                    if refusal.outcome == Outcome::Infeasible
                         && self.running.is_none()
-                        && self.scheduler.probe_fits(r, prefix, now, self.margin.floor()) =>
+                        && self.scheduler.waiting() + self.scheduler.running() == taken.len()
+                        && {
+                            for id in taken.drain(..) {
+                                self.scheduler.remove(id);
+                            }
+                            self.scheduler.group_probe_fits(&group, now, self.margin.floor())
+                        } =>
                 {
                     for (r, prefix) in &group {
                         self.scheduler.insert_probe(*r, prefix.clone());

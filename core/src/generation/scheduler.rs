@@ -269,6 +269,23 @@ impl Scheduler {
         super::forecast::admit(&prior, None, r, prefix, now, floor).is_ok()
     }
 
+    /// [`Scheduler::probe_fits`] for a group admitted together: every member, each forecast with
+    /// those before it held, with the starting step costs.
+    pub fn group_probe_fits(&self, group: &[(Request, Prefix)], now: Instant, floor: Duration) -> bool {
+        if !self.is_empty() {
+            return false;
+        }
+        let mut prior = self.clone();
+        prior.estimator = self.estimator.prior();
+        for (r, prefix) in group {
+            if prior.check_bounds(r).is_err() || super::forecast::admit(&prior, None, r, prefix, now, floor).is_err() {
+                return false;
+            }
+            prior.insert(*r, prefix.clone());
+        }
+        true
+    }
+
     pub(crate) fn estimator_mut(&mut self) -> &mut StepEstimator {
         &mut self.estimator
     }
