@@ -20,8 +20,9 @@
 //!    (fewer than one a second) is covered by the margin's overshoot rather than the estimate.
 //! 3. **A probe when nothing else can be risked** (in each admission path): a request refused only
 //!    by learned figures — the prior that the engine was configured or timed with, and the
-//!    margin's floor, would admit it — while nothing is queued or running is admitted alone. It
-//!    can only risk itself; it is run and learned from, and answered 504 at its deadline if it
+//!    margin's floor, would admit it — while nothing is queued or running is admitted alone (or
+//!    with its group's own sequences: OpenAI's `n`, admitted all or none). It can only risk
+//!    itself; it is run and learned from, and answered 504 at its deadline if it
 //!    misses (never late). So a full lock, where no batch runs to bring evidence, lasts one batch.
 
 use std::collections::VecDeque;

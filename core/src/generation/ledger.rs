@@ -228,9 +228,11 @@ impl Ledger {
     /// held; where one is refused, those taken are taken back and every one is refused with its
     /// reason. A group the queue's bounds could never hold together is refused as too large
     /// (waiting would not help); one found infeasible on an idle engine that holds nothing else
-    /// is taken in as probes where the engine's starting costs say its first member fits, as a
+    /// is taken in as probes where the engine's starting costs say the whole group fits, as a
     /// single request would be ([`crate::evidence`], rule 3), so that a stall's estimates and
-    /// margin learn again from groups too (refused, a group runs no step to learn from).
+    /// margin learn again from groups too (refused, a group runs no step to learn from). Every
+    /// member is then a probe, those the learned forecast passed too (all or none), so no member
+    /// is ended early on the learned figures' word.
     fn submit_group(&mut self, group: Vec<(Request, Prefix)>, now: Instant, effects: &mut Vec<Effect>) {
         let refuse_all = |refusal: Refusal, effects: &mut Vec<Effect>| {
             for (r, _) in &group {
