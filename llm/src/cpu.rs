@@ -1,24 +1,35 @@
-//! The decoder's forward pass on the CPU, in f32, over one engine step: every sequence's new
-//! tokens packed into one matrix (prefill chunks and single decode tokens alike), so each
-//! projection is one GEMM for the whole step; attention per token and head over the sequence's
-//! own KV blocks; logits only for the sequences that sample.
+//! The decoder's forward pass on the CPU over one engine step: every sequence's new tokens
+//! packed into one matrix (prefill chunks and single decode tokens alike), so each projection is
+//! one matrix product for the whole step; attention per token and head over the sequence's own
+//! KV blocks; logits only for the sequences that sample. Activations are f32; weights are f32 or
+//! the file's quantized blocks ([`crate::quant`]).
 //!
 //! Threads, all rayon's pool: a projection of a handful of tokens is a matrix-vector product
-//! that reads each weight row once (decode is bound by memory); of more, the `gemm` crate's
-//! packed GEMM (bound by arithmetic: prefill and large decode batches); attention splits tokens
-//! × key-value heads.
+//! that reads each weight row once (decode is bound by memory; a quantized row is dotted in
+//! integers with 8-bit activations); of more, the `gemm` crate's packed GEMM (bound by
+//! arithmetic: prefill and large decode batches; quantized weights dequantized a panel at a
+//! time); attention splits tokens × key-value heads.
 
 use rayon::prelude::*;
 
+use super::gguf::Kind;
 use super::kv::KvCache;
-use super::weights::{Matrix, Weights};
+use super::quant::{self, Q8};
+use super::weights::{Matrix, Store, Weights};
 use crate::Seq;
 
 /// Up to this many tokens, a projection reads each weight row once and dots it with every token
 /// (memory-bound decode); past it, the packed GEMM's reuse wins.
 const GEMV_TOKENS: usize = 4;
-/// Output rows per task of the matrix-vector path.
+/// Up to this many tokens, a quantized projection dots each weight block, unpacked once, with
+/// every token's 8-bit activations (decode batches); past it (prefills), weight panels are
+/// dequantized and multiplied by the packed GEMM.
+const QUANT_GEMV_TOKENS: usize = 16;
+/// Output rows per task of the matrix-vector paths.
 const ROWS_PER_TASK: usize = 32;
+/// Most f32 bytes of a quantized matrix a prefill dequantizes at once (the whole matrix, for
+/// SmolLM2's; 1024 rows of an 8B model's 4096 columns).
+const PANEL_BYTES: usize = 16 << 20;
 
 /// Rotary embedding tables: `cos` and `sin` of `position × θ^(−2i/d)`, `[position][d/2]`.
 #[derive(Debug)]
@@ -85,7 +96,7 @@ pub fn forward(w: &Weights, rope: &Rope, cache: &mut KvCache, seqs: &[Seq<'_>]) 
     let t = tokens.len();
     let mut x = Vec::with_capacity(t * h);
     for tok in &tokens {
-        x.extend_from_slice(w.embed.row(tok.id as usize));
+        w.embed.row_into(tok.id as usize, &mut x);
     }
     let mut normed = vec![0.0; t * h];
     for (l, layer) in w.layers.iter().enumerate() {
@@ -202,41 +213,97 @@ pub fn matmul(x: &[f32], rows: usize, w: &Matrix) -> Vec<f32> {
     if rows == 0 {
         return Vec::new();
     }
+    match &w.store {
+        Store::F32(data) => matmul_f32(x, rows, data, n, k),
+        Store::Blocks { kind, bytes } => matmul_blocks(x, rows, *kind, bytes, n, k),
+        Store::Stacked(parts) => {
+            let mut y = vec![0.0; rows * n];
+            let mut at = 0;
+            for p in parts {
+                let part = matmul(x, rows, p);
+                for (y, part) in y.chunks_exact_mut(n).zip(part.chunks_exact(p.rows)) {
+                    y[at..at + p.rows].copy_from_slice(part);
+                }
+                at += p.rows;
+            }
+            y
+        }
+    }
+}
+
+fn matmul_f32(x: &[f32], rows: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
     if rows <= GEMV_TOKENS {
         // Output-major: each task reads its weight rows once, for every token.
         let mut by_output = vec![0.0; n * rows];
-        by_output.par_chunks_mut(ROWS_PER_TASK * rows).enumerate().for_each(|(task, out)| {
-            for (j, o) in out.chunks_exact_mut(rows).enumerate() {
-                let wr = w.row(task * ROWS_PER_TASK + j);
+        by_output.par_chunks_mut(ROWS_PER_TASK * rows).zip(w.par_chunks(ROWS_PER_TASK * k)).for_each(|(out, w)| {
+            for (o, wr) in out.chunks_exact_mut(rows).zip(w.chunks_exact(k)) {
                 for (r, o) in o.iter_mut().enumerate() {
                     *o = dot(&x[r * k..(r + 1) * k], wr);
                 }
             }
         });
-        let mut y = vec![0.0; rows * n];
-        for (j, o) in by_output.chunks_exact(rows).enumerate() {
-            for (r, v) in o.iter().enumerate() {
-                y[r * n + j] = *v;
-            }
-        }
-        return y;
+        return transpose(&by_output, n, rows);
     }
     let mut y = vec![0.0; rows * n];
-    gemm_into(&mut y, x, rows, w);
+    gemm_into(&mut y, n, x, rows, w, n, k);
+    y
+}
+
+/// A matrix of quantized blocks: for a handful of tokens, the activations quantized to 8 bits
+/// and dotted in integers with each weight row as stored ([`quant`]); for more (a prefill),
+/// panels of weight rows dequantized to f32 and multiplied by the packed GEMM (the dequantizing
+/// is paid once for every token).
+fn matmul_blocks(x: &[f32], rows: usize, kind: Kind, bytes: &[u8], n: usize, k: usize) -> Vec<f32> {
+    let row_bytes = Matrix::row_bytes(kind, k);
+    if rows <= QUANT_GEMV_TOKENS {
+        let q = Q8::quantize(x, k);
+        let mut by_output = vec![0.0; n * rows];
+        by_output
+            .par_chunks_mut(ROWS_PER_TASK * rows)
+            .zip(bytes.par_chunks(ROWS_PER_TASK * row_bytes))
+            .for_each(|(out, w)| quant::dot_rows(kind, w, row_bytes, &q, out));
+        return transpose(&by_output, n, rows);
+    }
+    // Panels of at most PANEL_BYTES of f32, each dequantized by every thread and multiplied
+    // by the threaded GEMM straight into its columns of the result.
+    let panel_rows = (PANEL_BYTES / (k * 4)).clamp(1, n);
+    let mut y = vec![0.0; rows * n];
+    let mut panel = Vec::new();
+    for start in (0..n).step_by(panel_rows) {
+        let p = panel_rows.min(n - start);
+        panel.resize(p * k, 0.0);
+        let w = &bytes[start * row_bytes..(start + p) * row_bytes];
+        panel
+            .par_chunks_mut(ROWS_PER_TASK * k)
+            .zip(w.par_chunks(ROWS_PER_TASK * row_bytes))
+            .for_each(|(out, w)| quant::dequantize_rows(kind, w, k, out));
+        gemm_into(&mut y[start..], n, x, rows, &panel, p, k);
+    }
+    y
+}
+
+/// `[n, rows]` to `[rows, n]`.
+fn transpose(by_output: &[f32], n: usize, rows: usize) -> Vec<f32> {
+    let mut y = vec![0.0; rows * n];
+    for (j, o) in by_output.chunks_exact(rows).enumerate() {
+        for (r, v) in o.iter().enumerate() {
+            y[r * n + j] = *v;
+        }
+    }
     y
 }
 
 /// `y = x · wᵀ` with the `gemm` crate (runtime-dispatched AVX2/AVX-512 kernels, threaded on
-/// rayon's pool).
+/// rayon's pool), `w` `[n, k]`, into the first `n` columns of `y`'s rows of `stride`.
 #[allow(unsafe_code)]
-fn gemm_into(y: &mut [f32], x: &[f32], rows: usize, w: &Matrix) {
-    let (n, k) = (w.rows, w.cols);
-    assert!(y.len() == rows * n && x.len() == rows * k && w.data.len() == n * k, "GEMM operands' sizes");
+fn gemm_into(y: &mut [f32], stride: usize, x: &[f32], rows: usize, w: &[f32], n: usize, k: usize) {
+    assert!(n <= stride && y.len() >= (rows - 1) * stride + n, "GEMM result's size");
+    assert!(x.len() == rows * k && w.len() == n * k, "GEMM operands' sizes");
     let threads = rayon::current_num_threads();
-    // SAFETY: the three pointers come from slices of exactly the sizes the strides address
-    // (checked above): y is rows × n row-major, x rows × k row-major, and wᵀ is read as a k × n
-    // matrix with column stride k over w's n × k elements; y is written only, and it aliases
-    // neither input (a `&mut` beside two `&`).
+    // SAFETY: the three pointers come from slices of at least the sizes the strides address
+    // (checked above): y is rows × n with row stride `stride`, x rows × k row-major, and wᵀ is
+    // read as a k × n matrix with column stride k over w's n × k elements; y is written only,
+    // and it aliases neither input (a `&mut` beside two `&`).
     unsafe {
         gemm::gemm(
             rows,
@@ -244,12 +311,12 @@ fn gemm_into(y: &mut [f32], x: &[f32], rows: usize, w: &Matrix) {
             k,
             y.as_mut_ptr(),
             1,
-            n as isize,
+            stride as isize,
             false,
             x.as_ptr(),
             1,
             k as isize,
-            w.data.as_ptr(),
+            w.as_ptr(),
             k as isize,
             1,
             0.0,

@@ -148,19 +148,19 @@ impl<F> DeviceWeights<F> {
         for l in &w.layers {
             layers.push(DeviceLayer {
                 attn_norm: ops.upload(&l.attn_norm)?,
-                qkv: ops.upload(&l.qkv.data)?,
+                qkv: ops.upload(&l.qkv.to_f32())?,
                 qkv_bias: l.qkv_bias.as_deref().map(|b| ops.upload(b)).transpose()?,
-                out: ops.upload(&l.out.data)?,
+                out: ops.upload(&l.out.to_f32())?,
                 ffn_norm: ops.upload(&l.ffn_norm)?,
-                gate_up: ops.upload(&l.gate_up.data)?,
-                down: ops.upload(&l.down.data)?,
+                gate_up: ops.upload(&l.gate_up.to_f32())?,
+                down: ops.upload(&l.down.to_f32())?,
             });
         }
         Ok(DeviceWeights {
-            embed: ops.upload(&w.embed.data)?,
+            embed: ops.upload(&w.embed.to_f32())?,
             layers,
             norm: ops.upload(&w.norm)?,
-            output: w.output.as_ref().map(|o| ops.upload(&o.data)).transpose()?,
+            output: w.output.as_ref().map(|o| ops.upload(&o.to_f32())).transpose()?,
         })
     }
 }

@@ -1,11 +1,14 @@
 //! GGUF, llama.cpp's model file (version 2 and 3): metadata, tensor directory, and the tensors
-//! dequantized to f32.
+//! as stored ([`Gguf::raw`]) or dequantized to f32 ([`Gguf::tensor`]). A file on disk is
+//! memory-mapped, not read: the decoder copies out the blocks it computes on, and the pages of
+//! the rest are never brought in.
 //!
 //! Written by hand: the format is a short header of typed key-value pairs and a tensor table
 //! (github.com/ggml-org/ggml/blob/master/docs/gguf.md), and no maintained Rust crate reads it
 //! without pulling in a whole tensor framework (candle). The block formats decoded here are the
-//! ones Llama-family files ship in: F32, F16, BF16, Q8_0, Q4_0 and Q4_1. A file with any other
-//! type in a tensor the decoder needs is refused at load, naming the tensor and its type.
+//! ones Llama-family files ship in: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and
+//! Q6_K. A file with any other type in a tensor the decoder needs is refused at load, naming the
+//! tensor and its type.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -101,7 +104,7 @@ impl Kind {
     }
 
     /// Elements per block and bytes per block.
-    fn block(self) -> Option<(usize, usize)> {
+    pub fn block(self) -> Option<(usize, usize)> {
         match self {
             Kind::F32 => Some((1, 4)),
             Kind::F16 | Kind::Bf16 => Some((1, 2)),
@@ -161,8 +164,24 @@ pub struct Gguf {
     pub version: u32,
     pub metadata: HashMap<String, Value>,
     pub tensors: HashMap<String, TensorInfo>,
-    bytes: Vec<u8>,
+    bytes: Bytes,
     data: usize,
+}
+
+/// The file's bytes: mapped from a regular file, or read (a pipe, or a file built in memory).
+enum Bytes {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
 }
 
 impl std::fmt::Debug for Gguf {
@@ -180,14 +199,25 @@ const MAGIC: &[u8; 4] = b"GGUF";
 const MAX_LENGTH: u64 = 1 << 30;
 
 impl Gguf {
+    /// Maps a regular file (reads anything else, a named pipe say, whole).
     pub fn open(path: &Path) -> Result<Gguf, String> {
-        let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
-        Gguf::parse(bytes)
+        let file = std::fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
+        let regular = file.metadata().map_err(|e| format!("cannot read: {e}"))?.is_file();
+        if !regular {
+            let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+            return Gguf::parse(bytes);
+        }
+        Gguf::from_bytes(Bytes::Mapped(map(&file)?))
+    }
+
+    /// Parses a file held in memory.
+    pub fn parse(bytes: Vec<u8>) -> Result<Gguf, String> {
+        Gguf::from_bytes(Bytes::Owned(bytes))
     }
 
     /// Parses the header and the tensor directory; every tensor's extent is checked against the
     /// file's length here, so that reading one later cannot run past the end.
-    pub fn parse(bytes: Vec<u8>) -> Result<Gguf, String> {
+    fn from_bytes(bytes: Bytes) -> Result<Gguf, String> {
         let mut r = Reader { bytes: &bytes, at: 0, depth: 0 };
         if r.take(4)? != MAGIC {
             return Err("not a GGUF file (its first four bytes are not 'GGUF')".into());
@@ -252,18 +282,33 @@ impl Gguf {
 
     /// A tensor's elements as f32, in ggml's order (row-major with `dims[0]` innermost).
     pub fn tensor(&self, name: &str) -> Result<Vec<f32>, String> {
+        let (kind, raw) = self.raw(name)?;
+        Ok(dequantize(kind, raw, self.tensors[name].elements() as usize))
+    }
+
+    /// A tensor's blocks as the file stores them, and their format.
+    pub fn raw(&self, name: &str) -> Result<(Kind, &[u8]), String> {
         let t = self.tensors.get(name).ok_or_else(|| format!("tensor '{name}' is missing"))?;
         let (per_block, block_bytes) =
             t.kind.block().ok_or_else(|| format!("tensor '{name}' is of {}; it cannot be read", t.kind))?;
         let n = t.elements() as usize;
         let start = self.data + t.offset as usize;
-        let raw = &self.bytes[start..start + n / per_block * block_bytes];
-        Ok(dequantize(t.kind, raw, n))
+        Ok((t.kind, &self.bytes[start..start + n / per_block * block_bytes]))
     }
 }
 
+/// Maps `file` read-only.
+#[allow(unsafe_code)]
+fn map(file: &std::fs::File) -> Result<memmap2::Mmap, String> {
+    // SAFETY: the map is read-only and private to this process; what memmap2 cannot rule out is
+    // another process truncating or rewriting the model file while it is mapped, which would
+    // change or fault the bytes read. A model file is replaced, not edited in place, and Ferry
+    // copies out what it computes on while loading, as llama.cpp's mmap does.
+    unsafe { memmap2::Mmap::map(file) }.map_err(|e| format!("cannot map: {e}"))
+}
+
 /// Decodes `n` elements of `kind` from `raw` (whose length the directory check guarantees).
-fn dequantize(kind: Kind, raw: &[u8], n: usize) -> Vec<f32> {
+pub(crate) fn dequantize(kind: Kind, raw: &[u8], n: usize) -> Vec<f32> {
     let half = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]).to_f32();
     let mut out = Vec::with_capacity(n);
     match kind {

@@ -9,10 +9,11 @@
 //!
 //! # Layout
 //!
-//! - [`gguf`]: llama.cpp's file: metadata, tensor directory, block formats to f32.
+//! - [`gguf`]: llama.cpp's file, memory-mapped: metadata, tensor directory, block formats.
+//! - [`quant`]: dot products on quantized blocks as stored, with 8-bit activations.
 //! - [`config`]: the decoder's shape from GGUF metadata or `config.json`.
 //! - [`weights`]: the tensors of either format in one layout (Q/K un-permuted, QKV and gate/up
-//!   stacked).
+//!   stacked), quantized matrices kept as stored.
 //! - [`text`]: tokenizer, incremental detokenization, end-of-turn tokens.
 //! - [`template`]: the chat template, compiled once, and a request's controls over it.
 //! - [`kv`]: the paged KV store the block tables index.
@@ -31,6 +32,7 @@ pub mod gguf;
 pub mod gpu;
 pub mod host;
 pub mod kv;
+pub mod quant;
 pub mod sample;
 pub mod template;
 pub mod text;
@@ -188,10 +190,22 @@ impl Model {
     /// folder with `config.json`) onto `device` and allocates its KV cache. Every failure names
     /// the file and the field at fault.
     pub fn load(source: &Path, device: Device, size: KvSize, block_size: u32) -> Result<Model, String> {
+        Model::load_with(source, device, size, block_size, false)
+    }
+
+    /// [`Model::load`] with every matrix dequantized to f32 ([`Weights::dequantized`]): the
+    /// exact path, slower and up to eight times larger, that the reference tests hold to
+    /// transformers' f32 logits.
+    pub fn load_dequantized(source: &Path, device: Device, size: KvSize, block_size: u32) -> Result<Model, String> {
+        Model::load_with(source, device, size, block_size, true)
+    }
+
+    fn load_with(source: &Path, device: Device, size: KvSize, block_size: u32, f32: bool) -> Result<Model, String> {
         if block_size == 0 {
             return Err("the KV block size is 0; it must be at least 1".into());
         }
         let (weights, text) = read(source)?;
+        let weights = if f32 { weights.dequantized() } else { weights };
         let config = weights.config.clone();
         let per_token = KvCache::bytes_per_token(config.layers, config.kv_dim()) as u64;
         let enough = |blocks: u32| -> Result<u32, String> {

@@ -1,43 +1,155 @@
-//! The decoder's weights, in f32, from a GGUF file or Hugging Face safetensors, in one layout:
-//! matrices `[out, in]` row-major, Q and K rows in Hugging Face's order (rotary embeddings on
-//! the two halves of each head), Q/K/V stacked into one matrix and gate/up into another, so that
-//! a layer runs four GEMMs instead of seven.
+//! The decoder's weights from a GGUF file or Hugging Face safetensors, in one layout: matrices
+//! `[out, in]` row-major, Q and K rows in Hugging Face's order (rotary embeddings on the two
+//! halves of each head), Q/K/V stacked into one matrix and gate/up into another, so that a layer
+//! runs four projections instead of seven.
+//!
+//! A GGUF matrix of a quantized format is kept as its file stores it and computed on so
+//! ([`crate::quant`]): a Q4_1 file takes its own size in memory, not eight times it. F16, BF16 and
+//! F32 matrices, and every vector, are f32. [`Weights::dequantized`] turns every matrix to f32.
 //!
 //! GGUF's converter permutes the Q and K rows of `llama` models for llama.cpp's rotary layout
 //! (adjacent pairs): row `h·d + 2j + t` of the file is row `h·d + t·d/2 + j` of the original.
-//! The permutation is undone here. Qwen2 files are not permuted. Tied models (SmolLM2) have no
-//! output matrix: the token embedding serves as both.
+//! The permutation is undone here (whole rows, so quantized rows move as they are). Qwen2 files
+//! are not permuted. Tied models (SmolLM2) have no output matrix: the token embedding serves as
+//! both.
 
 use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors};
 
 use super::config::{Config, Family};
-use super::gguf::Gguf;
+use super::gguf::{self, Gguf, Kind};
 
 /// `[rows, cols]` row-major.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Matrix {
     pub rows: usize,
     pub cols: usize,
-    pub data: Vec<f32>,
+    pub store: Store,
+}
+
+/// How a matrix's values are held.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Store {
+    F32(Vec<f32>),
+    /// Rows of blocks of a format [`crate::quant`] computes on, as the file stores them.
+    Blocks {
+        kind: Kind,
+        bytes: Vec<u8>,
+    },
+    /// Matrices of one width and different formats, their rows one after the other (Q4_K_M
+    /// files store V in Q6_K beside Q and K in Q4_K).
+    Stacked(Vec<Matrix>),
 }
 
 impl Matrix {
-    pub fn row(&self, r: usize) -> &[f32] {
-        &self.data[r * self.cols..(r + 1) * self.cols]
+    pub fn f32(rows: usize, cols: usize, data: Vec<f32>) -> Matrix {
+        debug_assert_eq!(data.len(), rows * cols);
+        Matrix { rows, cols, store: Store::F32(data) }
     }
 
-    /// Rows of several matrices of one width, one after the other.
+    /// Bytes a row of blocks takes (`kind` computed on: `cols` a whole number of its blocks).
+    pub fn row_bytes(kind: Kind, cols: usize) -> usize {
+        let (per_block, size) = kind.block().expect("a block format");
+        cols / per_block * size
+    }
+
+    /// Row `r` as f32, into `out`.
+    pub fn row_into(&self, r: usize, out: &mut Vec<f32>) {
+        match &self.store {
+            Store::F32(data) => out.extend_from_slice(&data[r * self.cols..(r + 1) * self.cols]),
+            Store::Blocks { kind, bytes } => {
+                let n = Matrix::row_bytes(*kind, self.cols);
+                out.extend(gguf::dequantize(*kind, &bytes[r * n..(r + 1) * n], self.cols));
+            }
+            Store::Stacked(parts) => {
+                let mut r = r;
+                for p in parts {
+                    if r < p.rows {
+                        return p.row_into(r, out);
+                    }
+                    r -= p.rows;
+                }
+                unreachable!("row past the matrix");
+            }
+        }
+    }
+
+    /// Rows `from..to` as f32, row-major.
+    pub fn rows_f32(&self, from: usize, to: usize) -> Vec<f32> {
+        match &self.store {
+            Store::F32(data) => data[from * self.cols..to * self.cols].to_vec(),
+            Store::Blocks { kind, bytes } => {
+                let n = Matrix::row_bytes(*kind, self.cols);
+                gguf::dequantize(*kind, &bytes[from * n..to * n], (to - from) * self.cols)
+            }
+            Store::Stacked(_) => {
+                let mut out = Vec::with_capacity((to - from) * self.cols);
+                (from..to).for_each(|r| self.row_into(r, &mut out));
+                out
+            }
+        }
+    }
+
+    /// Every value as f32, row-major (what the GPU path uploads).
+    pub fn to_f32(&self) -> Vec<f32> {
+        self.rows_f32(0, self.rows)
+    }
+
+    /// The same matrix held in f32.
+    pub fn dequantized(self) -> Matrix {
+        match self.store {
+            Store::F32(_) => self,
+            _ => Matrix::f32(self.rows, self.cols, self.to_f32()),
+        }
+    }
+
+    /// Bytes its values take in memory.
+    pub fn bytes(&self) -> usize {
+        match &self.store {
+            Store::F32(data) => data.len() * 4,
+            Store::Blocks { bytes, .. } => bytes.len(),
+            Store::Stacked(parts) => parts.iter().map(Matrix::bytes).sum(),
+        }
+    }
+
+    /// Rows of several matrices of one width, one after the other: one store where they share
+    /// a format, [`Store::Stacked`] where they do not.
     fn stack(parts: Vec<Matrix>) -> Matrix {
         let cols = parts[0].cols;
         let rows = parts.iter().map(|p| p.rows).sum();
-        let mut data = Vec::with_capacity(rows * cols);
-        for p in parts {
-            debug_assert_eq!(p.cols, cols);
-            data.extend(p.data);
+        debug_assert!(parts.iter().all(|p| p.cols == cols));
+        let store = match parts.iter().map(|p| &p.store).collect::<Vec<_>>().as_slice() {
+            all if all.iter().all(|s| matches!(s, Store::F32(_))) => {
+                let mut data = Vec::with_capacity(rows * cols);
+                for p in parts {
+                    let Store::F32(d) = p.store else { unreachable!() };
+                    data.extend(d);
+                }
+                Store::F32(data)
+            }
+            [Store::Blocks { kind, .. }, rest @ ..]
+                if rest.iter().all(|s| matches!(s, Store::Blocks { kind: k, .. } if k == kind)) =>
+            {
+                let kind = *kind;
+                let mut bytes = Vec::new();
+                for p in parts {
+                    let Store::Blocks { bytes: b, .. } = p.store else { unreachable!() };
+                    bytes.extend(b);
+                }
+                Store::Blocks { kind, bytes }
+            }
+            _ => Store::Stacked(parts),
+        };
+        Matrix { rows, cols, store }
+    }
+
+    /// The values of a vector (a one-row matrix) as f32.
+    fn into_vector(self) -> Vec<f32> {
+        match self.store {
+            Store::F32(data) => data,
+            _ => self.to_f32(),
         }
-        Matrix { rows, cols, data }
     }
 }
 
@@ -70,6 +182,34 @@ impl Weights {
         self.output.as_ref().unwrap_or(&self.embed)
     }
 
+    /// Every matrix held in f32: the exact path, which the reference tests hold to transformers'
+    /// f32 logits.
+    pub fn dequantized(self) -> Weights {
+        Weights {
+            embed: self.embed.dequantized(),
+            layers: self
+                .layers
+                .into_iter()
+                .map(|l| Layer {
+                    qkv: l.qkv.dequantized(),
+                    out: l.out.dequantized(),
+                    gate_up: l.gate_up.dequantized(),
+                    down: l.down.dequantized(),
+                    ..l
+                })
+                .collect(),
+            output: self.output.map(Matrix::dequantized),
+            ..self
+        }
+    }
+
+    /// Bytes the matrices take in memory.
+    pub fn bytes(&self) -> usize {
+        let layers: usize =
+            self.layers.iter().map(|l| l.qkv.bytes() + l.out.bytes() + l.gate_up.bytes() + l.down.bytes()).sum();
+        layers + self.embed.bytes() + self.output.as_ref().map_or(0, Matrix::bytes)
+    }
+
     pub fn from_gguf(g: &Gguf, config: Config, file: &str) -> Result<Weights, String> {
         let read = |name: &str, rows: usize, cols: usize| -> Result<Matrix, String> {
             let t = g.tensors.get(name).ok_or_else(|| format!("{file}: tensor '{name}' is missing"))?;
@@ -81,8 +221,18 @@ impl Weights {
                     t.dims
                 ));
             }
-            let data = g.tensor(name).map_err(|e| format!("{file}: {e}"))?;
-            Ok(Matrix { rows, cols, data })
+            let (kind, raw) = g.raw(name).map_err(|e| format!("{file}: {e}"))?;
+            if rows > 1 && crate::quant::computed(kind) {
+                let (per_block, _) = kind.block().expect("a block format");
+                if !cols.is_multiple_of(per_block.max(crate::quant::BLOCK)) {
+                    return Err(format!(
+                        "{file}: tensor '{name}' is {kind} with rows of {cols} values, not a whole number of \
+                         {per_block}-value blocks"
+                    ));
+                }
+                return Ok(Matrix { rows, cols, store: Store::Blocks { kind, bytes: raw.to_vec() } });
+            }
+            Ok(Matrix::f32(rows, cols, g.tensor(name).map_err(|e| format!("{file}: {e}"))?))
         };
         let permuted = config.family == Family::Llama;
         let head_dim = config.head_dim;
@@ -169,7 +319,7 @@ impl Weights {
                     ))
                 }
             };
-            Ok(Some(Matrix { rows, cols, data }))
+            Ok(Some(Matrix::f32(rows, cols, data)))
         })
     }
 
@@ -183,7 +333,7 @@ impl Weights {
         let need = |t: Tensor, rows: usize, cols: usize| -> Result<Matrix, String> {
             Ok(read(t, rows, cols)?.expect("only the output matrix may be absent"))
         };
-        let vector = |t: Tensor, len: usize| -> Result<Vec<f32>, String> { Ok(need(t, 1, len)?.data) };
+        let vector = |t: Tensor, len: usize| -> Result<Vec<f32>, String> { Ok(need(t, 1, len)?.into_vector()) };
         let mut layers = Vec::with_capacity(c.layers);
         for i in 0..c.layers {
             let qkv = Matrix::stack(vec![
@@ -223,22 +373,31 @@ impl Weights {
 }
 
 /// Undoes GGUF's rotary permutation of a Q or K matrix (or bias, as one row): within each head
-/// of `head_dim` rows, file row `2j + t` goes back to row `t·head_dim/2 + j`.
+/// of `head_dim` rows, file row `2j + t` goes back to row `t·head_dim/2 + j`. Rows move whole, in
+/// whatever format they are stored.
 pub fn unpermute(m: &mut Matrix, head_dim: usize) {
-    // A bias is a single row whose elements are the "rows".
-    let (rows, width) = if m.rows == 1 { (m.cols, 1) } else { (m.rows, m.cols) };
-    let half = head_dim / 2;
-    let mut out = vec![0.0; m.data.len()];
-    for head in 0..rows / head_dim {
-        for j in 0..half {
-            for t in 0..2 {
-                let from = (head * head_dim + 2 * j + t) * width;
-                let to = (head * head_dim + t * half + j) * width;
-                out[to..to + width].copy_from_slice(&m.data[from..from + width]);
+    fn shuffle<T: Copy + Default>(data: &[T], rows: usize, width: usize, head_dim: usize) -> Vec<T> {
+        let half = head_dim / 2;
+        let mut out = vec![T::default(); data.len()];
+        for head in 0..rows / head_dim {
+            for j in 0..half {
+                for t in 0..2 {
+                    let from = (head * head_dim + 2 * j + t) * width;
+                    let to = (head * head_dim + t * half + j) * width;
+                    out[to..to + width].copy_from_slice(&data[from..from + width]);
+                }
             }
         }
+        out
     }
-    m.data = out;
+    let cols = m.cols;
+    match &mut m.store {
+        // A bias is a single row whose elements are the "rows".
+        Store::F32(data) if m.rows == 1 => *data = shuffle(data, cols, 1, head_dim),
+        Store::F32(data) => *data = shuffle(data, m.rows, cols, head_dim),
+        Store::Blocks { kind, bytes } => *bytes = shuffle(bytes, m.rows, Matrix::row_bytes(*kind, cols), head_dim),
+        Store::Stacked(_) => unreachable!("a file's tensor is one store"),
+    }
 }
 
 /// The tensors of the Llama block, by role.

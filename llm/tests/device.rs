@@ -37,7 +37,8 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
 /// Runs the same steps through the CPU path and the emulated GPU path, comparing each step's
 /// logits; returns the least cosine and the largest difference seen.
 fn compare(source: &Path, prompts: &[Vec<u32>]) -> (f64, f32) {
-    let cpu = Model::load(source, Device::Cpu, KvSize::Blocks(BLOCKS), BLOCK).expect("load");
+    // The GPU path uploads f32: the CPU path's f32 weights are its reference.
+    let cpu = Model::load_dequantized(source, Device::Cpu, KvSize::Blocks(BLOCKS), BLOCK).expect("load");
     let (weights, _) = ferry_llm::read(source).expect("read");
     let c = weights.config.clone();
     let host = Host;

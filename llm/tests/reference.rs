@@ -108,7 +108,8 @@ fn check_against(model: &Model, reference: &Value, tolerance: f32) {
 
 #[test]
 fn smollm2_matches_transformers_on_plain_and_chat_prompts() {
-    let model = Model::load(&smollm_path(), Device::Cpu, KvSize::Blocks(64), BLOCK).expect("load");
+    // Dequantized at load, as transformers' GGUF loader does: the same f32 values.
+    let model = Model::load_dequantized(&smollm_path(), Device::Cpu, KvSize::Blocks(64), BLOCK).expect("load");
     let c = model.config();
     assert_eq!((c.layers, c.hidden, c.heads, c.kv_heads, c.head_dim, c.ffn, c.vocab), (30, 576, 9, 3, 64, 1536, 49152));
     check_against(&model, &reference("smollm2.json"), 1e-3);
@@ -126,6 +127,35 @@ fn logits_along(model: &Model, prompt: &[u32], answer: &[u32]) -> Vec<Vec<f32>> 
         logits.append(&mut s.logits);
     }
     logits
+}
+
+/// How far `other`'s logits are from `f32`'s along `f32`'s greedy answers to the reference
+/// prompts (12 tokens each): cosine median and least, relative L2 error median and largest,
+/// greedy tokens the same, steps.
+fn logits_against(f32: &Model, other: &Model) -> (f64, f64, f64, f64, usize, usize) {
+    let (mut cosines, mut errors, mut same) = (Vec::new(), Vec::new(), 0);
+    for case in reference("smollm2.json")["cases"].as_array().expect("cases") {
+        let prompt = ids(&case["prompt"]);
+        let (answer, want) = generate(f32, &prompt, 12, 0);
+        // Both read along the f32 model's answer, so that a flipped token changes nothing after it.
+        let got = logits_along(other, &prompt, &answer);
+        for (w, g) in want.iter().zip(&got) {
+            let dot: f64 = w.iter().zip(g).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
+            let norm = |v: &[f32]| v.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>().sqrt();
+            let diff: f64 = w.iter().zip(g).map(|(a, b)| f64::from(a - b).powi(2)).sum::<f64>().sqrt();
+            cosines.push(dot / (norm(w) * norm(g)));
+            errors.push(diff / norm(w));
+            same += usize::from(ferry_llm::sample::argmax(w) == ferry_llm::sample::argmax(g));
+        }
+    }
+    let steps = cosines.len();
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (worst_cosine, worst_error) =
+        (cosines.iter().copied().fold(1.0, f64::min), errors.iter().copied().fold(0.0, f64::max));
+    (median(&mut cosines), worst_cosine, median(&mut errors), worst_error, same, steps)
 }
 
 #[test]
@@ -146,39 +176,35 @@ fn smollm2_requantized_to_q8_0_by_ggufs_quantizer_keeps_the_f32_logits() {
             panic!("{}: {e} (run scripts/test.sh once: it makes .venv with PyPI gguf)", python.display())
         });
     assert!(status.success(), "tests/llm/requantize.py failed: {status}");
-    let f32 = Model::load(&smollm_path(), Device::Cpu, KvSize::Blocks(64), BLOCK).expect("load");
+    let f32 = Model::load_dequantized(&smollm_path(), Device::Cpu, KvSize::Blocks(64), BLOCK).expect("load");
+    // Computed as stored: Q8_0 weights dotted with 8-bit activations.
     let q8 = Model::load(&q8, Device::Cpu, KvSize::Blocks(64), BLOCK).expect("load Q8_0");
-    let (mut cosines, mut errors, mut same) = (Vec::new(), Vec::new(), 0);
-    for case in reference("smollm2.json")["cases"].as_array().expect("cases") {
-        let prompt = ids(&case["prompt"]);
-        let (answer, want) = generate(&f32, &prompt, 12, 0);
-        // Both read along the f32 model's answer, so that a flipped token changes nothing after it.
-        let got = logits_along(&q8, &prompt, &answer);
-        for (w, g) in want.iter().zip(&got) {
-            let dot: f64 = w.iter().zip(g).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
-            let norm = |v: &[f32]| v.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>().sqrt();
-            let diff: f64 = w.iter().zip(g).map(|(a, b)| f64::from(a - b).powi(2)).sum::<f64>().sqrt();
-            cosines.push(dot / (norm(w) * norm(g)));
-            errors.push(diff / norm(w));
-            same += usize::from(ferry_llm::sample::argmax(w) == ferry_llm::sample::argmax(g));
-        }
-    }
-    let steps = cosines.len();
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (worst_cosine, worst_error) =
-        (cosines.iter().copied().fold(1.0, f64::min), errors.iter().copied().fold(0.0, f64::max));
-    let (cosine, error) = (median(&mut cosines), median(&mut errors));
+    let (cosine, worst_cosine, error, worst_error, same, steps) = logits_against(&f32, &q8);
     eprintln!(
         "Q8_0 against f32 over {steps} steps: cosine median {cosine:.5}, worst {worst_cosine:.5}; relative error median \
          {error:.4}, worst {worst_error:.4}; {same} greedy tokens the same"
     );
-    // Measured: median 0.9997 and 3.4 %, worst 0.990 and 16.6 % (a step where the f32 model
-    // itself is unsure), 46 of 48 tokens. A decoder that read Q8_0 wrong is far off all of them.
+    // Measured with Q8_0 dequantized to f32: median 0.9997 and 3.4 %, worst 0.990 and 16.6 % (a
+    // step where the f32 model itself is unsure), 46 of 48 tokens; computed as stored, the
+    // figures in the assertions' messages. A decoder that read Q8_0 wrong is far off all of them.
     assert!(cosine >= 0.999 && worst_cosine >= 0.98, "cosine median {cosine}, worst {worst_cosine}");
     assert!(error <= 0.05 && worst_error <= 0.25, "relative error median {error}, worst {worst_error}");
+    assert!(same * 10 >= steps * 9, "{same} of {steps}");
+}
+
+#[test]
+fn smollm2_computed_as_its_q4_1_file_stores_it_keeps_the_f32_logits() {
+    // The same weights two ways: Q4_1 blocks dotted with 8-bit activations, and their values
+    // in f32. What differs is the activations' quantization alone.
+    let f32 = Model::load_dequantized(&smollm_path(), Device::Cpu, KvSize::Blocks(64), BLOCK).expect("load");
+    let q4 = Model::load(&smollm_path(), Device::Cpu, KvSize::Blocks(64), BLOCK).expect("load");
+    let (cosine, worst_cosine, error, worst_error, same, steps) = logits_against(&f32, &q4);
+    eprintln!(
+        "Q4_1 as stored against f32 over {steps} steps: cosine median {cosine:.5}, worst {worst_cosine:.5}; relative \
+         error median {error:.4}, worst {worst_error:.4}; {same} greedy tokens the same"
+    );
+    assert!(cosine >= 0.999 && worst_cosine >= 0.99, "cosine median {cosine}, worst {worst_cosine}");
+    assert!(error <= 0.05 && worst_error <= 0.15, "relative error median {error}, worst {worst_error}");
     assert!(same * 10 >= steps * 9, "{same} of {steps}");
 }
 
@@ -269,30 +295,9 @@ fn tiny_llama_qwen2_and_llama3_scaled_match_transformers() {
     }
 }
 
-#[test]
-fn paged_batched_and_recomputed_sequences_equal_their_full_runs() {
-    let model = Model::load(&smollm_path(), Device::Cpu, KvSize::Blocks(64), BLOCK).expect("load");
-    let text = model.text();
-    let prompts: Vec<Vec<u32>> = ["Once upon a time", "The three laws of robotics are", "1, 2, 3, 4,"]
-        .iter()
-        .map(|p| text.encode(p).expect("encode"))
-        .collect();
-    let steps = 12;
-    let alone: Vec<(Vec<u32>, Vec<Vec<f32>>)> = prompts.iter().map(|p| generate(&model, p, steps, 0)).collect();
-
-    // A full re-run of each whole sequence gives the cached decode's last logits.
-    for (p, (tokens, logits)) in prompts.iter().zip(&alone) {
-        let mut all = p.clone();
-        all.extend(&tokens[..steps - 1]);
-        let blocks = table(8, all.len());
-        let full =
-            model.step(&[Seq { tokens: &all, start: 0, blocks: &blocks, sample: Some(Sampling::GREEDY) }]).unwrap();
-        let diff = max_diff(&full.logits[0], &logits[steps - 1]);
-        assert!(diff < 1e-3, "full re-run vs paged decode: {diff}");
-        assert_eq!(full.tokens[0], tokens[steps - 1]);
-    }
-
-    // All three in one step each (prefill together, then decode together), in scattered blocks.
+/// The prompts' greedy continuations run side by side: prefilled in one step, then decoded
+/// together, each in scattered blocks.
+fn batched(model: &Model, prompts: &[Vec<u32>], steps: usize) -> Vec<Vec<u32>> {
     let tables: Vec<Vec<u32>> = (0..3).map(|i| (0..2).map(|b| 20 + b * 3 + i).collect()).collect();
     let greedy = Some(Sampling::GREEDY);
     let mut batched: Vec<Vec<u32>> = vec![Vec::new(); 3];
@@ -323,6 +328,49 @@ fn paged_batched_and_recomputed_sequences_equal_their_full_runs() {
             b.push(t);
         }
     }
+    batched
+}
+
+/// Computed as stored, a step's rows are dotted one by one with each weight block: side by side
+/// or alone, a sequence gets the same tokens.
+#[test]
+fn quantized_sequences_decoded_side_by_side_equal_their_runs_alone() {
+    let model = Model::load(&smollm_path(), Device::Cpu, KvSize::Blocks(64), BLOCK).expect("load");
+    let prompts: Vec<Vec<u32>> = ["Once upon a time", "The three laws of robotics are", "1, 2, 3, 4,"]
+        .iter()
+        .map(|p| model.text().encode(p).expect("encode"))
+        .collect();
+    let alone: Vec<Vec<u32>> = prompts.iter().map(|p| generate(&model, p, 12, 0).0).collect();
+    assert_eq!(batched(&model, &prompts, 12), alone);
+}
+
+#[test]
+fn paged_batched_and_recomputed_sequences_equal_their_full_runs() {
+    // In f32: computed as stored, a full re-run's many tokens take the f32 GEMM where a decode
+    // step's one takes the 8-bit integer path, and their logits differ by that.
+    let model = Model::load_dequantized(&smollm_path(), Device::Cpu, KvSize::Blocks(64), BLOCK).expect("load");
+    let text = model.text();
+    let prompts: Vec<Vec<u32>> = ["Once upon a time", "The three laws of robotics are", "1, 2, 3, 4,"]
+        .iter()
+        .map(|p| text.encode(p).expect("encode"))
+        .collect();
+    let steps = 12;
+    let alone: Vec<(Vec<u32>, Vec<Vec<f32>>)> = prompts.iter().map(|p| generate(&model, p, steps, 0)).collect();
+
+    // A full re-run of each whole sequence gives the cached decode's last logits.
+    for (p, (tokens, logits)) in prompts.iter().zip(&alone) {
+        let mut all = p.clone();
+        all.extend(&tokens[..steps - 1]);
+        let blocks = table(8, all.len());
+        let full =
+            model.step(&[Seq { tokens: &all, start: 0, blocks: &blocks, sample: Some(Sampling::GREEDY) }]).unwrap();
+        let diff = max_diff(&full.logits[0], &logits[steps - 1]);
+        assert!(diff < 1e-3, "full re-run vs paged decode: {diff}");
+        assert_eq!(full.tokens[0], tokens[steps - 1]);
+    }
+
+    // All three in one step each (prefill together, then decode together), in scattered blocks.
+    let batched = batched(&model, &prompts, steps);
     for (b, (a, _)) in batched.iter().zip(&alone) {
         assert_eq!(b, a, "batched vs alone");
     }

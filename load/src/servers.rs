@@ -32,6 +32,14 @@ impl Server {
             .ok_or_else(|| anyhow::anyhow!("{} did not say where it listens: {line:?}", program.display()))?;
         Ok(Server { child, base: format!("http://{address}") })
     }
+
+    /// Its resident set (Linux's `VmRSS`), where the kernel says.
+    pub(crate) fn resident_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()?)).ok()?;
+        let kb: u64 =
+            status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+        Some(kb * 1024)
+    }
 }
 
 fn sidecar_binary() -> anyhow::Result<PathBuf> {

