@@ -13,7 +13,7 @@
 use rayon::prelude::*;
 
 use super::gguf::Kind;
-use super::kv::KvCache;
+use super::kv::{KvCache, LayerKv, Row};
 use super::quant::{self, Q8};
 use super::weights::{Matrix, Store, Weights};
 use crate::Seq;
@@ -114,8 +114,11 @@ pub fn forward(w: &Weights, rope: &Rope, cache: &mut KvCache, seqs: &[Seq<'_>]) 
             cache.write(l, tokens[i].slot, &kv[..kvd], &kv[kvd..]);
         }
         let mut attended = vec![0.0; t * qd];
-        let (keys, values) = cache.layer(l);
-        attend(&mut attended, &qkv, width, &tokens, &slots, (c.heads, c.kv_heads, hd), keys, values);
+        let shape = (c.heads, c.kv_heads, hd);
+        match cache.layer(l) {
+            LayerKv::F16(keys, values) => attend(&mut attended, &qkv, width, &tokens, &slots, shape, keys, values),
+            LayerKv::F32(keys, values) => attend(&mut attended, &qkv, width, &tokens, &slots, shape, keys, values),
+        }
         let o = matmul(&attended, t, &layer.out);
         x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
 
@@ -149,17 +152,17 @@ pub fn forward(w: &Weights, rope: &Rope, cache: &mut KvCache, seqs: &[Seq<'_>]) 
 
 /// Causal attention of every new token over its sequence's cached keys and values, one task
 /// per token and key-value head: the query heads that share those keys (GQA) read each key and
-/// value row once.
+/// value row once, into f32.
 #[allow(clippy::too_many_arguments)]
-fn attend(
+fn attend<T: Row>(
     out: &mut [f32],
     qkv: &[f32],
     width: usize,
     tokens: &[Token],
     slots: &[Vec<usize>],
     (heads, kv_heads, hd): (usize, usize, usize),
-    keys: &[f32],
-    values: &[f32],
+    keys: &[T],
+    values: &[T],
 ) {
     let group = heads / kv_heads;
     let kvd = kv_heads * hd;
@@ -171,19 +174,20 @@ fn attend(
         let context = &slots[tok.seq][..=tok.position];
         let n = context.len();
         let mut scores = vec![0.0f32; group * n];
+        let mut row = vec![0.0f32; hd];
         for (j, &slot) in context.iter().enumerate() {
-            let k = &keys[slot * kvd + kvh * hd..][..hd];
+            T::read(&keys[slot * kvd + kvh * hd..][..hd], &mut row);
             for g in 0..group {
-                scores[g * n + j] = dot(&q[g * hd..(g + 1) * hd], k) * scale;
+                scores[g * n + j] = dot(&q[g * hd..(g + 1) * hd], &row) * scale;
             }
         }
         for row in scores.chunks_exact_mut(n) {
             softmax(row);
         }
         for (j, &slot) in context.iter().enumerate() {
-            let v = &values[slot * kvd + kvh * hd..][..hd];
+            T::read(&values[slot * kvd + kvh * hd..][..hd], &mut row);
             for g in 0..group {
-                axpy(scores[g * n + j], v, &mut out[g * hd..(g + 1) * hd]);
+                axpy(scores[g * n + j], &row, &mut out[g * hd..(g + 1) * hd]);
             }
         }
     });

@@ -134,7 +134,7 @@ impl GpuDecoder {
         let cuda = Cuda::new(ordinal).map_err(at)?;
         let weights = DeviceWeights::upload(&cuda, w).map_err(at)?;
         let c = &w.config;
-        let per_token = KvCache::bytes_per_token(c.layers, c.kv_dim()) as u64;
+        let per_token = KvCache::bytes_per_token(c.layers, c.kv_dim(), crate::KvDtype::F32) as u64;
         let blocks = enough(match size {
             KvSize::Blocks(b) => b,
             KvSize::Bytes(bytes) => (bytes / (per_token * u64::from(block_size))).min(u64::from(u32::MAX)) as u32,

@@ -47,6 +47,7 @@ pub use text::{Message, Text, TextStream};
 
 use cpu::Rope;
 use kv::KvCache;
+pub use kv::KvDtype;
 use weights::Weights;
 
 /// How the next token is drawn ([`sample::sample`]). Greedy at temperature 0.
@@ -129,6 +130,16 @@ pub enum KvSize {
     Fraction(f64),
 }
 
+/// How a model is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Options {
+    /// Every matrix dequantized to f32 at load, rather than computed as stored.
+    pub dequantize: bool,
+    /// What the KV cache holds; `None` for f16 on the CPU (f32 with `dequantize`) and f32 on the
+    /// GPU, whose path has no f16 cache yet.
+    pub kv_dtype: Option<KvDtype>,
+}
+
 /// Where the forward pass runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
@@ -144,6 +155,7 @@ pub struct Model {
     blocks: u32,
     positions: usize,
     backend: Backend,
+    kv_dtype: KvDtype,
     source: PathBuf,
 }
 
@@ -190,24 +202,40 @@ impl Model {
     /// folder with `config.json`) onto `device` and allocates its KV cache. Every failure names
     /// the file and the field at fault.
     pub fn load(source: &Path, device: Device, size: KvSize, block_size: u32) -> Result<Model, String> {
-        Model::load_with(source, device, size, block_size, false)
+        Model::load_with(source, device, size, block_size, Options::default())
     }
 
-    /// [`Model::load`] with every matrix dequantized to f32 ([`Weights::dequantized`]): the
-    /// exact path, slower and up to eight times larger, that the reference tests hold to
-    /// transformers' f32 logits.
+    /// [`Model::load`] with every matrix dequantized to f32 ([`Weights::dequantized`]) and the
+    /// KV cache in f32: the exact path, slower and up to eight times larger, that the reference
+    /// tests hold to transformers' f32 logits.
     pub fn load_dequantized(source: &Path, device: Device, size: KvSize, block_size: u32) -> Result<Model, String> {
-        Model::load_with(source, device, size, block_size, true)
+        Model::load_with(source, device, size, block_size, Options { dequantize: true, kv_dtype: None })
     }
 
-    fn load_with(source: &Path, device: Device, size: KvSize, block_size: u32, f32: bool) -> Result<Model, String> {
+    /// [`Model::load`] with `options`.
+    pub fn load_with(
+        source: &Path,
+        device: Device,
+        size: KvSize,
+        block_size: u32,
+        options: Options,
+    ) -> Result<Model, String> {
         if block_size == 0 {
             return Err("the KV block size is 0; it must be at least 1".into());
         }
+        let kv_dtype = match (device, options.kv_dtype) {
+            (Device::Cuda(_), Some(KvDtype::F16)) => {
+                return Err("--kv-cache-dtype f16: the GPU path holds its KV cache in f32 only, for now".into())
+            }
+            (Device::Cuda(_), _) => KvDtype::F32,
+            (Device::Cpu, Some(dtype)) => dtype,
+            (Device::Cpu, None) if options.dequantize => KvDtype::F32,
+            (Device::Cpu, None) => KvDtype::F16,
+        };
         let (weights, text) = read(source)?;
-        let weights = if f32 { weights.dequantized() } else { weights };
+        let weights = if options.dequantize { weights.dequantized() } else { weights };
         let config = weights.config.clone();
-        let per_token = KvCache::bytes_per_token(config.layers, config.kv_dim()) as u64;
+        let per_token = KvCache::bytes_per_token(config.layers, config.kv_dim(), kv_dtype) as u64;
         let enough = |blocks: u32| -> Result<u32, String> {
             if blocks < 2 {
                 return Err(format!(
@@ -229,7 +257,8 @@ impl Model {
                     }
                 })?;
                 let rope = Rope::new(&config, config.context);
-                let cache = KvCache::new(config.layers, config.kv_dim(), blocks as usize, block_size as usize);
+                let cache =
+                    KvCache::new(config.layers, config.kv_dim(), blocks as usize, block_size as usize, kv_dtype);
                 (Backend::Cpu(Box::new(CpuDecoder { weights, rope, cache: Mutex::new(cache) })), blocks, config.context)
             }
             #[cfg(feature = "cuda")]
@@ -245,7 +274,7 @@ impl Model {
                 ))
             }
         };
-        Ok(Model { text, config, blocks, positions, backend, source: source.to_owned() })
+        Ok(Model { text, config, blocks, positions, backend, kv_dtype, source: source.to_owned() })
     }
 
     pub fn config(&self) -> &Config {
@@ -272,7 +301,12 @@ impl Model {
 
     /// Bytes the KV cache takes a token.
     pub fn kv_bytes_per_token(&self) -> usize {
-        KvCache::bytes_per_token(self.config.layers, self.config.kv_dim())
+        KvCache::bytes_per_token(self.config.layers, self.config.kv_dim(), self.kv_dtype)
+    }
+
+    /// What the KV cache holds its keys and values in.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
     }
 
     /// Token ids the model knows: `0..vocab_size`.

@@ -105,7 +105,7 @@ pub async fn section(md: &mut String, secs: u64, prefix_only: bool) -> anyhow::R
     result
 }
 
-/// Memory for the sidecar's KV cache in the benchmark: 512 MiB (11 650 tokens of SmolLM2).
+/// Memory for the sidecar's KV cache in the benchmark: 512 MiB.
 const KV_MEMORY: u64 = 512 << 20;
 
 /// The servers, and their speed rows, for one file; the first file's servers serve the rest.
@@ -260,6 +260,10 @@ async fn run(
     }
     let _ = writeln!(md);
     drop(ferry);
+    // A llama.cpp server of its own for the prefix rows: the trace above leaves the other with
+    // requests its clients gave up on.
+    drop(llama);
+    let llama = start(published_path).await?;
     crate::prefix::rows(md, &llama, published_arg, 16).await?;
     for (format, name, ratio) in ratios {
         eprintln!("  {format} {name}: Ferry / llama.cpp = {ratio:.2}");

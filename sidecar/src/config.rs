@@ -142,6 +142,10 @@ pub struct Cli {
     /// up to eight times larger). [default: auto]
     #[arg(long, env = "FERRY_DTYPE")]
     pub dtype: Option<String>,
+    /// What the llm engine's KV cache holds: `auto` (f16 on the CPU, f32 with `--dtype float32`
+    /// and on the GPU), `f16` (twice the tokens in the same memory) or `f32`. [default: auto]
+    #[arg(long, env = "FERRY_KV_CACHE_DTYPE")]
+    pub kv_cache_dtype: Option<String>,
     /// Inputs longer than the model takes: `truncate` (keep the first tokens) or `refuse` (400)
     /// (cuda engine). [default: truncate]
     #[arg(long, env = "FERRY_LONG_INPUTS")]
@@ -243,6 +247,8 @@ pub enum EngineSettings {
         kv_cache_memory: Option<u64>,
         /// Every matrix dequantized to f32 at load (`--dtype float32`).
         float32: bool,
+        /// What the KV cache holds (`None`: the engine's default for the device).
+        kv_dtype: Option<ferry_llm::KvDtype>,
     },
     /// Simulated generation: the prompt cycled, steps of a configured time.
     SimLlm {
@@ -400,6 +406,16 @@ impl Settings {
                         Some("float32") => true,
                         Some(other) => {
                             return Err(ConfigError(format!("--dtype is '{other}'; it must be auto or float32")))
+                        }
+                    },
+                    kv_dtype: match cli.kv_cache_dtype.as_deref() {
+                        None | Some("auto") => None,
+                        Some("f16") => Some(ferry_llm::KvDtype::F16),
+                        Some("f32") => Some(ferry_llm::KvDtype::F32),
+                        Some(other) => {
+                            return Err(ConfigError(format!(
+                                "--kv-cache-dtype is '{other}'; it must be auto, f16 or f32"
+                            )))
                         }
                     },
                 },
@@ -658,6 +674,12 @@ spec:
         assert!(err.0.starts_with("--upstream is required when --engine is remote"), "{err}");
         let err = Settings::merge(cli(&["--sim-fail-rate", "1.5"]), Manifest::default()).unwrap_err();
         assert_eq!(err.0, "--sim-fail-rate is 1.5; it must be a probability between 0 and 1");
+        let llm = ["--engine", "llm", "--model-source", "m.gguf"];
+        let err = Settings::merge(cli(&[&llm[..], &["--dtype", "q4"]].concat()), Manifest::default()).unwrap_err();
+        assert_eq!(err.0, "--dtype is 'q4'; it must be auto or float32");
+        let err =
+            Settings::merge(cli(&[&llm[..], &["--kv-cache-dtype", "fp8"]].concat()), Manifest::default()).unwrap_err();
+        assert_eq!(err.0, "--kv-cache-dtype is 'fp8'; it must be auto, f16 or f32");
     }
 
     #[test]

@@ -188,16 +188,17 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<(Front, Lo
             installer.install(engine.clone(), start_steps(engine, settings, model_metrics));
             Backend::Steps(steps)
         }
-        EngineSettings::Llm { source, device, kv_cache_memory, float32 } => {
+        EngineSettings::Llm { source, device, kv_cache_memory, float32, kv_dtype } => {
             let (steps, installer) = Steps::new(model_metrics.clone(), "ferry_llm");
             let (tx, rx) = tokio::sync::oneshot::channel();
-            let (source, device, kv_cache_memory, float32) = (source.clone(), *device, *kv_cache_memory, *float32);
+            let (source, device, kv_cache_memory) = (source.clone(), *device, *kv_cache_memory);
+            let options = ferry_llm::Options { dequantize: *float32, kv_dtype: *kv_dtype };
             let (kv_blocks, block_size, specials) = (g.kv_blocks, g.kv_block_size, g.special_tokens_in_messages);
             std::thread::Builder::new()
                 .name("model-loader".into())
                 .spawn(move || {
                     let started = ferry_core::clock::now();
-                    let loaded = LlmEngine::load(&source, device, kv_blocks, kv_cache_memory, block_size, float32)
+                    let loaded = LlmEngine::load(&source, device, kv_blocks, kv_cache_memory, block_size, options)
                         .map(|engine| engine.reading_message_specials(specials))
                         .map(|engine| (engine, source, ferry_core::clock::elapsed(started)));
                     let _ = tx.send(loaded);

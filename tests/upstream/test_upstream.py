@@ -161,9 +161,9 @@ def test_greedy_answers_through_ferry_equal_the_upstreams_own(llama, sidecar):
         assert "".join(c.choices[0].text for c in streamed if c.choices) == direct["choices"][0]["text"]
 
 
-# The largest gap measured at a fork is 0.48 nats (llama.cpp keeps its KV cache in f16, Ferry in
-# f32); a decoder that computed a format wrong forks far earlier, at tokens far apart.
-NEAR_TIE = 0.6
+# The largest gap measured at a fork is 0.074 nats (0.48 with Ferry's KV cache in f32, llama.cpp's
+# in f16); a decoder that computed a format wrong forks far earlier, at tokens far apart.
+NEAR_TIE = 0.25
 
 
 def agrees_up_to_a_near_tie(steps, theirs):

@@ -38,23 +38,17 @@ impl LlmEngine {
     /// Loads the model onto its device and times it. The KV cache holds `kv_blocks` blocks,
     /// else what `kv_memory` bytes hold, else 1 GiB's worth on the CPU and 90 % of the GPU
     /// memory left free by the weights. `auto` takes GPU 0 when this build has the CUDA code
-    /// and the GPU can be used, and says in one log line when it falls back to the CPU. With
-    /// `float32`, every matrix is dequantized to f32 at load.
+    /// and the GPU can be used, and says in one log line when it falls back to the CPU.
+    /// `options` say how the weights and the KV cache are held.
     pub fn load(
         source: &Path,
         device: Device,
         kv_blocks: Option<u32>,
         kv_memory: Option<u64>,
         block_size: u32,
-        float32: bool,
+        options: ferry_llm::Options,
     ) -> Result<LlmEngine, String> {
-        let load = |device, size| {
-            if float32 {
-                Model::load_dequantized(source, device, size, block_size)
-            } else {
-                Model::load(source, device, size, block_size)
-            }
-        };
+        let load = |device, size| Model::load_with(source, device, size, block_size, options);
         let size = |gpu: bool| match (kv_blocks, kv_memory) {
             (Some(b), _) => KvSize::Blocks(b),
             (None, Some(bytes)) => KvSize::Bytes(bytes),
