@@ -27,8 +27,8 @@ const GEMV_TOKENS: usize = 4;
 const QUANT_GEMV_TOKENS: usize = 16;
 /// Output rows per task of the matrix-vector paths.
 const ROWS_PER_TASK: usize = 32;
-/// Most f32 bytes of a quantized matrix a prefill dequantizes at once (the whole matrix, for
-/// SmolLM2's; 1024 rows of an 8B model's 4096 columns).
+/// Most f32 bytes of a quantized matrix a prefill dequantizes at once (the whole of each of
+/// SmolLM2's layer matrices, 7281 rows of its 49152-row output; 1024 rows of 4096 columns).
 const PANEL_BYTES: usize = 16 << 20;
 
 /// Rotary embedding tables: `cos` and `sin` of `position × θ^(−2i/d)`, `[position][d/2]`.
@@ -258,6 +258,18 @@ fn matmul_f32(x: &[f32], rows: usize, w: &[f32], n: usize, k: usize) -> Vec<f32>
 /// panels of weight rows dequantized to f32 and multiplied by the packed GEMM (the dequantizing
 /// is paid once for every token).
 fn matmul_blocks(x: &[f32], rows: usize, kind: Kind, bytes: &[u8], n: usize, k: usize) -> Vec<f32> {
+    matmul_blocks_in(x, rows, kind, bytes, n, k, PANEL_BYTES)
+}
+
+fn matmul_blocks_in(
+    x: &[f32],
+    rows: usize,
+    kind: Kind,
+    bytes: &[u8],
+    n: usize,
+    k: usize,
+    panel_bytes: usize,
+) -> Vec<f32> {
     let row_bytes = Matrix::row_bytes(kind, k);
     if rows <= QUANT_GEMV_TOKENS {
         let q = Q8::quantize(x, k);
@@ -270,7 +282,7 @@ fn matmul_blocks(x: &[f32], rows: usize, kind: Kind, bytes: &[u8], n: usize, k: 
     }
     // Panels of at most PANEL_BYTES of f32, each dequantized by every thread and multiplied
     // by the threaded GEMM straight into its columns of the result.
-    let panel_rows = (PANEL_BYTES / (k * 4)).clamp(1, n);
+    let panel_rows = (panel_bytes / (k * 4)).clamp(1, n);
     let mut y = vec![0.0; rows * n];
     let mut panel = Vec::new();
     for start in (0..n).step_by(panel_rows) {
@@ -359,4 +371,72 @@ pub fn softmax(x: &mut [f32]) {
         sum += *v;
     }
     x.iter_mut().for_each(|v| *v /= sum);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::tests::random_blocks;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    /// `x · wᵀ` in f64 from the dequantized values, and the sum of the products' magnitudes.
+    fn reference(x: &[f32], rows: usize, w: &[f32], n: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
+        let mut exact = vec![0.0; rows * n];
+        let mut scale = vec![0.0; rows * n];
+        for r in 0..rows {
+            for j in 0..n {
+                let (xr, wr) = (&x[r * k..][..k], &w[j * k..][..k]);
+                exact[r * n + j] = xr.iter().zip(wr).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>() as f32;
+                scale[r * n + j] = xr.iter().zip(wr).map(|(a, b)| (a * b).abs()).sum();
+            }
+        }
+        (exact, scale)
+    }
+
+    fn check(got: &[f32], exact: &[f32], scale: &[f32], tolerance: f32, what: &str) {
+        for (i, ((g, e), s)) in got.iter().zip(exact).zip(scale).enumerate() {
+            assert!((g - e).abs() <= tolerance * s, "{what}: value {i}: {g} against {e} (|·| {s})");
+        }
+    }
+
+    /// A prefill's panels cover the matrix, each into its own columns: three panels of a Q8_0
+    /// matrix give the dequantized product.
+    #[test]
+    fn a_prefill_over_several_panels_is_the_dequantized_product() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let (n, k, rows) = (70, 256, 20);
+        let bytes = random_blocks(Kind::Q8_0, n * k / 32, &mut rng);
+        let x: Vec<f32> = (0..rows * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let wf = crate::gguf::dequantize(Kind::Q8_0, &bytes, n * k);
+        let (exact, scale) = reference(&x, rows, &wf, n, k);
+        // Panels of 32 rows: 32, 32 and 6.
+        let got = matmul_blocks_in(&x, rows, Kind::Q8_0, &bytes, n, k, 32 * k * 4);
+        check(&got, &exact, &scale, 1e-5, "three panels");
+    }
+
+    /// Q4_K, Q4_K and Q6_K matrices stacked (a Q4_K_M file's Q, K and V) compute as their
+    /// dequantized values do, on the integer path and on the GEMM's.
+    #[test]
+    fn a_stack_of_formats_is_the_dequantized_product() {
+        let mut rng = StdRng::seed_from_u64(9);
+        let k = 512;
+        let parts: Vec<Matrix> = [(Kind::Q4K, 8), (Kind::Q4K, 4), (Kind::Q6K, 4)]
+            .iter()
+            .map(|&(kind, rows)| Matrix {
+                rows,
+                cols: k,
+                store: Store::Blocks { kind, bytes: random_blocks(kind, rows * k / 256, &mut rng) },
+            })
+            .collect();
+        let m = Matrix::stack(parts);
+        assert!(matches!(m.store, Store::Stacked(_)) && m.rows == 16);
+        let wf = m.to_f32();
+        for rows in [3, 20] {
+            let x: Vec<f32> = (0..rows * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let (exact, scale) = reference(&x, rows, &wf, m.rows, k);
+            let tolerance = if rows <= QUANT_GEMV_TOKENS { 0.01 } else { 1e-5 };
+            check(&matmul(&x, rows, &m), &exact, &scale, tolerance, &format!("{rows} rows"));
+        }
+    }
 }

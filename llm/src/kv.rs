@@ -10,6 +10,7 @@
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+use half::vec::HalfBitsVecExt;
 
 /// What the cache holds its keys and values in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,7 +89,10 @@ impl KvCache {
         let layer_stride = blocks * block_size * kv_dim;
         let n = layers * layer_stride;
         let store = match dtype {
-            KvDtype::F16 => Store::F16 { keys: vec![f16::ZERO; n], values: vec![f16::ZERO; n] },
+            // Zeroed as u16 (a zeroed allocation, mapped as written), read as f16's bits.
+            KvDtype::F16 => {
+                Store::F16 { keys: vec![0u16; n].reinterpret_into(), values: vec![0u16; n].reinterpret_into() }
+            }
             KvDtype::F32 => Store::F32 { keys: vec![0.0; n], values: vec![0.0; n] },
         };
         KvCache { blocks, block_size, kv_dim, store, layer_stride }

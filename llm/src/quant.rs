@@ -40,10 +40,12 @@ impl Q8 {
         for (x, q) in x.chunks_exact(BLOCK).zip(out.q.chunks_exact_mut(BLOCK)) {
             let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
-            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            // A subnormal scale's inverse overflows: such a block is zeros.
+            let inv = if d >= f32::MIN_POSITIVE { 1.0 / d } else { 0.0 };
             let mut sum = 0;
             for (q, v) in q.iter_mut().zip(x) {
-                *q = (v * inv).round() as i8;
+                // Within ±127: the kernels' sign trick cannot negate −128.
+                *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
                 sum += i32::from(*q);
             }
             out.d.push(d);
@@ -72,7 +74,11 @@ pub fn dot_rows(kind: Kind, w: &[u8], row_bytes: usize, x: &Q8, out: &mut [f32])
     assert!(x.rows() <= MAX_ROWS, "{} activation rows; at most {MAX_ROWS} at once", x.rows());
     #[cfg(target_arch = "x86_64")]
     if x86::available() {
-        x86::dot_rows(kind, w, row_bytes, x, out);
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU has the features (checked just above).
+        unsafe {
+            x86::dot_rows(kind, w, row_bytes, x, out)
+        };
         return;
     }
     dot_rows_portable(kind, w, row_bytes, x, out);
@@ -97,7 +103,11 @@ fn dot_rows_portable(kind: Kind, w: &[u8], row_bytes: usize, x: &Q8, out: &mut [
 pub fn dequantize_rows(kind: Kind, w: &[u8], cols: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if x86::available() {
-        x86::dequantize_rows(kind, w, cols, out);
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU has the features (checked just above).
+        unsafe {
+            x86::dequantize_rows(kind, w, cols, out)
+        };
         return;
     }
     dequantize_portable(kind, w, cols, out);
@@ -326,18 +336,22 @@ mod x86 {
         is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
     }
 
-    pub(super) fn dot_rows(kind: Kind, w: &[u8], row_bytes: usize, x: &Q8, out: &mut [f32]) {
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C ([`available`]).
+    pub(super) unsafe fn dot_rows(kind: Kind, w: &[u8], row_bytes: usize, x: &Q8, out: &mut [f32]) {
+        debug_assert!(available());
         assert!(x.rows() <= MAX_ROWS && x.q.len() == x.rows() * x.cols && x.cols.is_multiple_of(BLOCK));
         assert!(w.len().is_multiple_of(row_bytes) && out.len() == w.len() / row_bytes * x.rows());
-        // SAFETY: available() found AVX2, FMA and F16C, the features the function is compiled
-        // with (the dispatcher calls this only then); its loads stay within the slices, whose
-        // sizes are checked above.
+        // SAFETY: the caller found AVX2, FMA and F16C, the features the function is compiled
+        // with; its loads stay within the slices, whose sizes are checked above.
         unsafe { rows(kind, w, row_bytes, x, out) }
     }
 
-    /// An f16's value.
-    pub(super) fn dequantize_rows(kind: Kind, w: &[u8], cols: usize, out: &mut [f32]) {
-        // SAFETY: available() found the features the function is compiled with; it is the
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C ([`available`]).
+    pub(super) unsafe fn dequantize_rows(kind: Kind, w: &[u8], cols: usize, out: &mut [f32]) {
+        debug_assert!(available());
+        // SAFETY: the caller found the features the function is compiled with; it is the
         // portable code (bounds-checked slices), compiled for them.
         unsafe { dequantize_rows_avx2(kind, w, cols, out) }
     }
@@ -347,9 +361,10 @@ mod x86 {
         super::dequantize_portable(kind, w, cols, out);
     }
 
+    /// An f16's value; inlined only into `rows`, which is compiled with F16C.
     #[inline(always)]
     fn half(b: &[u8]) -> f32 {
-        // SAFETY: compiled only into functions with F16C enabled.
+        // SAFETY: called only from `rows`, which has F16C enabled.
         unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16::from_le_bytes([b[0], b[1]]))))) }
     }
 
@@ -416,7 +431,7 @@ mod x86 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::gguf::dequantize;
     use rand::rngs::StdRng;
@@ -424,7 +439,7 @@ mod tests {
 
     /// Random blocks of `kind` with scales of a trained model's size (the quantized integers
     /// and scale bits random).
-    fn random_blocks(kind: Kind, blocks: usize, rng: &mut StdRng) -> Vec<u8> {
+    pub(crate) fn random_blocks(kind: Kind, blocks: usize, rng: &mut StdRng) -> Vec<u8> {
         let (_, size) = kind.block().unwrap();
         let mut out = Vec::with_capacity(blocks * size);
         for _ in 0..blocks {

@@ -115,7 +115,7 @@ impl Matrix {
 
     /// Rows of several matrices of one width, one after the other: one store where they share
     /// a format, [`Store::Stacked`] where they do not.
-    fn stack(parts: Vec<Matrix>) -> Matrix {
+    pub(crate) fn stack(parts: Vec<Matrix>) -> Matrix {
         let cols = parts[0].cols;
         let rows = parts.iter().map(|p| p.rows).sum();
         debug_assert!(parts.iter().all(|p| p.cols == cols));

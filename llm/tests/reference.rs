@@ -290,7 +290,8 @@ fn a_folders_chat_template_jinja_comes_before_its_tokenizer_config() {
 fn tiny_llama_qwen2_and_llama3_scaled_match_transformers() {
     for family in ["llama", "qwen2", "llama3"] {
         let dir = root().join(format!("tests/llm/reference/tiny-{family}"));
-        let model = Model::load(&dir, Device::Cpu, KvSize::Blocks(16), BLOCK).expect("load");
+        // The exact path (f32 weights and KV cache), as transformers computes.
+        let model = Model::load_dequantized(&dir, Device::Cpu, KvSize::Blocks(16), BLOCK).expect("load");
         assert_eq!(model.config().qkv_bias, family == "qwen2");
         assert_eq!(model.config().rope_factors.is_some(), family == "llama3");
         check_against(&model, &reference(&format!("tiny-{family}.json")), 1e-3);
