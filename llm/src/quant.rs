@@ -344,7 +344,13 @@ mod x86 {
         assert!(w.len().is_multiple_of(row_bytes) && out.len() == w.len() / row_bytes * x.rows());
         // SAFETY: the caller found AVX2, FMA and F16C, the features the function is compiled
         // with; its loads stay within the slices, whose sizes are checked above.
-        unsafe { rows(kind, w, row_bytes, x, out) }
+        unsafe {
+            if x.rows() == 1 {
+                one_row(kind, w, row_bytes, x, out)
+            } else {
+                rows(kind, w, row_bytes, x, out)
+            }
+        }
     }
 
     /// # Safety
@@ -359,6 +365,69 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dequantize_rows_avx2(kind: Kind, w: &[u8], cols: usize, out: &mut [f32]) {
         super::dequantize_portable(kind, w, cols, out);
+    }
+
+    /// Block `$b` of weight row `$wr`: its weights as signed bytes, its scales (per half) and its
+    /// offset; the simple formats unpacked in registers. A macro: a function would not be
+    /// inlined into the kernels compiled with AVX2.
+    macro_rules! block {
+        ($kind:expr, $wr:expr, $b:expr, $u:expr) => {{
+            let (kind, wr, b, u): (Kind, &[u8], usize, &mut Unpacked) = ($kind, $wr, $b, $u);
+            match kind {
+                Kind::Q8_0 => {
+                    let block = &wr[b * 34..][..34];
+                    let d = half(block);
+                    (_mm256_loadu_si256(block[2..].as_ptr().cast()), d, d, 0.0)
+                }
+                Kind::Q4_0 | Kind::Q4_1 => {
+                    let size = if kind == Kind::Q4_1 { 20 } else { 18 };
+                    let block = &wr[b * size..][..size];
+                    let qs = _mm_loadu_si128(block[size - 16..].as_ptr().cast());
+                    let mask = _mm_set1_epi8(0x0f);
+                    let lo = _mm_and_si128(qs, mask);
+                    let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
+                    let v = _mm256_set_m128i(hi, lo);
+                    let d = half(block);
+                    if kind == Kind::Q4_1 {
+                        (v, d, d, half(&block[2..]))
+                    } else {
+                        (_mm256_sub_epi8(v, _mm256_set1_epi8(8)), d, d, 0.0)
+                    }
+                }
+                _ => {
+                    unpack_with(kind, wr, b, u);
+                    (_mm256_loadu_si256(u.v.as_ptr().cast()), u.scale[0], u.scale[1], u.min)
+                }
+            }
+        }};
+    }
+
+    /// One activation row (a lone sequence's decode): its accumulator in a register. The sums
+    /// are taken in the order [`rows`] takes them, so that a sequence's tokens do not depend on
+    /// whether it decodes alone.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn one_row(kind: Kind, w: &[u8], row_bytes: usize, x: &Q8, out: &mut [f32]) {
+        let blocks = x.cols / BLOCK;
+        let ones = _mm256_set1_epi16(1);
+        let mut u = Unpacked::default();
+        let q = &x.q[..blocks * BLOCK];
+        for (wr, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+            let mut acc = _mm256_setzero_ps();
+            let mut offset = 0.0f32;
+            for b in 0..blocks {
+                let (v, s0, s1, min) = block!(kind, wr, b, &mut u);
+                let a = _mm256_loadu_si256(q[b * BLOCK..][..BLOCK].as_ptr().cast());
+                let products =
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(a, v)), ones);
+                let scales = _mm256_mul_ps(_mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1), _mm256_set1_ps(x.d[b]));
+                acc = _mm256_fmadd_ps(scales, _mm256_cvtepi32_ps(products), acc);
+                offset += min * x.ds[b];
+            }
+            let lanes = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+            let pairs = _mm_add_ps(lanes, _mm_movehl_ps(lanes, lanes));
+            let one = _mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1));
+            *o = _mm_cvtss_f32(one) + offset;
+        }
     }
 
     /// An f16's value; inlined only into `rows`, which is compiled with F16C.
@@ -379,32 +448,7 @@ mod x86 {
             let mut offsets = [0.0f32; MAX_ROWS];
             for b in 0..blocks {
                 // The block's weights as signed bytes, its scales (per half) and its offset.
-                let (v, s0, s1, min) = match kind {
-                    Kind::Q8_0 => {
-                        let block = &wr[b * 34..][..34];
-                        let d = half(block);
-                        (_mm256_loadu_si256(block[2..].as_ptr().cast()), d, d, 0.0)
-                    }
-                    Kind::Q4_0 | Kind::Q4_1 => {
-                        let size = if kind == Kind::Q4_1 { 20 } else { 18 };
-                        let block = &wr[b * size..][..size];
-                        let qs = _mm_loadu_si128(block[size - 16..].as_ptr().cast());
-                        let mask = _mm_set1_epi8(0x0f);
-                        let lo = _mm_and_si128(qs, mask);
-                        let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
-                        let v = _mm256_set_m128i(hi, lo);
-                        let d = half(block);
-                        if kind == Kind::Q4_1 {
-                            (v, d, d, half(&block[2..]))
-                        } else {
-                            (_mm256_sub_epi8(v, _mm256_set1_epi8(8)), d, d, 0.0)
-                        }
-                    }
-                    _ => {
-                        unpack_with(kind, wr, b, &mut u);
-                        (_mm256_loadu_si256(u.v.as_ptr().cast()), u.scale[0], u.scale[1], u.min)
-                    }
-                };
+                let (v, s0, s1, min) = block!(kind, wr, b, &mut u);
                 let magnitude = _mm256_sign_epi8(v, v);
                 let scales = _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1);
                 for r in 0..n {
@@ -479,6 +523,14 @@ pub(crate) mod tests {
             dot_rows(kind, &w, row_bytes, &q, &mut out);
             let mut portable = vec![0.0; rows * 2];
             dot_rows_portable(kind, &w, row_bytes, &q, &mut portable);
+            // Each activation row alone (a lone sequence's kernel).
+            let alone: Vec<Vec<f32>> = (0..2)
+                .map(|r| {
+                    let mut out = vec![0.0; rows];
+                    dot_rows(kind, &w, row_bytes, &Q8::quantize(&x[r * cols..][..cols], cols), &mut out);
+                    out
+                })
+                .collect();
             for j in 0..rows {
                 let wf = dequantize(kind, &w[j * row_bytes..][..row_bytes], cols);
                 for r in 0..2 {
@@ -491,6 +543,8 @@ pub(crate) mod tests {
                         "{kind}: row {j}, x {r}: {got} against {exact} (|·| {scale})"
                     );
                     assert!((got - portable[j * 2 + r]).abs() <= 1e-4 * scale, "{kind}: the two copies differ");
+                    // Bit for bit: a sequence's tokens must not depend on its step's company.
+                    assert_eq!(got, alone[r][j], "{kind}: a row alone differs");
                 }
             }
         }
