@@ -364,7 +364,9 @@ impl Default for BatchingSpec {
     validation = kube::core::Rule::new("self.minReplicas <= self.maxReplicas")
         .message("scaling.minReplicas must not exceed scaling.maxReplicas"),
     validation = kube::core::Rule::new("self.warmReplicas <= self.maxReplicas")
-        .message("scaling.warmReplicas must not exceed scaling.maxReplicas")
+        .message("scaling.warmReplicas must not exceed scaling.maxReplicas"),
+    validation = kube::core::Rule::new("!has(self.scaleToZeroAfter) || self.minReplicas == 0")
+        .message("scaling.scaleToZeroAfter needs scaling.minReplicas: 0")
 ))]
 pub struct ScalingSpec {
     #[serde(default = "one")]
@@ -387,6 +389,11 @@ pub struct ScalingSpec {
     /// First guess of a new pod's time to ready.
     #[serde(default = "default_startup_time")]
     pub startup_time: GatewayDuration,
+    /// With `minReplicas: 0`: after this long with no offered load the service goes to zero
+    /// pods, and the holder holds its requests (by their deadlines) while it scales back up.
+    /// Absent, a service keeps one pod at least, whatever `minReplicas` says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_to_zero_after: Option<GatewayDuration>,
 }
 
 impl Default for ScalingSpec {
@@ -398,6 +405,7 @@ impl Default for ScalingSpec {
             target_utilization: default_target_utilization(),
             scale_down_delay: default_scale_down_delay(),
             startup_time: default_startup_time(),
+            scale_to_zero_after: None,
         }
     }
 }

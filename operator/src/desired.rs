@@ -65,6 +65,8 @@ pub struct Checked {
     pub batch_time: Duration,
     pub per_item: Duration,
     pub volume: Option<ModelVolume>,
+    /// `None`: the service never goes below one pod.
+    pub scale_to_zero_after: Option<Duration>,
 }
 
 /// A model source that names a PersistentVolumeClaim (`pvc://CLAIM[/PATH]`).
@@ -101,6 +103,17 @@ pub fn check(spec: &InferenceServiceSpec) -> Result<Checked, SpecError> {
             spec.engine.kind.as_str()
         )));
     }
+    if let (Some(after), 1..) = (&s.scale_to_zero_after, s.min_replicas) {
+        return Err(invalid(format!(
+            "spec.scaling.scaleToZeroAfter ({}) needs spec.scaling.minReplicas: 0, not {}",
+            after.as_str(),
+            s.min_replicas
+        )));
+    }
+    let scale_to_zero_after = match &s.scale_to_zero_after {
+        Some(d) => Some(duration("scaling.scaleToZeroAfter", d)?),
+        None => None,
+    };
     let latency_budget = duration("batching.latencyBudget", &spec.batching.latency_budget)?;
     if latency_budget.is_zero() {
         return Err(invalid("spec.batching.latencyBudget is 0s; it must be more than 0"));
@@ -125,6 +138,7 @@ pub fn check(spec: &InferenceServiceSpec) -> Result<Checked, SpecError> {
         batch_time: duration("engine.sim.batchTime", &sim.batch_time)?,
         per_item: duration("engine.sim.perItem", &sim.per_item)?,
         volume,
+        scale_to_zero_after,
     })
 }
 

@@ -67,6 +67,7 @@ fn bad_manifests_are_refused_with_the_reason() {
         ("openai-without-image.yaml", "engine.image is required when engine.kind is remote or openai"),
         ("bad-duration.yaml", "10 ms"),
         ("zero-batch.yaml", "minimum"),
+        ("zero-after-with-min.yaml", "scaling.scaleToZeroAfter needs scaling.minReplicas: 0"),
     ];
     for (file, reason) in cases {
         let path = repo().join("operator/tests/invalid").join(file);
@@ -86,7 +87,7 @@ fn the_schema_pins_the_contract() {
     assert_eq!(batching["maxWait"]["default"], "10ms");
     assert_eq!(batching["latencyBudget"]["default"], "200ms");
     let scaling = &spec["properties"]["scaling"]["properties"];
-    for field in ["minReplicas", "maxReplicas", "warmReplicas", "targetUtilization", "scaleDownDelay", "startupTime"] {
+    for field in ["minReplicas", "maxReplicas", "warmReplicas", "targetUtilization", "scaleDownDelay", "startupTime", "scaleToZeroAfter"] {
         assert!(scaling.get(field).is_some(), "scaling.{field}");
     }
     let status = &s["properties"]["status"]["properties"];

@@ -230,6 +230,10 @@ fn a_spec_the_schema_let_through_is_refused_with_the_field() {
     let mut isvc = example("quickstart.yaml");
     isvc.spec.model.source = Some("pvc://".into());
     assert!(desired::deployment(&isvc, &images(), None).unwrap_err().message.contains("names no claim"));
+    let mut isvc = example("quickstart.yaml");
+    isvc.spec.scaling.scale_to_zero_after = Some(ferry_core::spec::GatewayDuration::new("15m"));
+    let err = desired::deployment(&isvc, &images(), None).unwrap_err();
+    assert_eq!(err.message, "spec.scaling.scaleToZeroAfter (15m) needs spec.scaling.minReplicas: 0, not 1");
 }
 
 #[test]

@@ -26,7 +26,13 @@
 //! 7. Scale-down never removes a warming pod: it waits while pods are starting, then until lower
 //!    need has lasted `scaleDownDelay`, and happens only if the highest need seen over that time
 //!    fits on N−1 replicas; then it goes to that need.
-//! 8. Bounded by `minReplicas` and `maxReplicas`. Every decision has a [`Reason`] and says why.
+//! 8. Bounded by `minReplicas` and `maxReplicas`, and one replica at least: a service at zero
+//!    has no pod to show its load with.
+//! 9. Except with `scaleToZeroAfter` (and `minReplicas: 0`): no offered load for that long goes
+//!    to zero, and at zero the load the holder holds (its arrivals and the requests it holds,
+//!    reported as a pod's) asks at once for the replicas rules 1 to 5 size it for.
+//!
+//! Every decision has a [`Reason`] and says why.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -106,6 +112,9 @@ pub struct Target {
     /// A generation service's default first-token deadline (`spec.generation.ttftBudget`): the
     /// prompts waiting must be prefilled within it. `None` for request-level services.
     pub ttft_budget: Option<Duration>,
+    /// `spec.scaling.scaleToZeroAfter` (with `minReplicas: 0`): no offered load for this long
+    /// takes the service to zero pods. `None`: one pod at least.
+    pub scale_to_zero_after: Option<Duration>,
 }
 
 /// Why a decision came out as it did: decisions are counted by reason in the operator's metrics.
@@ -131,10 +140,14 @@ pub enum Reason {
     Peak,
     /// Fewer replicas.
     ScaleDown,
+    /// No load offered for `scaleToZeroAfter`: zero pods, the holder holds what comes.
+    ToZero,
+    /// At zero, the holder holds load: the replicas it needs, in one decision.
+    FromZero,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 12] = [
         Reason::Load,
         Reason::Backlog,
         Reason::Pressure,
@@ -145,6 +158,8 @@ impl Reason {
         Reason::Cooling,
         Reason::Peak,
         Reason::ScaleDown,
+        Reason::ToZero,
+        Reason::FromZero,
     ];
 
     /// The metric label.
@@ -160,6 +175,8 @@ impl Reason {
             Reason::Cooling => "cooling",
             Reason::Peak => "peak",
             Reason::ScaleDown => "scale_down",
+            Reason::ToZero => "to_zero",
+            Reason::FromZero => "from_zero",
         }
     }
 }
@@ -192,6 +209,8 @@ pub struct History {
     pub rates: VecDeque<(Instant, f64)>,
     pub probe: Option<Probe>,
     pub floor: Option<Floor>,
+    /// Since when no load has been offered (rule 9).
+    pub idle_since: Option<Instant>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -322,6 +341,9 @@ fn rule(observed: &Observed, target: &Target, current: u32, history: &History, n
     if let Some(floor) = h.floor {
         desired = desired.max(t.bounded(floor.replicas));
     }
+    if let Some(d) = zero(&t, desired, &mut h) {
+        return d;
+    }
     // A count above `maxReplicas` (the spec was lowered) comes down to it at once.
     if current > target.max_replicas {
         h.lower_since = None;
@@ -364,9 +386,9 @@ struct Tick<'a> {
 }
 
 impl Tick<'_> {
-    /// Rule 8.
+    /// Rule 8. One replica at least: only rule 9 goes to zero.
     fn bounded(&self, n: u32) -> u32 {
-        n.clamp(self.target.min_replicas, self.target.max_replicas)
+        n.clamp(self.target.min_replicas.max(1), self.target.max_replicas)
     }
 
     /// The ready replicas are offered enough that pressure there can be for want of capacity.
@@ -595,6 +617,49 @@ fn follow_need(t: &Tick, desired: u32, need: &Need, mut h: History) -> ScaleDeci
     scale_down(t, desired, &structural, h)
 }
 
+/// Rule 9, scale to zero (with `scaleToZeroAfter`): at zero, load the holder holds (offered
+/// requests, held ones) asks at once for all the replicas the other rules size it for — not one
+/// to wait on — and no load stays at zero; above zero, no offered load for `scaleToZeroAfter`
+/// (no request arriving, none queued) goes to zero, though never while a pod is starting.
+/// `None`: the other rules decide.
+fn zero(t: &Tick, desired: u32, h: &mut History) -> Option<ScaleDecision> {
+    let after = t.target.scale_to_zero_after.filter(|_| t.target.min_replicas == 0)?;
+    let o = t.observed;
+    let offered = o.arrival_rate > 0.0 || o.latest_rate > 0.0 || o.queue_depth > 0.0 || o.queue_tokens > 0.0;
+    if offered {
+        h.idle_since = None;
+    }
+    if t.current == 0 {
+        h.lower_since = None;
+        if !offered {
+            return Some(decision(0, Reason::Steady, "steady at zero: no load offered".into(), h.clone()));
+        }
+        let message = format!(
+            "scale from zero: {:.0} requests held, the oldest for {} ms; {}",
+            o.queue_depth,
+            o.oldest_queue_age.as_millis(),
+            t.why
+        );
+        return Some(decision(desired, Reason::FromZero, message, h.clone()));
+    }
+    if offered || o.starting > 0 {
+        return None;
+    }
+    let since = *h.idle_since.get_or_insert(t.now);
+    let idle = t.now - since;
+    if idle < after {
+        return None;
+    }
+    h.idle_since = None;
+    h.lower_since = None;
+    let message = format!(
+        "scale to zero: no load offered for {} s (scaleToZeroAfter {} s); the holder holds requests while pods start",
+        idle.as_secs(),
+        after.as_secs()
+    );
+    Some(decision(0, Reason::ToZero, message, h.clone()))
+}
+
 /// Rule 7: lower need waits out the delay, remembering the highest need seen meanwhile; never
 /// while a pod is warming; then goes to that peak if it fits on one replica fewer.
 fn scale_down(t: &Tick, desired: u32, structural: &str, mut h: History) -> ScaleDecision {
@@ -694,6 +759,7 @@ mod tests {
             pressure_tolerance: 0.01,
             startup: 60 * S,
             ttft_budget: None,
+            scale_to_zero_after: None,
         }
     }
 
@@ -722,6 +788,69 @@ mod tests {
 
     fn once(o: &Observed, t: &Target, current: u32) -> ScaleDecision {
         decide(o, t, current, &History::default(), ferry_core::clock::now())
+    }
+
+    fn to_zero_after(after: Duration) -> Target {
+        Target { min_replicas: 0, warm_replicas: 0, scale_to_zero_after: Some(after), ..target() }
+    }
+
+    #[test]
+    fn no_load_for_scale_to_zero_after_goes_to_zero_and_load_at_zero_comes_back_in_one_decision() {
+        let t = to_zero_after(60 * S);
+        let t0 = ferry_core::clock::now();
+        let mut h = History::default();
+        let at = |o: &Observed, current: u32, secs: u32, h: &mut History| {
+            let d = decide(o, &t, current, h, t0 + secs * S);
+            *h = d.history.clone();
+            d
+        };
+        // Idle from t0: one replica until 60 s have passed, then zero.
+        assert_eq!(at(&load(0.0), 1, 0, &mut h).replicas, 1);
+        assert_eq!(at(&load(0.0), 1, 59, &mut h).replicas, 1);
+        // A request at 59 s starts the count again.
+        assert_eq!(at(&load(0.2), 1, 60, &mut h).replicas, 1);
+        assert_eq!(at(&load(0.0), 1, 61, &mut h).replicas, 1);
+        assert_eq!(at(&load(0.0), 1, 120, &mut h).replicas, 1);
+        let d = at(&load(0.0), 1, 121, &mut h);
+        assert_eq!((d.replicas, d.reason), (0, Reason::ToZero), "{}", d.message);
+        assert!(d.message.contains("no load offered for 60 s"), "{}", d.message);
+        // At zero with nothing held: zero.
+        let d = at(&load(0.0), 0, 200, &mut h);
+        assert_eq!((d.replicas, d.reason), (0, Reason::Steady), "{}", d.message);
+        // 1000 req/s arriving at the holder (320 req/s per replica at 0.8): ceil(1000 / 256) = 4
+        // at once, not one to wait on.
+        let d = at(&load(1000.0), 0, 201, &mut h);
+        assert_eq!((d.replicas, d.reason), (4, Reason::FromZero), "{}", d.message);
+        // One request held, its rate not counted yet: one replica.
+        let held = Observed { queue_depth: 1.0, oldest_queue_age: Duration::from_millis(5), ..load(0.0) };
+        let d = at(&held, 0, 202, &mut h);
+        assert_eq!((d.replicas, d.reason), (1, Reason::FromZero), "{}", d.message);
+        // A held backlog too old for its batch to wait counts as one: 50 held for 2 s drain at
+        // 320 req/s × 0.2 s = 64 per replica: one; 200 need four.
+        let backlog = |n: f64| Observed { queue_depth: n, oldest_queue_age: 2 * S, ..load(0.0) };
+        assert_eq!(at(&backlog(50.0), 0, 203, &mut h).replicas, 1);
+        assert_eq!(at(&backlog(200.0), 0, 204, &mut h).replicas, 4);
+    }
+
+    #[test]
+    fn scale_to_zero_waits_for_starting_pods_and_is_off_without_its_field() {
+        let t0 = ferry_core::clock::now();
+        let starting = Observed { starting: 1, ..load(0.0) };
+        let t = to_zero_after(10 * S);
+        let h = decide(&starting, &t, 2, &History::default(), t0).history;
+        let d = decide(&starting, &t, 2, &h, t0 + 100 * S);
+        assert_ne!(d.replicas, 0, "{}", d.message);
+        // minReplicas 0 alone is no door to zero: a service without pods has none to show its
+        // load with, and nothing to bring it back.
+        let t = Target { scale_to_zero_after: None, ..to_zero_after(10 * S) };
+        let mut h = History::default();
+        for secs in [0, 400, 800, 1200] {
+            let d = decide(&load(0.0), &t, 1, &h, t0 + secs * S);
+            assert_eq!(d.replicas, 1, "{}", d.message);
+            h = d.history;
+        }
+        // From zero without the field (it was removed): back to one.
+        assert_eq!(decide(&load(0.0), &t, 0, &History::default(), t0).replicas, 1);
     }
 
     #[test]
@@ -993,7 +1122,7 @@ mod tests {
         let zero_min = Target { min_replicas: 0, warm_replicas: 0, ..target() };
         let h = History { lower_since: Some((now - 300 * S, 0)), ..History::default() };
         let idle = decide(&load(0.0), &zero_min, 1, &h, now);
-        assert_eq!(idle.replicas, 0, "scale to zero when allowed");
+        assert_eq!(idle.replicas, 1, "zero only with scaleToZeroAfter: {}", idle.message);
     }
 
     #[test]

@@ -79,6 +79,7 @@ impl World {
                 pressure_tolerance: PRESSURE_TOLERANCE,
                 startup,
                 ttft_budget: Some(ms(1000)),
+                scale_to_zero_after: None,
             },
             tick: Duration::from_secs(2),
             window: Duration::from_secs(10),

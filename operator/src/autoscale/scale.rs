@@ -180,6 +180,7 @@ pub fn target(isvc: &InferenceService, measured: Option<Duration>) -> Option<Tar
             // The sidecar's default when the spec names none.
             budget.unwrap_or(Duration::from_secs(1))
         }),
+        scale_to_zero_after: checked.scale_to_zero_after,
     })
 }
 

@@ -52,6 +52,7 @@ impl World {
                 pressure_tolerance: super::decide::PRESSURE_TOLERANCE,
                 startup: Duration::from_secs(60),
                 ttft_budget: None,
+                scale_to_zero_after: None,
             },
             startup: Duration::from_secs(60),
             tick: Duration::from_secs(2),
