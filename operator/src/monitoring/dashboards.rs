@@ -240,7 +240,7 @@ pub fn autoscaler() -> Value {
         )
         .panel(
             "Decisions by reason",
-            "What each decision was for: load, backlog, pressure, settling, structural, steady, warming, cooling, peak, scale_down.",
+            "What each decision was for: load, backlog, pressure, settling, structural, steady, warming, cooling, peak, scale_down, to_zero, from_zero.",
             "short",
             vec![query(
                 format!("sum by (reason) (increase({}{}[{RANGE}]))", op::DECISIONS, o("")),
