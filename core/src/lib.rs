@@ -21,6 +21,8 @@
 //!   of running requests, the watchdog) as a state machine: events in with `now`, effects out.
 //! - [`recovery`]: the rule for failed batches: retries, and poison isolation by bisection.
 //! - [`replay`]: the ledger in virtual time, for exact tests, property tests and simulations.
+//! - [`hold`]: the holder's admission for a service at zero: refuse what its start-up would make
+//!   late, hold the rest (bounded) in deadline order.
 //! - [`outcome`]: how a request ended, its status code and its metric label.
 //! - [`metric`]: the names of the sidecar's metrics (a contract: the operator reads them).
 //! - [`duration`]: the Gateway API duration format.
@@ -37,6 +39,7 @@ pub mod duration;
 pub mod estimate;
 pub mod evidence;
 pub mod generation;
+pub mod hold;
 pub mod ledger;
 pub mod lockout;
 pub mod margin;

@@ -142,3 +142,19 @@ pub const ALL: [&str; 13] = [
     TARGET,
     READY,
 ];
+
+/// The holder's metrics (one holder for the cluster's services at zero), labelled by the service
+/// they are for: [`NAMESPACE`] and [`SERVICE`].
+pub const NAMESPACE: &str = "namespace";
+pub const SERVICE: &str = "service";
+/// Counter: requests that reached the holder, by what it did at once (label [`OUTCOME`]: `held`,
+/// `infeasible`, `queue_full` — the service's offered load — or `relayed` straight to a ready
+/// pod, `not_found`, `invalid`, `too_large`).
+pub const HOLDER_REQUESTS: &str = "ferry_holder_requests_total";
+/// Counter: how held requests ended (label [`OUTCOME`]: `released` to a pod, `expired` at their
+/// deadline, `cancelled` by their client).
+pub const HOLDER_FINISHED: &str = "ferry_holder_finished_total";
+/// Gauge: requests held now.
+pub const HOLDER_HELD: &str = "ferry_holder_held";
+/// Gauge: seconds the longest-held request has waited (0 when none is).
+pub const HOLDER_OLDEST_AGE: &str = "ferry_holder_oldest_held_seconds";

@@ -87,7 +87,15 @@ fn the_schema_pins_the_contract() {
     assert_eq!(batching["maxWait"]["default"], "10ms");
     assert_eq!(batching["latencyBudget"]["default"], "200ms");
     let scaling = &spec["properties"]["scaling"]["properties"];
-    for field in ["minReplicas", "maxReplicas", "warmReplicas", "targetUtilization", "scaleDownDelay", "startupTime", "scaleToZeroAfter"] {
+    for field in [
+        "minReplicas",
+        "maxReplicas",
+        "warmReplicas",
+        "targetUtilization",
+        "scaleDownDelay",
+        "startupTime",
+        "scaleToZeroAfter",
+    ] {
         assert!(scaling.get(field).is_some(), "scaling.{field}");
     }
     let status = &s["properties"]["status"]["properties"];

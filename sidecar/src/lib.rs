@@ -16,6 +16,8 @@
 //! - [`front`]: the HTTP API — the router, one module per protocol (OIP JSON with Triton's binary
 //!   extension, OpenAI embeddings), the idempotency path, the admission pipeline, and the one
 //!   place that counts every request's outcome — and the admin listener (`/metrics`).
+//! - [`holder`]: `ferry-holder`, which holds the requests of services at zero until a pod is
+//!   ready, built from the front's deadline parsing and error shapes.
 //! - [`idempotency`]: the bounded store behind `idempotency-key` (replay, join, conflict).
 //! - [`metrics`]: the Prometheus metrics whose names DESIGN.md fixes.
 //! - [`tally`]: the one place that counts how each request ended.
@@ -30,6 +32,7 @@ pub mod embed;
 pub mod engine;
 pub mod front;
 pub mod generation;
+pub mod holder;
 pub mod idempotency;
 pub mod metrics;
 pub mod server;

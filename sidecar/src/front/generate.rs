@@ -94,7 +94,7 @@ fn refuse(tally: Tally, refusal: Refusal) -> Response {
 }
 
 /// A header's whole milliseconds, more than zero.
-fn millis_header(headers: &HeaderMap, names: &[&str]) -> Result<Option<Duration>, Refusal> {
+pub fn millis_header(headers: &HeaderMap, names: &[&str]) -> Result<Option<Duration>, Refusal> {
     for name in names {
         if let Some(value) = headers.get(*name) {
             let text = value.to_str().map_err(|_| Refusal::invalid(format!("header {name} is not readable text")))?;
@@ -394,7 +394,7 @@ pub(super) fn event(value: &Value) -> Bytes {
 
 /// The event that ends a stream cut short: OpenAI's error shape, `deadline_exceeded` for a
 /// deadline; no `[DONE]` follows.
-pub(super) fn error_event(refusal: &Refusal) -> Bytes {
+pub fn error_event(refusal: &Refusal) -> Bytes {
     let status = status_of(refusal.outcome);
     let mut body = error_body(status, &refusal.message);
     if refusal.outcome == Outcome::Expired {
