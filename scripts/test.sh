@@ -66,6 +66,6 @@ cargo build -p ferry-sidecar --features cuda --bin ferry-embed --locked
 LD_LIBRARY_PATH="$PWD/$NVRTC" "$TARGET/debug/ferry-embed" kernels
 LD_LIBRARY_PATH="$PWD/$NVRTC" cargo test -p ferry-llm --features cuda --test kernels --locked
 FERRY_SIDECAR_BIN="$TARGET/debug/ferry-sidecar" FERRY_LOAD_BIN="$TARGET/debug/ferry-load" \
-  FERRY_OPERATOR_BIN="$TARGET/debug/ferry-operator" \
+  FERRY_OPERATOR_BIN="$TARGET/debug/ferry-operator" FERRY_HOLDER_BIN="$TARGET/debug/ferry-holder" \
   .venv/bin/pytest -q tests/chart tests/embedding tests/generation tests/tenants tests/upstream tests/operator \
   tests/monitoring

@@ -191,6 +191,10 @@ struct RunArgs {
     /// The span over which counters become rates.
     #[arg(long, env = "FERRY_METRICS_WINDOW", default_value = "10s", value_parser = ferry_core::duration::parse)]
     metrics_window: Duration,
+    /// The label selector of the holder's pods (`ferry-holder`, installed by the chart), which
+    /// hold the requests of services at zero; empty: no holder (no service goes to zero).
+    #[arg(long, env = "FERRY_HOLDER_SELECTOR", default_value = "app.kubernetes.io/component=holder")]
+    holder_selector: String,
 }
 
 fn main() -> ExitCode {
@@ -295,6 +299,7 @@ fn main() -> ExitCode {
         images: Images { sidecar: args.sidecar_image },
         scale_interval: args.scale_interval,
         metrics_window: args.metrics_window,
+        holder_selector: Some(args.holder_selector.clone()).filter(|s| !s.is_empty()),
         lease: args.leader_elect.then(|| {
             (
                 args.lease_namespace.clone(),

@@ -45,7 +45,13 @@ pub const CLUSTER_RULES: &[Rule] = &[
         api_group: "",
         resource: "pods",
         verbs: &["list", "watch", "patch"],
-        why: "the autoscaler watches the worker pods to scrape, and sets their deletion cost before a scale-down",
+        why: "the autoscaler watches the worker pods to scrape (and the holder's), and sets their deletion cost before a scale-down",
+    },
+    Rule {
+        api_group: "discovery.k8s.io",
+        resource: "endpointslices",
+        verbs: &["create", "patch", "delete"],
+        why: "a service that scales to zero: its EndpointSlice of holder pods, server-side applied, deleted when it stops",
     },
     Rule {
         api_group: "events.k8s.io",

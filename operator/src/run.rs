@@ -33,6 +33,8 @@ pub struct Options {
     /// How often the autoscaler scrapes and decides, and the span its rates are taken over.
     pub scale_interval: Duration,
     pub metrics_window: Duration,
+    /// The holder pods' label selector; `None`: no holder, and no service goes to zero.
+    pub holder_selector: Option<String>,
 }
 
 /// Resolves on SIGTERM (the kubelet stopping the pod) or Ctrl-C.
@@ -97,13 +99,15 @@ pub async fn run(
     let controller = Controller::for_stream(changed, services.clone())
         .owns(Api::<Deployment>::all(client.clone()), labelled())
         .owns(Api::<Service>::all(client.clone()), labelled());
-    let stores = Stores::watch(&client, services);
+    let stores = Stores::watch(&client, services, options.holder_selector.as_deref());
     let autoscaler = Autoscaler::new(
         client.clone(),
         Recorder::new(client.clone(), reporter.clone()),
         options.metrics_window,
         metrics.clone(),
     );
+    let mut autoscaler = autoscaler;
+    autoscaler.interval = options.scale_interval;
     let scaling = tokio::spawn(autoscaler.run(stores, options.scale_interval));
     let ctx = Arc::new(Context::new(client.clone(), options.images, metrics, Recorder::new(client.clone(), reporter)));
     let controller =

@@ -272,6 +272,7 @@ async fn a_tick_scrapes_the_ready_pods_of_each_service_from_its_stores_and_scale
         services: store(vec![isvc()]),
         deployments: store(vec![deployment(1)]),
         pods: store(vec![pod("quick-a", "uid-a", "True", "127.0.0.1"), pod("quick-b", "uid-b", "False", "192.0.2.1")]),
+        holders: None,
     };
     let t0 = ferry_core::clock::now();
     let wall: Timestamp = "2026-12-02T08:02:00Z".parse().unwrap();
@@ -321,7 +322,8 @@ async fn a_service_without_its_deployment_yet_is_left_alone_and_a_deleted_one_fo
     let recorder = Recorder::new(client.clone(), Reporter { controller: "ferry-operator".into(), instance: None });
     let metrics = OperatorMetrics::new();
     let mut scaler = Autoscaler::new(client, recorder, Duration::from_secs(10), metrics.clone());
-    let stores = Stores { services: store(vec![isvc()]), deployments: store(vec![]), pods: store(vec![]) };
+    let stores =
+        Stores { services: store(vec![isvc()]), deployments: store(vec![]), pods: store(vec![]), holders: None };
     scaler.tick(&stores, ferry_core::clock::now(), Timestamp::now()).await;
     assert!(tokio::time::timeout(Duration::from_millis(50), api.next_request()).await.is_err(), "no API call");
     assert_eq!(scaler.remembered(), vec!["ml/quick".to_owned()]);
@@ -367,7 +369,7 @@ async fn decisions_are_counted_by_reason() {
         assert!(text.lines().any(|l| l == line), "no line {line} in\n{text}");
     }
     // The service is deleted: its series go with it.
-    let gone = Stores { services: store(vec![]), deployments: store(vec![]), pods: store(vec![]) };
+    let gone = Stores { services: store(vec![]), deployments: store(vec![]), pods: store(vec![]), holders: None };
     scaler.tick(&gone, ferry_core::clock::now(), Timestamp::now()).await;
     let text = metrics.render();
     assert!(!text.contains("inferenceservice=\"quick\""), "{text}");

@@ -496,9 +496,11 @@ fn need(observed: &Observed, target: &Target, rate: &Rate, capacity: f64, ready:
     let usable = capacity * target.target_utilization;
     let for_rate = (rate.ahead / usable).ceil() as u32;
     let backlog = observed.queue_depth > 0.0 && observed.oldest_queue_age > target.max_wait + batch_time;
-    // What the ready replicas cannot drain within one latency budget needs more of them.
+    // What the ready replicas cannot drain within one latency budget needs more of them. With
+    // none ready (at zero: a backlog the holder holds), the replicas asked for the rate drain it.
     let budget = target.latency_budget.as_secs_f64();
-    let drained = f64::from(ready) * capacity * budget;
+    let drainers = if ready == 0 { for_rate } else { ready };
+    let drained = f64::from(drainers) * capacity * budget;
     let for_requests = if backlog && observed.starting == 0 {
         ((observed.queue_depth - drained).max(0.0) / (capacity * budget)).ceil() as u32
     } else {
@@ -826,10 +828,14 @@ mod tests {
         let d = at(&held, 0, 202, &mut h);
         assert_eq!((d.replicas, d.reason), (1, Reason::FromZero), "{}", d.message);
         // A held backlog too old for its batch to wait counts as one: 50 held for 2 s drain at
-        // 320 req/s × 0.2 s = 64 per replica: one; 200 need four.
-        let backlog = |n: f64| Observed { queue_depth: n, oldest_queue_age: 2 * S, ..load(0.0) };
-        assert_eq!(at(&backlog(50.0), 0, 203, &mut h).replicas, 1);
-        assert_eq!(at(&backlog(200.0), 0, 204, &mut h).replicas, 4);
+        // 320 req/s × 0.2 s = 64 per replica: one; 200 need four. Beside a rate, the replicas
+        // asked for the rate drain it first: 100 req/s (one replica) and 50 held need one.
+        let backlog = |n: f64, rate: f64| Observed { queue_depth: n, oldest_queue_age: 2 * S, ..load(rate) };
+        assert_eq!(at(&backlog(50.0, 0.0), 0, 203, &mut h).replicas, 1);
+        assert_eq!(at(&backlog(200.0, 0.0), 0, 204, &mut h).replicas, 4);
+        let d = at(&backlog(50.0, 100.0), 0, 205, &mut h);
+        assert_eq!(d.replicas, 1, "{}", d.message);
+        assert_eq!(at(&backlog(200.0, 100.0), 0, 206, &mut h).replicas, 4);
     }
 
     #[test]

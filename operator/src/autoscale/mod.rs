@@ -5,6 +5,8 @@
 //! - [`collect`]: sidecar metrics parsed and turned into windowed rates.
 //! - [`scale`]: the loop that scrapes, decides and patches replicas and status, from watches.
 //! - [`startup`]: time-to-ready, measured on each service's pods.
+//! - [`hold`]: scale to zero's part: the holder's metrics read as a pod's, what it is told of each
+//!   service, and the EndpointSlice that switches a service at zero to it.
 //! - [`plan`]: the capacity planner (arithmetic, then the dispatch rule in simulation).
 //! - [`generation_plan`]: the same for a generation service (a pod's capacity in requests and
 //!   tokens, then the generation ledger in simulation).
@@ -16,6 +18,7 @@ pub mod collect;
 pub mod decide;
 pub mod generation_plan;
 pub mod generation_simulate;
+pub mod hold;
 pub mod plan;
 pub mod scale;
 pub mod simulate;

@@ -17,6 +17,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
@@ -50,13 +51,15 @@ pub struct Stores {
     pub services: Store<InferenceService>,
     pub deployments: Store<Deployment>,
     pub pods: Store<Pod>,
+    /// The holder's pods (`None`: no holder, no service goes to zero).
+    pub holders: Option<Store<Pod>>,
 }
 
 impl Stores {
     /// Starts watches of the Deployments and Pods that carry Ferry's service label (pods without
     /// their managed fields, which the autoscaler never reads), beside the controller's store of
     /// InferenceServices.
-    pub fn watch(client: &Client, services: Store<InferenceService>) -> Stores {
+    pub fn watch(client: &Client, services: Store<InferenceService>, holder_selector: Option<&str>) -> Stores {
         let labelled = || watcher::Config::default().labels(LABEL_SERVICE);
         let (deployments, writer) = reflector::store();
         let stream = watcher(Api::<Deployment>::all(client.clone()), labelled()).default_backoff().reflect(writer);
@@ -67,7 +70,16 @@ impl Stores {
             .modify(|pod: &mut Pod| pod.managed_fields_mut().clear())
             .reflect(writer);
         tokio::spawn(stream.for_each(|_| std::future::ready(())));
-        Stores { services, deployments, pods }
+        let holders = holder_selector.map(|selector| {
+            let (holders, writer) = reflector::store();
+            let stream = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default().labels(selector))
+                .default_backoff()
+                .modify(|pod: &mut Pod| pod.managed_fields_mut().clear())
+                .reflect(writer);
+            tokio::spawn(stream.for_each(|_| std::future::ready(())));
+            holders
+        });
+        Stores { services, deployments, pods, holders }
     }
 
     /// Resolves once every store has listed its objects.
@@ -82,6 +94,9 @@ impl Stores {
             }
         }
         self.deployments.wait_until_ready().await?;
+        if let Some(holders) = &self.holders {
+            holders.wait_until_ready().await?;
+        }
         self.pods.wait_until_ready().await
     }
 }
@@ -133,11 +148,39 @@ pub fn workers(pods: &[Arc<Pod>], wall: Timestamp) -> Vec<WorkerPod> {
         .collect()
 }
 
+/// The ready holder pods: (UID, IP).
+fn ready_holders(pods: &[Arc<Pod>]) -> Vec<(String, String)> {
+    let mut ready: Vec<(String, String)> = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
+            conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .filter_map(|p| Some((p.uid()?, p.status.as_ref()?.pod_ip.clone()?)))
+        .collect();
+    ready.sort();
+    ready
+}
+
+/// A page's text (the holder's metrics).
+async fn fetch(client: &reqwest::Client, url: &str) -> Result<String, String> {
+    let response = client.get(url).send().await.map_err(|e| format!("{url}: {e}"))?;
+    if !response.status().is_success() {
+        return Err(format!("{url} answered {}", response.status()));
+    }
+    response.text().await.map_err(|e| format!("{url}: {e}"))
+}
+
 /// What the autoscaler remembers of one service.
 #[derive(Debug, Clone, Default)]
 struct Memory {
     history: History,
     startup: StartupTimes,
+    /// The holder EndpointSlice last applied for it, if any.
+    slice: Option<serde_json::Value>,
+    /// The latest capacity figure its pods gave (`ferry_capacity_requests_per_second`).
+    capacity: Option<f64>,
 }
 
 pub struct Autoscaler {
@@ -151,6 +194,13 @@ pub struct Autoscaler {
     pub metrics_port: u16,
     /// How long one pod's scrape may take.
     pub scrape_timeout: Duration,
+    /// How often it decides: a service at zero waits up to this for the decision that asks for
+    /// its pods, part of the start-up the holder tells callers.
+    pub interval: Duration,
+    /// Port of the holder pods' admin listener (its directions and metrics).
+    pub holder_port: u16,
+    /// Each holder pod's series (by its UID): service ("namespace/name") → collector key.
+    holder_series: HashMap<String, HashMap<String, String>>,
 }
 
 fn key(isvc: &InferenceService) -> String {
@@ -196,6 +246,9 @@ impl Autoscaler {
             metrics,
             metrics_port: METRICS_PORT as u16,
             scrape_timeout: Duration::from_secs(1),
+            interval: Duration::from_secs(2),
+            holder_port: METRICS_PORT as u16,
+            holder_series: HashMap::new(),
         }
     }
 
@@ -290,7 +343,10 @@ impl Autoscaler {
         for w in workers.values_mut().flatten() {
             w.work = self.collector.last(&w.uid).map_or(0.0, |s| s.queue_depth + s.running);
         }
-        let uids: Vec<String> = workers.values().flatten().map(|w| w.uid.clone()).collect();
+        let holders = stores.holders.as_ref().map(|h| ready_holders(&h.state()));
+        let held = self.scrape_holders(holders.as_deref().unwrap_or_default(), now).await;
+        let mut uids: Vec<String> = workers.values().flatten().map(|w| w.uid.clone()).collect();
+        uids.extend(held.values().flatten().cloned());
         self.collector.retain(&uids);
 
         for isvc in &services {
@@ -305,22 +361,134 @@ impl Autoscaler {
             let Some(deployment) = stores.deployments.get(&reference) else { continue };
             let empty = Vec::new();
             let service_workers = workers.get(&k).unwrap_or(&empty);
-            if let Err(e) = self.scale(isvc, &deployment, service_workers, now).await {
+            let holding = held.get(&k).map(Vec::as_slice).unwrap_or_default();
+            if let Err(e) = self.scale(isvc, &deployment, service_workers, holding, now).await {
                 tracing::warn!(object = %k, error = %e, "could not scale");
+            }
+            if let Some(holders) = &holders {
+                if let Err(e) = self.hold(isvc, service_workers, holders).await {
+                    tracing::warn!(object = %k, error = %e, "could not switch to or from the holder");
+                }
             }
         }
     }
 
+    /// Scrapes every ready holder pod; each one's figures for a service are recorded as one more
+    /// pod of that service (`holder/POD/NAMESPACE/NAME`). Returns those, by service, for the
+    /// holder pods that are still there (one whose scrape failed this time keeps its series).
+    async fn scrape_holders(&mut self, holders: &[(String, String)], now: Instant) -> HashMap<String, Vec<String>> {
+        let (http, timeout, port) = (&self.http, self.scrape_timeout, self.holder_port);
+        let scraped: Vec<(String, Result<String, String>)> = futures::stream::iter(holders.iter().cloned())
+            .map(|(uid, ip)| async move {
+                let url = format!("http://{ip}:{port}/metrics");
+                let text = match tokio::time::timeout(timeout, fetch(http, &url)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(format!("{url}: no answer within {timeout:?}")),
+                };
+                (uid, text)
+            })
+            .buffer_unordered(CONCURRENT_SCRAPES)
+            .collect()
+            .await;
+        for (uid, text) in scraped {
+            match text.and_then(|t| super::hold::parse(&t)) {
+                Ok(services) => {
+                    let series = self.holder_series.entry(uid.clone()).or_default();
+                    for ((namespace, name), sample) in services {
+                        let pseudo = format!("holder/{uid}/{namespace}/{name}");
+                        self.collector.observe(&pseudo, now, sample);
+                        series.insert(format!("{namespace}/{name}"), pseudo);
+                    }
+                }
+                Err(e) => {
+                    self.metrics.scrape_failures.inc();
+                    tracing::debug!(holder = %uid, error = %e, "holder scrape failed");
+                }
+            }
+        }
+        self.holder_series.retain(|uid, _| holders.iter().any(|(alive, _)| alive == uid));
+        let mut held: HashMap<String, Vec<String>> = HashMap::new();
+        for series in self.holder_series.values() {
+            for (service, pseudo) in series {
+                held.entry(service.clone()).or_default().push(pseudo.clone());
+            }
+        }
+        held
+    }
+
+    /// Scale to zero's part of a tick for one service: tells every holder pod the service's
+    /// deadlines, start-up and ready pods, and keeps its EndpointSlice of holder pods, ready while
+    /// no worker pod is. A service that stops scaling to zero is forgotten by the holders and its
+    /// slice deleted.
+    async fn hold(
+        &mut self,
+        isvc: &InferenceService,
+        workers: &[WorkerPod],
+        holders: &[(String, String)],
+    ) -> Result<(), kube::Error> {
+        let k = key(isvc);
+        let (namespace, name) = (isvc.namespace().unwrap_or_default(), isvc.name_any());
+        let memory = self.services.entry(k.clone()).or_default();
+        let zero = target(isvc, memory.startup.measured())
+            .filter(|t| t.min_replicas == 0 && t.scale_to_zero_after.is_some())
+            .zip(desired::check(&isvc.spec).ok());
+        let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &namespace);
+        let (http, timeout, port) = (&self.http, self.scrape_timeout, self.holder_port);
+        let Some((t, checked)) = zero else {
+            if memory.slice.take().is_some() {
+                let url = |ip: &String| format!("http://{ip}:{port}/services/{namespace}/{name}");
+                let told = holders.iter().map(|(_, ip)| tokio::time::timeout(timeout, http.delete(url(ip)).send()));
+                futures::future::join_all(told).await;
+                match slices.delete(&super::hold::slice_name(&name), &Default::default()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            return Ok(());
+        };
+        let state = super::hold::state(isvc, checked.latency_budget, t.ttft_budget, t.startup + self.interval, workers);
+        let told = holders.iter().map(|(_, ip)| {
+            let url = format!("http://{ip}:{port}/services/{namespace}/{name}");
+            let request = http.put(url).json(&state).send();
+            async move {
+                match tokio::time::timeout(timeout, request).await {
+                    Ok(Ok(r)) if r.status().is_success() => {}
+                    Ok(Ok(r)) => {
+                        tracing::debug!(holder = %ip, status = %r.status(), "the holder refused a service's state")
+                    }
+                    Ok(Err(e)) => tracing::debug!(holder = %ip, error = %e, "could not tell the holder"),
+                    Err(_) => tracing::debug!(holder = %ip, "the holder did not answer in time"),
+                }
+            }
+        });
+        futures::future::join_all(told).await;
+        let mut ips: Vec<String> = holders.iter().map(|(_, ip)| ip.clone()).collect();
+        ips.sort();
+        let at_zero = workers.iter().all(|w| w.ip.is_none());
+        let slice = super::hold::endpoint_slice(isvc, &ips, at_zero);
+        if memory.slice.as_ref() != Some(&slice) {
+            let params = PatchParams::apply(desired::FIELD_MANAGER).force();
+            slices.patch(&super::hold::slice_name(&name), &params, &Patch::Apply(&slice)).await?;
+            tracing::info!(object = %k, at_zero, holders = ips.len(), "holder endpoints applied");
+            memory.slice = Some(slice);
+        }
+        Ok(())
+    }
+
     /// Decides for one InferenceService, whose worker Deployment is `deployment` and whose pods
     /// are `workers`, from the collector's figures, and acts.
+    /// `holding`: the holder's series for the service (its load while at zero).
     pub async fn scale(
         &mut self,
         isvc: &InferenceService,
         deployment: &Deployment,
         workers: &[WorkerPod],
+        holding: &[String],
         now: Instant,
     ) -> Result<Option<ScaleDecision>, kube::Error> {
-        let uids: Vec<String> = workers.iter().filter(|w| w.ip.is_some()).map(|w| w.uid.clone()).collect();
+        let mut uids: Vec<String> = workers.iter().filter(|w| w.ip.is_some()).map(|w| w.uid.clone()).collect();
+        uids.extend(holding.iter().cloned());
         let window = self.collector.span();
         let settling: Vec<String> = workers
             .iter()
@@ -348,6 +516,12 @@ impl Autoscaler {
         let memory = self.services.entry(k.clone()).or_default();
         let measured = memory.startup.measured();
         let Some(target) = target(isvc, measured) else { return Ok(None) };
+        // The pods' own capacity figure outlives them: at zero, the held load is sized by what
+        // the last pods said they serve, not by the batch arithmetic.
+        if observed.capacity.is_some() {
+            memory.capacity = observed.capacity;
+        }
+        let observed = Observed { capacity: observed.capacity.or(memory.capacity), ..observed };
         let namespace = isvc.namespace().unwrap_or_default();
         let name = isvc.name_any();
         let current = deployment.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1).max(0) as u32;
