@@ -11,6 +11,7 @@ RUN cargo build --release --locked -p ferry-sidecar -p ferry-operator --features
 
 FROM gcr.io/distroless/cc-debian12:nonroot AS sidecar
 COPY --from=build /src/target/release/ferry-sidecar /usr/local/bin/ferry-sidecar
+COPY --from=build /src/target/release/ferry-holder /usr/local/bin/ferry-holder
 USER nonroot
 EXPOSE 8080 9090
 ENTRYPOINT ["/usr/local/bin/ferry-sidecar"]
@@ -19,6 +20,7 @@ ENTRYPOINT ["/usr/local/bin/ferry-sidecar"]
 # container by the NVIDIA container runtime on GPU nodes.
 FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04 AS sidecar-cuda
 COPY --from=build /src/target/release/ferry-sidecar /usr/local/bin/ferry-sidecar
+COPY --from=build /src/target/release/ferry-holder /usr/local/bin/ferry-holder
 USER 65532:65532
 EXPOSE 8080 9090
 ENTRYPOINT ["/usr/local/bin/ferry-sidecar"]

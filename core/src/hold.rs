@@ -145,6 +145,17 @@ impl<T> Held<T> {
         std::mem::take(&mut self.entries).into_values().map(|(_, _, item)| item).collect()
     }
 
+    /// Takes out what is held past its deadline (before `now`), in deadline order.
+    pub fn expire(&mut self, now: Instant) -> Vec<T> {
+        let mut expired = Vec::new();
+        while let Some(entry) = self.entries.first_entry().filter(|e| e.key().deadline < now) {
+            let (_, bytes, item) = entry.remove();
+            self.bytes -= bytes;
+            expired.push(item);
+        }
+        expired
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -221,6 +232,10 @@ mod tests {
         assert_eq!(held.remove(late), Some("late"));
         assert_eq!(held.remove(late), None);
         assert_eq!(held.bytes(), 60);
+        assert_eq!(held.expire(t0 + 300 * MS), Vec::<&str>::new(), "a deadline at `now` is not past");
+        assert_eq!(held.expire(t0 + 301 * MS), vec!["soon"]);
+        assert_eq!(held.bytes(), 20);
+        held.admit(t0 + 2 * MS, t0 + 300 * MS, 40, &ready, &BOUNDS, "soon").unwrap();
         assert_eq!(held.release(), vec!["soon", "middle"]);
         assert!(held.is_empty() && held.bytes() == 0);
     }

@@ -12,6 +12,7 @@ use ferry_operator::autoscale::generation_plan::{self, GenerationPlanInput};
 use ferry_operator::autoscale::generation_simulate;
 use ferry_operator::autoscale::plan::{self, PlanInput};
 use ferry_operator::autoscale::simulate::{self, Scenario, World};
+use ferry_operator::autoscale::zero_simulate;
 use ferry_operator::desired::Images;
 use ferry_operator::lease::LeaseConfig;
 use ferry_operator::run::{self, Options};
@@ -68,6 +69,15 @@ enum Command {
         /// Ferry's spec.scaling.scaleDownDelay (the default: 5m).
         #[arg(long, default_value = "5m", value_parser = ferry_core::duration::parse)]
         scale_down_delay: Duration,
+        #[arg(long, conflicts_with = "markdown")]
+        json: bool,
+        /// The README's table rows.
+        #[arg(long)]
+        markdown: bool,
+    },
+    /// Scale to zero over two days of office hours, against minReplicas 1, in a deterministic
+    /// simulation.
+    SimulateZero {
         #[arg(long, conflicts_with = "markdown")]
         json: bool,
         /// The README's table rows.
@@ -193,7 +203,11 @@ struct RunArgs {
     metrics_window: Duration,
     /// The label selector of the holder's pods (`ferry-holder`, installed by the chart), which
     /// hold the requests of services at zero; empty: no holder (no service goes to zero).
-    #[arg(long, env = "FERRY_HOLDER_SELECTOR", default_value = "app.kubernetes.io/component=holder")]
+    #[arg(
+        long,
+        env = "FERRY_HOLDER_SELECTOR",
+        default_value = "app.kubernetes.io/name=ferry,app.kubernetes.io/component=holder"
+    )]
     holder_selector: String,
 }
 
@@ -282,6 +296,15 @@ fn main() -> ExitCode {
                 })
             });
             return print_runs(runs, json, markdown);
+        }
+        Some(Command::SimulateZero { json, markdown }) => {
+            let outcomes = zero_simulate::compare(&zero_simulate::World::office());
+            let run = Run {
+                json: serde_json::json!({ "scenario": "office", "policies": outcomes }),
+                markdown: zero_simulate::markdown(&outcomes),
+                table: zero_simulate::table(&outcomes),
+            };
+            return print_runs(std::iter::once(run), json, markdown);
         }
         Some(Command::Run(args)) => args,
         None => RunArgs::parse_from(["ferry-operator"]),

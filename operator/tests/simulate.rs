@@ -52,3 +52,27 @@ fn a_run_is_deterministic_and_its_json_has_the_documented_shape() {
     }
     assert_eq!(first["name"], "ferry");
 }
+
+#[test]
+fn scale_to_zero_halves_the_gpu_hours_of_an_office_service_and_answers_everything_in_time_or_at_once() {
+    use ferry_operator::autoscale::zero_simulate::{self, Policy};
+    let world = zero_simulate::World::office();
+    let outcomes = zero_simulate::compare(&world);
+    let get = |p: Policy| outcomes.iter().find(|o| o.policy == p).unwrap();
+    let (zero, one) = (get(Policy::ScaleToZero), get(Policy::MinOne));
+    // Nights at zero: less than 60 % of the GPU-hours of keeping one pod.
+    assert!(zero.gpu_hours < 0.6 * one.gpu_hours && zero.hours_at_zero > 20.0, "{zero:?} vs {one:?}");
+    // Every request answered in time or refused at once, every refusal's Retry-After honest, nothing
+    // held to its deadline, nothing late; some did wait for a start-up (held) and some were refused.
+    assert_eq!(zero.in_time + zero.refused, zero.requests, "{zero:?}");
+    assert!(zero.refused > 0 && zero.honest_retry_after == zero.refused && zero.held > 0, "{zero:?}");
+    assert_eq!((zero.expired, zero.late), (0, 0), "{zero:?}");
+    assert_eq!((one.in_time, one.refused), (one.requests, 0), "{one:?}");
+    assert_eq!(zero.requests, one.requests, "the same trace");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let rows = zero_simulate::markdown(&outcomes);
+    assert!(
+        readme.contains(&rows),
+        "the README's scale-to-zero table is stale; regenerate it with `ferry-operator simulate-zero --markdown`:\n{rows}"
+    );
+}

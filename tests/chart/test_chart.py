@@ -72,10 +72,10 @@ def test_default_values_render_a_hardened_operator_with_leader_election():
     objects, notes = render()
     kinds = sorted(o["kind"] for o in objects)
     assert kinds == [
-        "ClusterRole", "ClusterRoleBinding", "ConfigMap", "ConfigMap", "ConfigMap", "Deployment", "Role",
-        "RoleBinding", "Service", "ServiceAccount",
+        "ClusterRole", "ClusterRoleBinding", "ConfigMap", "ConfigMap", "ConfigMap", "Deployment", "Deployment",
+        "Role", "RoleBinding", "Service", "Service", "ServiceAccount",
     ]
-    deployment = find(objects, "Deployment")
+    deployment = find(objects, "Deployment", "ferry")
     assert deployment["spec"]["replicas"] == 2
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
@@ -92,6 +92,30 @@ def test_default_values_render_a_hardened_operator_with_leader_election():
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert find(objects, "Service", "-metrics")["spec"]["ports"][0]["port"] == 8080
     assert "kubectl get inferenceservices" in notes["ferry/templates/NOTES.txt"]
+
+
+def test_the_holder_runs_from_the_sidecar_image_and_the_operator_finds_it_by_its_labels():
+    objects, _ = render()
+    holder = find(objects, "Deployment", "-holder")
+    pod = holder["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert container["image"] == "ghcr.io/ferry-dev/ferry-sidecar:0.1.0"
+    assert container["command"] == ["/usr/local/bin/ferry-holder"]
+    assert "--max-held=1024" in container["args"] and "--keep-alive=5s" in container["args"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 8080, "admin": 9090}
+    assert pod["spec"]["automountServiceAccountToken"] is False, "the holder never calls the API"
+    # The operator's --holder-selector selects exactly the holder's pods.
+    operator = find(objects, "Deployment", "ferry")["spec"]["template"]["spec"]["containers"][0]
+    selector = next(a for a in operator["args"] if a.startswith("--holder-selector="))
+    wanted = dict(kv.split("=") for kv in selector.split("=", 1)[1].split(","))
+    assert wanted.items() <= pod["metadata"]["labels"].items() and wanted["app.kubernetes.io/component"] == "holder"
+    assert holder["spec"]["selector"]["matchLabels"] == pod["metadata"]["labels"]
+    assert find(objects, "Service", "-holder")["spec"]["selector"] == pod["metadata"]["labels"]
+    # Disabled: no holder, and an empty selector (no service goes to zero).
+    objects, _ = render({"holder": {"enabled": False}})
+    assert not [o for o in objects if o["metadata"]["name"].endswith("-holder")]
+    operator = find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "--holder-selector=" in operator["args"]
 
 
 def test_custom_values_reach_the_objects():

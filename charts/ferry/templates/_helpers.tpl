@@ -16,6 +16,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
 
+{{- /* The holder's pods: the operator finds them by these (--holder-selector). */ -}}
+{{- define "ferry.holderSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "ferry.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: holder
+{{- end -}}
+
+{{- define "ferry.holderSelector" -}}
+app.kubernetes.io/name={{ include "ferry.name" . }},app.kubernetes.io/instance={{ .Release.Name }},app.kubernetes.io/component=holder
+{{- end -}}
+
 {{- /* The labels of objects that are not the operator's own (the endpoint picker's, the route):
 ferry.labels' set with the component given. */ -}}
 {{- define "ferry.componentLabels" -}}

@@ -12,7 +12,9 @@
 //!   tokens, then the generation ledger in simulation).
 //! - [`simulate`]: the decision against an HPA-style policy, fixed replicas and an oracle, on
 //!   arrival traces, in virtual time; [`generation_simulate`]: the same for a generation service,
-//!   against the ways LLM services are scaled today, with start-ups of minutes.
+//!   against the ways LLM services are scaled today, with start-ups of minutes;
+//!   [`zero_simulate`]: two days of office hours, to zero at night and back, against
+//!   `minReplicas: 1`.
 
 pub mod collect;
 pub mod decide;
@@ -23,3 +25,4 @@ pub mod plan;
 pub mod scale;
 pub mod simulate;
 pub mod startup;
+pub mod zero_simulate;

@@ -281,14 +281,28 @@ impl Autoscaler {
         tracing::debug!(services = services.len(), pods = stores.pods.state().len(), "autoscaler tick");
         let alive: HashSet<String> = services.iter().map(|s| key(s)).collect();
         let metrics = &self.metrics;
-        self.services.retain(|k, _| {
+        let mut held_gone = Vec::new();
+        self.services.retain(|k, memory| {
             let keep = alive.contains(k);
             if !keep {
                 let (namespace, name) = k.split_once('/').unwrap_or(("", k));
                 metrics.forget(namespace, name, &Reason::ALL.map(Reason::label));
+                if memory.slice.is_some() {
+                    held_gone.push(k.clone());
+                }
             }
             keep
         });
+        // A deleted service's slice goes with it (its owner reference); the holders forget it.
+        if let Some(holders) = &stores.holders {
+            let (http, timeout, port) = (&self.http, self.scrape_timeout, self.holder_port);
+            let told = held_gone.iter().flat_map(|k| {
+                ready_holders(&holders.state()).into_iter().map(move |(_, ip)| {
+                    tokio::time::timeout(timeout, http.delete(format!("http://{ip}:{port}/services/{k}")).send())
+                })
+            });
+            futures::future::join_all(told).await;
+        }
 
         let mut pods: HashMap<String, Vec<Arc<Pod>>> = HashMap::new();
         for pod in stores.pods.state() {
