@@ -3,11 +3,11 @@ ferry-sidecar processes as the worker pods (ready 5 s after they start, as weigh
 and the real ferry-holder as the holder's pod.
 
 A generation service with `scaleToZeroAfter` goes to zero once idle, and its EndpointSlice of
-holder pods turns ready (the Service's traffic goes to the holder). At zero, a request whose
-first-token deadline falls before the start-up is refused at once with `Retry-After`; 50 requests
-and a stream with longer deadlines are held, the operator asks for the pods they need in one
-decision, and every one is answered within its deadline with no client retry — the stream
-streams normally after keep-alive comments. Then the slice stops being ready. Every wait is on
+holder pods turns ready (the Service's traffic goes to the holder). At zero, 50 requests and a
+stream with long deadlines are held, the operator asks for the pods they need in one decision, and
+every one is answered within its deadline with no client retry — the stream streams normally
+after keep-alive comments; meanwhile a request whose first-token deadline falls before the
+start-up is refused at once with an honest `Retry-After`. Then the slice stops being ready. Every wait is on
 the API's own objects or the processes' answers, with generous limits.
 """
 
@@ -15,8 +15,10 @@ import concurrent.futures
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -57,7 +59,7 @@ def world(tmp_path):
                  {"status": {"phase": "Running", "podIP": HOLDER_IP, "conditions": [
                      {"type": "Ready", "status": "True", "lastTransitionTime": now_rfc3339()}]}},
                  "application/merge-patch+json")
-            yield api, kubelet
+            yield api, kubelet, operator
         finally:
             holder.terminate()
             holder.wait(10)
@@ -87,8 +89,15 @@ def complete(timeout_ms, ttft_ms=None, stream=False):
     return response.status, None, time.monotonic() - sent, lines
 
 
+def decisions(operator):
+    """The operator's decisions for the service so far (one a tick)."""
+    text = urllib.request.urlopen(operator + "/metrics", timeout=5).read().decode()
+    pattern = rf'^ferry_operator_scale_decisions_total{{inferenceservice="{NAME}",namespace="{NS}",reason="\w+"}} (\S+)$'
+    return sum(float(v) for v in re.findall(pattern, text, re.M))
+
+
 def test_a_service_goes_to_zero_when_idle_and_comes_back_for_what_the_holder_held(world):
-    api, kubelet = world
+    api, kubelet, operator = world
     manifest = yaml.safe_load((ROOT / "examples" / "generation.yaml").read_text())
     manifest["metadata"]["namespace"] = NS
     manifest["spec"]["scaling"] = {"minReplicas": 0, "maxReplicas": 4, "warmReplicas": 0,
@@ -122,22 +131,41 @@ def test_a_service_goes_to_zero_when_idle_and_comes_back_for_what_the_holder_hel
     measured = get(api, f"{ISVCS}/{NAME}")["status"]["measuredStartupTime"]
     assert 4 <= measured <= 8, measured
 
-    # A first token due in 1 s (the service's ttftBudget) cannot wait for a start-up of 5 s: refused
-    # at once, with the start-up left as Retry-After.
-    wait_for("the holder told of the service", lambda: complete(3000)[0] == 503, timeout=10)
-    code, retry_after, took, body = complete(3000)
-    assert code == 503 and took < 0.1, (code, took)
-    assert 5 <= int(retry_after) <= 12, retry_after
-    assert "scaled to zero" in body[0][0], body
+    holder_metrics = f"http://{HOLDER_IP}:9090/metrics"
+    wait_for("the holder told of the service", lambda: f'service="{NAME}"' in
+             urllib.request.urlopen(holder_metrics, timeout=5).read().decode(), timeout=10)
 
     # 50 requests and a stream whose first tokens may wait 25 s: held, then answered in time.
+    # They are sent together just after a decision (the operator decides every second), so that
+    # the next one sees them all: the one decision from zero is then for all of them.
     at_zero = len(scaled())
+    go = threading.Event()
+
+    def when_told(*args):
+        go.wait(30)
+        return complete(*args)
+
     with concurrent.futures.ThreadPoolExecutor(51) as pool:
-        stream = pool.submit(complete, 30_000, 25_000, True)
-        held = [pool.submit(complete, 30_000, 25_000) for _ in range(50)]
+        stream = pool.submit(when_told, 30_000, 25_000, True)
+        held = [pool.submit(when_told, 30_000, 25_000) for _ in range(50)]
+        before = decisions(operator)
+        wait_for("a decision", lambda: decisions(operator) > before, every=0.01)
+        go.set()
+        sent = time.monotonic()
+        # Meanwhile, a first token due in 1 s (the service's ttftBudget) cannot wait for the
+        # start-up: refused at once, with the start-up left as Retry-After — an honest one.
+        wait_for("the scale-up from zero", lambda: len(scaled()) > at_zero, every=0.05)
+        code, retry_after, took, body = complete(3000)
+        refused = time.monotonic()
         results = [f.result(timeout=90) for f in held]
         streamed = stream.result(timeout=90)
-    print(f"held: took {sorted(round(r[2], 2) for r in results)}; scaled {scaled()[at_zero:]}")
+    print(f"held: took {sorted(round(r[2], 2) for r in results)}; scaled {scaled()[at_zero:]}; "
+          f"refused in {took * 1000:.1f} ms, Retry-After {retry_after}")
+    assert code == 503 and took < 0.1, (code, took, body)
+    assert "scaled to zero" in body[0][0], body
+    first_answer = sent + min(took for _, _, took, _ in results)
+    assert 1 <= int(retry_after) <= 10 and refused + int(retry_after) >= first_answer - 0.2, \
+        (retry_after, first_answer - refused)
     assert all(code == 200 for code, *_ in results), [r[:3] for r in results if r[0] != 200]
     assert all(took < 25 for _, _, took, _ in results), "every first token (here: every answer) within its deadline"
     assert all(json.loads(lines[0][0])["choices"][0]["text"] for *_, lines in results)
@@ -151,14 +179,14 @@ def test_a_service_goes_to_zero_when_idle_and_comes_back_for_what_the_holder_hel
     assert events[-1][0] == "data: [DONE]" and len(events) >= 3, lines
     assert all(json.loads(line[6:])["choices"][0]["text"] is not None for line, _ in events[:-1]), events
 
-    # From zero in one decision, for the held load: 0 → N, and no scale-up after it.
+    # From zero in one decision, for all the held load: 0 → N, and no scale-up after it.
     notes = scaled()[at_zero:]
-    assert notes and notes[0].startswith("0 → ") and "scale from zero" in notes[0], notes
-    first = int(notes[0].split(" ")[2])
-    assert 1 <= first <= 4
+    assert notes and notes[0].startswith("0 → ") and "scale from zero: 51 requests held" in notes[0], notes
+    assert 1 <= int(notes[0].split(" ")[2]) <= 4
     ups = [n for n in notes[1:] if int(n.split(" ")[2]) > int(n.split(" ")[0])]
     assert not ups, notes
     # The pods serve the Service again: the holder's endpoint is not ready.
     wait_for("the holder's endpoint unready", lambda: slice_ready() == [([HOLDER_IP], False)], timeout=10)
     text = urllib.request.urlopen(f"http://{HOLDER_IP}:9090/metrics", timeout=5).read().decode()
     assert f'ferry_holder_finished_total{{namespace="{NS}",outcome="released",service="{NAME}"}} 51' in text, text
+    assert f'ferry_holder_requests_total{{namespace="{NS}",outcome="infeasible",service="{NAME}"}} 1' in text, text

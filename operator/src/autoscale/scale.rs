@@ -375,7 +375,11 @@ impl Autoscaler {
             let Some(deployment) = stores.deployments.get(&reference) else { continue };
             let empty = Vec::new();
             let service_workers = workers.get(&k).unwrap_or(&empty);
-            let holding = held.get(&k).map(Vec::as_slice).unwrap_or_default();
+            // The holder's figures are the service's load while no pod is ready; once one is, the
+            // pods count what the holder releases to them (and what comes next), so counting the
+            // holder's arrivals too would count the held requests twice.
+            let up = service_workers.iter().any(|w| w.ip.is_some());
+            let holding = if up { &[] } else { held.get(&k).map(Vec::as_slice).unwrap_or_default() };
             if let Err(e) = self.scale(isvc, &deployment, service_workers, holding, now).await {
                 tracing::warn!(object = %k, error = %e, "could not scale");
             }
