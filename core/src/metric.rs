@@ -156,5 +156,7 @@ pub const HOLDER_REQUESTS: &str = "ferry_holder_requests_total";
 pub const HOLDER_FINISHED: &str = "ferry_holder_finished_total";
 /// Gauge: requests held now.
 pub const HOLDER_HELD: &str = "ferry_holder_held";
+/// Gauge, unlabelled: the services the holder was told of (a holder told of none still shows it is one).
+pub const HOLDER_SERVICES: &str = "ferry_holder_services";
 /// Gauge: seconds the longest-held request has waited (0 when none is).
 pub const HOLDER_OLDEST_AGE: &str = "ferry_holder_oldest_held_seconds";

@@ -209,6 +209,9 @@ struct RunArgs {
         default_value = "app.kubernetes.io/name=ferry,app.kubernetes.io/component=holder"
     )]
     holder_selector: String,
+    /// The bearer token of the holder's directions (the chart's Secret).
+    #[arg(long, env = "FERRY_HOLDER_TOKEN", hide_env_values = true)]
+    holder_token: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -323,6 +326,7 @@ fn main() -> ExitCode {
         scale_interval: args.scale_interval,
         metrics_window: args.metrics_window,
         holder_selector: Some(args.holder_selector.clone()).filter(|s| !s.is_empty()),
+        holder_token: args.holder_token.clone().filter(|t| !t.is_empty()),
         lease: args.leader_elect.then(|| {
             (
                 args.lease_namespace.clone(),

@@ -35,6 +35,8 @@ pub struct Options {
     pub metrics_window: Duration,
     /// The holder pods' label selector; `None`: no holder, and no service goes to zero.
     pub holder_selector: Option<String>,
+    /// The bearer token of the holder's directions.
+    pub holder_token: Option<String>,
 }
 
 /// Resolves on SIGTERM (the kubelet stopping the pod) or Ctrl-C.
@@ -108,6 +110,7 @@ pub async fn run(
     );
     let mut autoscaler = autoscaler;
     autoscaler.interval = options.scale_interval;
+    autoscaler.holder_token = options.holder_token.clone();
     let scaling = tokio::spawn(autoscaler.run(stores, options.scale_interval));
     let ctx = Arc::new(Context::new(client.clone(), options.images, metrics, Recorder::new(client.clone(), reporter)));
     let controller =

@@ -16,7 +16,7 @@ use tower::ServiceExt;
 const MS: Duration = Duration::from_millis(1);
 
 fn holder(requests: usize, keep_alive: Duration) -> Shared {
-    Holder::new(Options { bounds: Bounds { requests, bytes: 1 << 20 }, keep_alive })
+    Holder::new(Options { bounds: Bounds { requests, bytes: 1 << 20 }, keep_alive, token: None })
 }
 
 fn at_zero(time_to_ready_ms: u64) -> ServiceState {
@@ -267,4 +267,32 @@ async fn held_requests_go_to_the_first_ready_pod_with_the_deadline_they_have_lef
     assert_eq!(series(&m, "ferry_holder_requests_total", labels), 1.0);
     let labels = r#"namespace="ns",outcome="released",service="chat""#;
     assert_eq!(series(&m, "ferry_holder_finished_total", labels), 3.0);
+}
+
+#[tokio::test]
+async fn only_the_operators_token_directs_the_holder() {
+    let h = Holder::new(Options {
+        bounds: Bounds { requests: 1, bytes: 1 << 20 },
+        keep_alive: Duration::from_secs(5),
+        token: Some("s3cret".into()),
+    });
+    let body = serde_json::to_string(&at_zero(1000)).unwrap();
+    let put = |auth: Option<&str>| {
+        let mut request = Request::put("/services/ns/chat").header("content-type", "application/json");
+        if let Some(auth) = auth {
+            request = request.header("authorization", auth);
+        }
+        request.body(Body::from(body.clone())).unwrap()
+    };
+    for wrong in [None, Some("Bearer nope"), Some("s3cret")] {
+        let response = holder::admin(h.clone()).oneshot(put(wrong)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{wrong:?}");
+    }
+    // Nothing was set: the service is unknown.
+    assert_eq!(call(&h, infer("chat.ns", 5000)).await.status(), StatusCode::NOT_FOUND);
+    let response = holder::admin(h.clone()).oneshot(put(Some("Bearer s3cret"))).await.unwrap();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    assert_eq!(call(&h, infer("chat.ns", 500)).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let delete = Request::delete("/services/ns/chat").body(Body::empty()).unwrap();
+    assert_eq!(holder::admin(h.clone()).oneshot(delete).await.unwrap().status(), StatusCode::UNAUTHORIZED);
 }

@@ -2,6 +2,7 @@
 SDK), every object validated by kubernetes-validate against Kubernetes 1.33, and its RBAC compared
 with the API calls the operator's code makes."""
 
+import base64
 import json
 import pathlib
 import subprocess
@@ -73,7 +74,7 @@ def test_default_values_render_a_hardened_operator_with_leader_election():
     kinds = sorted(o["kind"] for o in objects)
     assert kinds == [
         "ClusterRole", "ClusterRoleBinding", "ConfigMap", "ConfigMap", "ConfigMap", "Deployment", "Deployment",
-        "Role", "RoleBinding", "Service", "Service", "ServiceAccount",
+        "Role", "RoleBinding", "Secret", "Service", "Service", "ServiceAccount",
     ]
     deployment = find(objects, "Deployment", "ferry")
     assert deployment["spec"]["replicas"] == 2
@@ -111,6 +112,12 @@ def test_the_holder_runs_from_the_sidecar_image_and_the_operator_finds_it_by_its
     assert wanted.items() <= pod["metadata"]["labels"].items() and wanted["app.kubernetes.io/component"] == "holder"
     assert holder["spec"]["selector"]["matchLabels"] == pod["metadata"]["labels"]
     assert find(objects, "Service", "-holder")["spec"]["selector"] == pod["metadata"]["labels"]
+    # Both sides read the holder's token from the one Secret.
+    secret = find(objects, "Secret", "-holder-token")
+    assert len(base64.b64decode(secret["data"]["token"])) == 40
+    for side in (container, operator):
+        env = {e["name"]: e.get("valueFrom") for e in side["env"]}
+        assert env["FERRY_HOLDER_TOKEN"] == {"secretKeyRef": {"name": secret["metadata"]["name"], "key": "token"}}
     # Disabled: no holder, and an empty selector (no service goes to zero).
     objects, _ = render({"holder": {"enabled": False}})
     assert not [o for o in objects if o["metadata"]["name"].endswith("-holder")]

@@ -39,8 +39,10 @@ DEPLOYMENT = f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}"
 
 
 @pytest.fixture
-def world(tmp_path):
+def world(tmp_path, monkeypatch):
     holder_bin = binary("FERRY_HOLDER_BIN", "ferry-holder")
+    # The operator and the holder share the token of its directions, as the chart's Secret gives it.
+    monkeypatch.setenv("FERRY_HOLDER_TOKEN", "e2e-token")
     with cluster(tmp_path, ready_after=5.0) as (api, kubelet, load, operator):
         log = open(tmp_path / "holder.log", "w")
         holder = subprocess.Popen(

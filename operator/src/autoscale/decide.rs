@@ -622,12 +622,18 @@ fn follow_need(t: &Tick, desired: u32, need: &Need, mut h: History) -> ScaleDeci
 /// Rule 9, scale to zero (with `scaleToZeroAfter`): at zero, load the holder holds (offered
 /// requests, held ones) asks at once for all the replicas the other rules size it for — not one
 /// to wait on — and no load stays at zero; above zero, no offered load for `scaleToZeroAfter`
-/// (no request arriving, none queued) goes to zero, though never while a pod is starting.
+/// (no request arriving, none queued, no stream generating) goes to zero, though never while a
+/// pod is starting.
 /// `None`: the other rules decide.
 fn zero(t: &Tick, desired: u32, h: &mut History) -> Option<ScaleDecision> {
     let after = t.target.scale_to_zero_after.filter(|_| t.target.min_replicas == 0)?;
     let o = t.observed;
-    let offered = o.arrival_rate > 0.0 || o.latest_rate > 0.0 || o.queue_depth > 0.0 || o.queue_tokens > 0.0;
+    // Tokens generated over the window: a stream still running, which zero pods would cut.
+    let offered = o.arrival_rate > 0.0
+        || o.latest_rate > 0.0
+        || o.queue_depth > 0.0
+        || o.queue_tokens > 0.0
+        || o.tokens_rate > 0.0;
     if offered {
         h.idle_since = None;
     }
@@ -806,6 +812,13 @@ mod tests {
             *h = d.history.clone();
             d
         };
+        // A stream still generating (and nothing arriving) is no idleness.
+        let streaming = Observed { tokens_rate: 40.0, ..load(0.0) };
+        let mut busy = History::default();
+        for secs in [0, 100, 200] {
+            let d = at(&streaming, 1, secs, &mut busy);
+            assert_eq!(d.replicas, 1, "{}", d.message);
+        }
         // Idle from t0: one replica until 60 s have passed, then zero.
         assert_eq!(at(&load(0.0), 1, 0, &mut h).replicas, 1);
         assert_eq!(at(&load(0.0), 1, 59, &mut h).replicas, 1);

@@ -67,23 +67,27 @@ pub fn parse(text: &str) -> Result<HashMap<(String, String), PodSample>, String>
             _ => {}
         }
     }
-    if !seen && !text.contains(metric::HOLDER_HELD) {
+    if !seen && !scrape.samples.iter().any(|s| s.metric == metric::HOLDER_SERVICES) {
         return Err(format!("no {}: not a Ferry holder", metric::HOLDER_REQUESTS));
     }
     Ok(services)
 }
 
 /// What the holder is told of a service that scales to zero: its deadline defaults, when its
-/// pods should be ready (`time_to_ready`: its measured time-to-ready and one autoscaler interval,
-/// the wait for the decision that asks for them), and its ready pods.
+/// pods should be ready (`time_to_ready`: its measured time-to-ready and two autoscaler
+/// intervals — the wait for the decision that asks for them, and for the tick that tells the
+/// holder they are ready), and its ready pods.
 pub fn state(
     isvc: &InferenceService,
     latency_budget: Duration,
     ttft_budget: Option<Duration>,
     time_to_ready: Duration,
+    stuck_after: Duration,
     workers: &[WorkerPod],
 ) -> ServiceState {
-    let starting = workers.iter().filter(|w| w.ip.is_none()).filter_map(|w| w.age).max();
+    // A pod unready for longer than `stuck_after` is stuck, not starting: its age says nothing
+    // of when the service will be ready.
+    let starting = workers.iter().filter(|w| w.ip.is_none()).filter_map(|w| w.age).filter(|a| *a < stuck_after).max();
     ServiceState {
         generation: isvc.spec.engine.kind.generates(),
         latency_budget_ms: latency_budget.as_millis() as u64,
@@ -151,5 +155,8 @@ ferry_holder_oldest_held_seconds{namespace=\"ml\",service=\"chat\"} 1.5
         assert_eq!(services[&("ml".to_owned(), "embed".to_owned())].requests, 0.0);
         assert_eq!(services.len(), 2);
         assert!(parse("ferry_requests_total{outcome=\"ok\"} 1\n").is_err());
+        // A holder told of no service yet: no service, and no failed scrape.
+        let empty = parse("# TYPE ferry_holder_services gauge\nferry_holder_services 0\n").unwrap();
+        assert!(empty.is_empty());
     }
 }

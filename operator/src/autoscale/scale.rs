@@ -163,6 +163,14 @@ fn ready_holders(pods: &[Arc<Pod>]) -> Vec<(String, String)> {
     ready
 }
 
+/// `request` with the holder's bearer token, if there is one.
+fn with_token(request: reqwest::RequestBuilder, token: &Option<String>) -> reqwest::RequestBuilder {
+    match token {
+        Some(token) => request.bearer_auth(token),
+        None => request,
+    }
+}
+
 /// A page's text (the holder's metrics).
 async fn fetch(client: &reqwest::Client, url: &str) -> Result<String, String> {
     let response = client.get(url).send().await.map_err(|e| format!("{url}: {e}"))?;
@@ -181,6 +189,8 @@ struct Memory {
     slice: Option<serde_json::Value>,
     /// The latest capacity figure its pods gave (`ferry_capacity_requests_per_second`).
     capacity: Option<f64>,
+    /// Whether this process made sure no slice of holder pods outlives scale to zero's end.
+    slice_checked: bool,
 }
 
 pub struct Autoscaler {
@@ -199,6 +209,10 @@ pub struct Autoscaler {
     pub interval: Duration,
     /// Port of the holder pods' admin listener (its directions and metrics).
     pub holder_port: u16,
+    /// The bearer token the holder's directions carry.
+    pub holder_token: Option<String>,
+    /// Whether a holder pod is ready: without one, no service goes to zero.
+    holders_ready: bool,
     /// Each holder pod's series (by its UID): service ("namespace/name") → collector key.
     holder_series: HashMap<String, HashMap<String, String>>,
 }
@@ -248,6 +262,8 @@ impl Autoscaler {
             scrape_timeout: Duration::from_secs(1),
             interval: Duration::from_secs(2),
             holder_port: METRICS_PORT as u16,
+            holder_token: None,
+            holders_ready: false,
             holder_series: HashMap::new(),
         }
     }
@@ -295,10 +311,11 @@ impl Autoscaler {
         });
         // A deleted service's slice goes with it (its owner reference); the holders forget it.
         if let Some(holders) = &stores.holders {
-            let (http, timeout, port) = (&self.http, self.scrape_timeout, self.holder_port);
+            let (http, timeout, port, token) = (&self.http, self.scrape_timeout, self.holder_port, &self.holder_token);
             let told = held_gone.iter().flat_map(|k| {
                 ready_holders(&holders.state()).into_iter().map(move |(_, ip)| {
-                    tokio::time::timeout(timeout, http.delete(format!("http://{ip}:{port}/services/{k}")).send())
+                    let request = with_token(http.delete(format!("http://{ip}:{port}/services/{k}")), token);
+                    tokio::time::timeout(timeout, request.send())
                 })
             });
             futures::future::join_all(told).await;
@@ -358,6 +375,7 @@ impl Autoscaler {
             w.work = self.collector.last(&w.uid).map_or(0.0, |s| s.queue_depth + s.running);
         }
         let holders = stores.holders.as_ref().map(|h| ready_holders(&h.state()));
+        self.holders_ready = holders.as_ref().is_some_and(|h| !h.is_empty());
         let held = self.scrape_holders(holders.as_deref().unwrap_or_default(), now).await;
         let mut uids: Vec<String> = workers.values().flatten().map(|w| w.uid.clone()).collect();
         uids.extend(held.values().flatten().cloned());
@@ -383,6 +401,8 @@ impl Autoscaler {
             if let Err(e) = self.scale(isvc, &deployment, service_workers, holding, now).await {
                 tracing::warn!(object = %k, error = %e, "could not scale");
             }
+            // Without a holder configured (`--holder-selector=""`), no service goes to zero and
+            // no slice of holder pods is kept.
             if let Some(holders) = &holders {
                 if let Err(e) = self.hold(isvc, service_workers, holders).await {
                     tracing::warn!(object = %k, error = %e, "could not switch to or from the holder");
@@ -451,11 +471,17 @@ impl Autoscaler {
             .filter(|t| t.min_replicas == 0 && t.scale_to_zero_after.is_some())
             .zip(desired::check(&isvc.spec).ok());
         let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &namespace);
-        let (http, timeout, port) = (&self.http, self.scrape_timeout, self.holder_port);
+        let (http, timeout, port, token) = (&self.http, self.scrape_timeout, self.holder_port, &self.holder_token);
+        // Without a ready holder pod there is nothing to switch to: the decision keeps one pod.
+        let zero = zero.filter(|_| !holders.is_empty());
         let Some((t, checked)) = zero else {
-            if memory.slice.take().is_some() {
+            // A slice this process never applied (another leader did, before) is deleted once.
+            let unseen = !std::mem::replace(&mut memory.slice_checked, true);
+            if memory.slice.take().is_some() || unseen {
                 let url = |ip: &String| format!("http://{ip}:{port}/services/{namespace}/{name}");
-                let told = holders.iter().map(|(_, ip)| tokio::time::timeout(timeout, http.delete(url(ip)).send()));
+                let told = holders
+                    .iter()
+                    .map(|(_, ip)| tokio::time::timeout(timeout, with_token(http.delete(url(ip)), token).send()));
                 futures::future::join_all(told).await;
                 match slices.delete(&super::hold::slice_name(&name), &Default::default()).await {
                     Ok(_) => {}
@@ -465,10 +491,12 @@ impl Autoscaler {
             }
             return Ok(());
         };
-        let state = super::hold::state(isvc, checked.latency_budget, t.ttft_budget, t.startup + self.interval, workers);
+        let stuck_after = 2 * t.startup + STUCK_MARGIN;
+        let ttr = t.startup + 2 * self.interval;
+        let state = super::hold::state(isvc, checked.latency_budget, t.ttft_budget, ttr, stuck_after, workers);
         let told = holders.iter().map(|(_, ip)| {
             let url = format!("http://{ip}:{port}/services/{namespace}/{name}");
-            let request = http.put(url).json(&state).send();
+            let request = with_token(http.put(url), token).json(&state).send();
             async move {
                 match tokio::time::timeout(timeout, request).await {
                     Ok(Ok(r)) if r.status().is_success() => {}
@@ -533,7 +561,11 @@ impl Autoscaler {
         let k = key(isvc);
         let memory = self.services.entry(k.clone()).or_default();
         let measured = memory.startup.measured();
-        let Some(target) = target(isvc, measured) else { return Ok(None) };
+        let Some(mut target) = target(isvc, measured) else { return Ok(None) };
+        if !self.holders_ready {
+            // Nothing would hold its requests, nor show their load: one pod at least.
+            target.scale_to_zero_after = None;
+        }
         // The pods' own capacity figure outlives them: at zero, the held load is sized by what
         // the last pods said they serve, not by the batch arithmetic.
         if observed.capacity.is_some() {

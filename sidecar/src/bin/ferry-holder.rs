@@ -27,6 +27,10 @@ struct Cli {
     /// How often a held stream gets an SSE comment (a Gateway API duration).
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     keep_alive: Duration,
+    /// The bearer token the operator's directions carry (the chart's Secret); without one, any
+    /// caller may direct the holder (development only).
+    #[arg(long, env = "FERRY_HOLDER_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -40,6 +44,7 @@ async fn main() -> ExitCode {
     let holder = Holder::new(Options {
         bounds: Bounds { requests: cli.max_held as usize, bytes: cli.max_held_bytes as usize },
         keep_alive: cli.keep_alive,
+        token: cli.token.filter(|t| !t.is_empty()),
     });
     let (api, admin) = match (
         tokio::net::TcpListener::bind(cli.listen).await,

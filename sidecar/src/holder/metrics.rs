@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use prometheus::{Encoder, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, GaugeVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
 
 use ferry_core::metric::{
-    HOLDER_FINISHED, HOLDER_HELD, HOLDER_OLDEST_AGE, HOLDER_REQUESTS, NAMESPACE, OUTCOME, SERVICE,
+    HOLDER_FINISHED, HOLDER_HELD, HOLDER_OLDEST_AGE, HOLDER_REQUESTS, HOLDER_SERVICES, NAMESPACE, OUTCOME, SERVICE,
 };
 
 /// What the holder did with a request at once (`ferry_holder_requests_total{outcome}`).
@@ -23,6 +23,7 @@ pub struct HolderMetrics {
     finished: IntCounterVec,
     held: IntGaugeVec,
     oldest: GaugeVec,
+    services: IntGauge,
 }
 
 impl Default for HolderMetrics {
@@ -49,15 +50,17 @@ impl HolderMetrics {
             &[NAMESPACE, SERVICE],
         )
         .expect("valid metric");
+        let services = IntGauge::new(HOLDER_SERVICES, "Services the holder was told of").expect("valid metric");
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(finished.clone()),
             Box::new(held.clone()),
             Box::new(oldest.clone()),
+            Box::new(services.clone()),
         ] {
             registry.register(collector).expect("registered once");
         }
-        HolderMetrics { registry, requests, finished, held, oldest }
+        HolderMetrics { registry, requests, finished, held, oldest, services }
     }
 
     /// A service the operator named: its offered-load series start at zero now, so that the
@@ -93,6 +96,7 @@ impl HolderMetrics {
     /// The text exposition, with the held gauges set from `figures` (namespace, service, held,
     /// oldest) first.
     pub fn render(&self, figures: &[(String, String, usize, Duration)]) -> String {
+        self.services.set(figures.len() as i64);
         for (namespace, service, held, oldest) in figures {
             self.held.with_label_values(&[namespace.as_str(), service.as_str()]).set(*held as i64);
             self.oldest.with_label_values(&[namespace.as_str(), service.as_str()]).set(oldest.as_secs_f64());

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, put};
 use axum::{Json, Router};
@@ -40,6 +40,9 @@ pub struct Options {
     pub bounds: Bounds,
     /// How often a held stream gets an SSE comment.
     pub keep_alive: Duration,
+    /// The bearer token the operator's directions must carry (`None`: any caller may direct it,
+    /// for development only: a caller that may direct it may send a service's requests anywhere).
+    pub token: Option<String>,
 }
 
 /// One service the operator said the holder may hold for.
@@ -153,16 +156,36 @@ pub fn admin(holder: Shared) -> Router {
         .with_state(holder)
 }
 
+/// Whether `headers` carry the operator's token (compared in constant time).
+fn authorized(holder: &Holder, headers: &HeaderMap) -> bool {
+    use subtle::ConstantTimeEq;
+    let Some(token) = &holder.options.token else { return true };
+    let given =
+        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(token.as_bytes())))
+}
+
 async fn set_service(
     State(holder): State<Shared>,
     Path((namespace, name)): Path<(String, String)>,
+    headers: HeaderMap,
     Json(state): Json<ServiceState>,
 ) -> StatusCode {
+    if !authorized(&holder, &headers) {
+        return StatusCode::UNAUTHORIZED;
+    }
     holder.set(&namespace, &name, state);
     StatusCode::NO_CONTENT
 }
 
-async fn forget_service(State(holder): State<Shared>, Path((namespace, name)): Path<(String, String)>) -> StatusCode {
+async fn forget_service(
+    State(holder): State<Shared>,
+    Path((namespace, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> StatusCode {
+    if !authorized(&holder, &headers) {
+        return StatusCode::UNAUTHORIZED;
+    }
     if holder.forget(&namespace, &name) {
         StatusCode::NO_CONTENT
     } else {

@@ -54,7 +54,9 @@ struct Incoming {
 
 pub async fn handle(State(holder): State<Shared>, request: Request) -> Response {
     let arrival = ferry_core::clock::now();
-    let key = match service_of(&holder, request.headers()) {
+    // HTTP/2 carries the authority in the URI, not in a Host header.
+    let authority = request.uri().authority().map(|a| a.as_str().to_owned());
+    let key = match service_of(&holder, request.headers(), authority.as_deref()) {
         Ok(key) => key,
         Err(refusal) => {
             holder.metrics.request("", "", refusal.outcome.label());
@@ -72,7 +74,13 @@ pub async fn handle(State(holder): State<Shared>, request: Request) -> Response 
     let (tx, rx) = oneshot::channel();
     let verdict = {
         let mut services = holder.services.lock().expect("holder lock");
-        let service = services.get_mut(&key).expect("resolved above");
+        // Forgotten while its body was read: as if never known.
+        let Some(service) = services.get_mut(&key) else {
+            drop(services);
+            let refusal = not_held(&format!("{}/{}", key.0, key.1));
+            holder.metrics.request(&key.0, &key.1, refusal.outcome.label());
+            return refused(&refusal, &incoming.path);
+        };
         if service.held.is_empty() {
             if let Some(endpoint) = service.endpoint() {
                 Ok(Err(endpoint))
@@ -189,13 +197,18 @@ fn held_stream(mut waiting: Waiting, incoming: Incoming) -> Response {
         let released = loop {
             tokio::select! {
                 released = waiting.released(incoming.hold_until) => break released,
+                // The client left: `waiting`, dropped, takes it out.
+                () = tx.closed() => return,
                 _ = ticks.tick() => {
                     if tx.send(Bytes::from_static(b": held while the service starts from zero\n\n")).await.is_err() {
-                        return; // the client left; `waiting` takes it out
+                        return;
                     }
                 }
             }
         };
+        if tx.is_closed() {
+            return;
+        }
         let endpoint = match released {
             Ok(endpoint) => endpoint,
             Err(refusal) => {
@@ -242,7 +255,7 @@ fn error_event_of(status: StatusCode, message: &str) -> Bytes {
 }
 
 /// The service a request is for: its `x-ferry-service`, else its `Host`.
-fn service_of(holder: &Holder, headers: &HeaderMap) -> Result<Key, Refusal> {
+fn service_of(holder: &Holder, headers: &HeaderMap, authority: Option<&str>) -> Result<Key, Refusal> {
     let services = holder.services.lock().expect("holder lock");
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
     if let Some(named) = text(SERVICE_HEADER) {
@@ -255,7 +268,7 @@ fn service_of(holder: &Holder, headers: &HeaderMap) -> Result<Key, Refusal> {
             false => Err(not_held(&named)),
         };
     }
-    let host = text(header::HOST.as_str()).unwrap_or_default();
+    let host = text(header::HOST.as_str()).or_else(|| authority.map(str::to_owned)).unwrap_or_default();
     let bare = host.rsplit_once(':').filter(|(_, port)| port.parse::<u16>().is_ok()).map_or(host.as_str(), |(h, _)| h);
     let mut parts = bare.split('.');
     let name = parts.next().unwrap_or_default();
