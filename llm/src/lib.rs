@@ -304,11 +304,6 @@ impl Model {
         KvCache::bytes_per_token(self.config.layers, self.config.kv_dim(), self.kv_dtype)
     }
 
-    /// What the KV cache holds its keys and values in.
-    pub fn kv_dtype(&self) -> KvDtype {
-        self.kv_dtype
-    }
-
     /// Token ids the model knows: `0..vocab_size`.
     pub fn vocab_size(&self) -> u32 {
         self.config.vocab as u32

@@ -76,7 +76,7 @@ impl Matrix {
     }
 
     /// Rows `from..to` as f32, row-major.
-    pub fn rows_f32(&self, from: usize, to: usize) -> Vec<f32> {
+    fn rows_f32(&self, from: usize, to: usize) -> Vec<f32> {
         match &self.store {
             Store::F32(data) => data[from * self.cols..to * self.cols].to_vec(),
             Store::Blocks { kind, bytes } => {
@@ -101,15 +101,6 @@ impl Matrix {
         match self.store {
             Store::F32(_) => self,
             _ => Matrix::f32(self.rows, self.cols, self.to_f32()),
-        }
-    }
-
-    /// Bytes its values take in memory.
-    pub fn bytes(&self) -> usize {
-        match &self.store {
-            Store::F32(data) => data.len() * 4,
-            Store::Blocks { bytes, .. } => bytes.len(),
-            Store::Stacked(parts) => parts.iter().map(Matrix::bytes).sum(),
         }
     }
 
@@ -201,13 +192,6 @@ impl Weights {
             output: self.output.map(Matrix::dequantized),
             ..self
         }
-    }
-
-    /// Bytes the matrices take in memory.
-    pub fn bytes(&self) -> usize {
-        let layers: usize =
-            self.layers.iter().map(|l| l.qkv.bytes() + l.out.bytes() + l.gate_up.bytes() + l.down.bytes()).sum();
-        layers + self.embed.bytes() + self.output.as_ref().map_or(0, Matrix::bytes)
     }
 
     pub fn from_gguf(g: &Gguf, config: Config, file: &str) -> Result<Weights, String> {

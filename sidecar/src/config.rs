@@ -344,6 +344,15 @@ impl Settings {
         let sim = engine.sim.unwrap_or_default();
         let latency_budget = cli.latency_budget.unwrap_or(batching.latency_budget.duration());
         let served_name = cli.model.clone().unwrap_or_else(|| model.name.clone());
+        // The built-in decoder's number formats mean nothing to the other engines: said, not ignored.
+        let kind = cli.engine.clone().unwrap_or_else(|| engine.kind.as_str().to_owned());
+        for (flag, given) in [("--dtype", &cli.dtype), ("--kv-cache-dtype", &cli.kv_cache_dtype)] {
+            if given.is_some() && kind != "llm" {
+                return Err(ConfigError(format!(
+                    "{flag} applies to --engine llm (the built-in decoder) only; this sidecar's engine is {kind}"
+                )));
+            }
+        }
         let s = Settings {
             listen: cli.listen.unwrap_or_else(|| "0.0.0.0:8080".parse().expect("valid address")),
             metrics_listen: cli.metrics_listen.unwrap_or_else(|| "0.0.0.0:9090".parse().expect("valid address")),
@@ -680,6 +689,12 @@ spec:
         let err =
             Settings::merge(cli(&[&llm[..], &["--kv-cache-dtype", "fp8"]].concat()), Manifest::default()).unwrap_err();
         assert_eq!(err.0, "--kv-cache-dtype is 'fp8'; it must be auto, f16 or f32");
+        let err =
+            Settings::merge(cli(&["--engine", "sim-llm", "--dtype", "float32"]), Manifest::default()).unwrap_err();
+        assert_eq!(
+            err.0,
+            "--dtype applies to --engine llm (the built-in decoder) only; this sidecar's engine is sim-llm"
+        );
     }
 
     #[test]

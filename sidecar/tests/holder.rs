@@ -16,7 +16,7 @@ use tower::ServiceExt;
 const MS: Duration = Duration::from_millis(1);
 
 fn holder(requests: usize, keep_alive: Duration) -> Shared {
-    Holder::new(Options { bounds: Bounds { requests, bytes: 1 << 20 }, keep_alive, token: None })
+    Holder::new(Options { bounds: Bounds { requests, bytes: 1 << 20 }, total_bytes: 1 << 30, keep_alive, token: None })
 }
 
 fn at_zero(time_to_ready_ms: u64) -> ServiceState {
@@ -273,6 +273,7 @@ async fn held_requests_go_to_the_first_ready_pod_with_the_deadline_they_have_lef
 async fn only_the_operators_token_directs_the_holder() {
     let h = Holder::new(Options {
         bounds: Bounds { requests: 1, bytes: 1 << 20 },
+        total_bytes: 1 << 30,
         keep_alive: Duration::from_secs(5),
         token: Some("s3cret".into()),
     });
@@ -295,4 +296,29 @@ async fn only_the_operators_token_directs_the_holder() {
     assert_eq!(call(&h, infer("chat.ns", 500)).await.status(), StatusCode::SERVICE_UNAVAILABLE);
     let delete = Request::delete("/services/ns/chat").body(Body::empty()).unwrap();
     assert_eq!(holder::admin(h.clone()).oneshot(delete).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test(start_paused = true)]
+async fn what_all_services_hold_together_is_bounded() {
+    // 13 bytes a request (`{"inputs":[]}`), at most 30 for all: two held, over two services;
+    // the third refused, whichever service it is for.
+    let h = Holder::new(Options {
+        bounds: Bounds { requests: 16, bytes: 1 << 20 },
+        total_bytes: 30,
+        keep_alive: Duration::from_secs(5),
+        token: None,
+    });
+    h.set("ns", "a", at_zero(1000));
+    h.set("ns", "b", at_zero(1000));
+    let hold = |host: &'static str| {
+        let h = h.clone();
+        tokio::spawn(async move { call(&h, infer(host, 20_000)).await })
+    };
+    let (first, second) = (hold("a.ns"), hold("b.ns"));
+    tokio::time::sleep(10 * MS).await;
+    let third = call(&h, infer("a.ns", 20_000)).await;
+    assert_eq!(third.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = text(third).await;
+    assert!(body.contains("holds 26 bytes of requests for all the services") && body.contains("at most 30"), "{body}");
+    assert!(!first.is_finished() && !second.is_finished());
 }

@@ -494,10 +494,13 @@ impl Autoscaler {
         let stuck_after = 2 * t.startup + STUCK_MARGIN;
         let ttr = t.startup + 2 * self.interval;
         let state = super::hold::state(isvc, checked.latency_budget, t.ttft_budget, ttr, stuck_after, workers);
-        let told = holders.iter().map(|(_, ip)| {
+        // Sent without waiting for the answers: a hung holder pod must not hold up the tick (for
+        // each service); what one misses, the next tick tells it again.
+        for (_, ip) in holders {
             let url = format!("http://{ip}:{port}/services/{namespace}/{name}");
             let request = with_token(http.put(url), token).json(&state).send();
-            async move {
+            let ip = ip.clone();
+            tokio::spawn(async move {
                 match tokio::time::timeout(timeout, request).await {
                     Ok(Ok(r)) if r.status().is_success() => {}
                     Ok(Ok(r)) => {
@@ -506,9 +509,8 @@ impl Autoscaler {
                     Ok(Err(e)) => tracing::debug!(holder = %ip, error = %e, "could not tell the holder"),
                     Err(_) => tracing::debug!(holder = %ip, "the holder did not answer in time"),
                 }
-            }
-        });
-        futures::future::join_all(told).await;
+            });
+        }
         let mut ips: Vec<String> = holders.iter().map(|(_, ip)| ip.clone()).collect();
         ips.sort();
         let at_zero = workers.iter().all(|w| w.ip.is_none());

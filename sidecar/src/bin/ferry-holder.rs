@@ -24,6 +24,9 @@ struct Cli {
     /// Bytes of request bodies held for one service at most (also one body's limit).
     #[arg(long, default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(1..))]
     max_held_bytes: u64,
+    /// Bytes of request bodies held for all services together at most (the pod's memory).
+    #[arg(long, default_value_t = 256 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+    max_held_bytes_total: u64,
     /// How often a held stream gets an SSE comment (a Gateway API duration).
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     keep_alive: Duration,
@@ -43,6 +46,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let holder = Holder::new(Options {
         bounds: Bounds { requests: cli.max_held as usize, bytes: cli.max_held_bytes as usize },
+        total_bytes: cli.max_held_bytes_total as usize,
         keep_alive: cli.keep_alive,
         token: cli.token.filter(|t| !t.is_empty()),
     });

@@ -38,6 +38,8 @@ use ferry_core::hold::{Bounds, Held, ServiceState};
 pub struct Options {
     /// What one service may hold.
     pub bounds: Bounds,
+    /// Bytes of requests held for all services together at most.
+    pub total_bytes: usize,
     /// How often a held stream gets an SSE comment.
     pub keep_alive: Duration,
     /// The bearer token the operator's directions must carry (`None`: any caller may direct it,

@@ -74,6 +74,7 @@ pub async fn handle(State(holder): State<Shared>, request: Request) -> Response 
     let (tx, rx) = oneshot::channel();
     let verdict = {
         let mut services = holder.services.lock().expect("holder lock");
+        let total: usize = services.values().map(|s| s.held.bytes()).sum();
         // Forgotten while its body was read: as if never known.
         let Some(service) = services.get_mut(&key) else {
             drop(services);
@@ -81,14 +82,9 @@ pub async fn handle(State(holder): State<Shared>, request: Request) -> Response 
             holder.metrics.request(&key.0, &key.1, refusal.outcome.label());
             return refused(&refusal, &incoming.path);
         };
-        if service.held.is_empty() {
-            if let Some(endpoint) = service.endpoint() {
-                Ok(Err(endpoint))
-            } else {
-                admit(&holder, service, &incoming, arrival, tx)
-            }
-        } else {
-            admit(&holder, service, &incoming, arrival, tx)
+        match service.endpoint().filter(|_| service.held.is_empty()) {
+            Some(endpoint) => Ok(Err(endpoint)),
+            None => admit(&holder, service, total, &incoming, arrival, tx),
         }
     };
     match verdict {
@@ -112,16 +108,28 @@ pub async fn handle(State(holder): State<Shared>, request: Request) -> Response 
     }
 }
 
-/// Holds the request, or refuses it.
+/// Holds the request, or refuses it; `total`: the bytes held for every service, which
+/// `--max-held-bytes-total` bounds (the holder's memory, whatever the number of services).
 fn admit(
     holder: &Holder,
     service: &mut super::Service,
+    total: usize,
     incoming: &Incoming,
     now: Instant,
     tx: oneshot::Sender<String>,
 ) -> Result<Result<HeldKey, String>, Refusal> {
     let startup = service.startup();
     let bytes = incoming.body.len();
+    let limit = holder.options.total_bytes;
+    if total + bytes > limit {
+        let left = startup.ready_at(now) - now;
+        let message = format!(
+            "the holder holds {total} bytes of requests for all the services at zero, at most {limit} \
+             (--max-held-bytes-total); this service's first pod is expected ready in {} ms",
+            left.as_millis()
+        );
+        return Err(Refusal::new(Outcome::QueueFull, message).retry_after(left));
+    }
     match service.held.admit(now, incoming.hold_until, bytes, &startup, &holder.options.bounds, tx) {
         Ok(key) => Ok(Ok(key)),
         Err((refusal, _)) => Err(refusal),
@@ -337,8 +345,13 @@ async fn send(holder: &Holder, incoming: &Incoming, endpoint: &str) -> Result<re
     let expired = || Refusal::new(Outcome::Expired, "the deadline passed while the service was starting from zero");
     let left = incoming.deadline.checked_duration_since(now).filter(|d| d.as_millis() > 0).ok_or_else(expired)?;
     let mut headers = reqwest::header::HeaderMap::new();
+    let connection = connection_headers(&incoming.headers);
     for (name, value) in &incoming.headers {
-        if !NOT_RELAYED.contains(&name.as_str()) && name.as_str() != SERVICE_HEADER {
+        let name_text = name.as_str();
+        if !NOT_RELAYED.contains(&name_text)
+            && name_text != SERVICE_HEADER
+            && !connection.contains(&name_text.to_owned())
+        {
             headers.append(name.clone(), value.clone());
         }
     }
@@ -363,6 +376,18 @@ async fn send(holder: &Holder, incoming: &Incoming, endpoint: &str) -> Result<re
         .map_err(|e| Refusal::new(Outcome::Failed, format!("relaying to the service's pod {endpoint} failed: {e}")))
 }
 
+/// The headers a `Connection` header names: they belong to that connection alone (RFC 9110 §7.6.1).
+fn connection_headers(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .filter(|name| !name.is_empty())
+        .collect()
+}
+
 /// Relays to the pod and streams its answer back as it is.
 async fn relay(holder: &Holder, incoming: &Incoming, endpoint: &str) -> Response {
     let response = match send(holder, incoming, endpoint).await {
@@ -370,8 +395,9 @@ async fn relay(holder: &Holder, incoming: &Incoming, endpoint: &str) -> Response
         Err(refusal) => return refused(&refusal, &incoming.path),
     };
     let mut builder = Response::builder().status(response.status());
+    let connection = connection_headers(response.headers());
     for (name, value) in response.headers() {
-        if !NOT_RELAYED.contains(&name.as_str()) {
+        if !NOT_RELAYED.contains(&name.as_str()) && !connection.contains(&name.as_str().to_owned()) {
             builder = builder.header(name, value);
         }
     }
