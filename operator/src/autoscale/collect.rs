@@ -120,11 +120,16 @@ pub fn parse(text: &str) -> Result<PodSample, String> {
 
 /// Scrapes one sidecar's metrics (`url`: `http://POD_IP:9090/metrics`).
 pub async fn scrape(client: &reqwest::Client, url: &str) -> Result<PodSample, String> {
+    parse(&fetch(client, url).await?)
+}
+
+/// A metrics page's text (a sidecar's, or the holder's).
+pub async fn fetch(client: &reqwest::Client, url: &str) -> Result<String, String> {
     let response = client.get(url).send().await.map_err(|e| format!("{url}: {e}"))?;
     if !response.status().is_success() {
         return Err(format!("{url} answered {}", response.status()));
     }
-    parse(&response.text().await.map_err(|e| format!("{url}: {e}"))?)
+    response.text().await.map_err(|e| format!("{url}: {e}"))
 }
 
 /// How much a counter grew between samples, where a drop means the process restarted and counts

@@ -28,7 +28,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use std::time::Instant;
 
-use super::collect::{scrape, Collector, PodSample};
+use super::collect::{fetch, scrape, Collector, PodSample};
 use super::decide::{decide, History, Observed, Reason, ScaleDecision, Target, PRESSURE_TOLERANCE};
 use super::startup::StartupTimes;
 use crate::desired::{self, LABEL_SERVICE, METRICS_PORT, REPLICAS_MANAGER};
@@ -169,15 +169,6 @@ fn with_token(request: reqwest::RequestBuilder, token: &Option<String>) -> reqwe
         Some(token) => request.bearer_auth(token),
         None => request,
     }
-}
-
-/// A page's text (the holder's metrics).
-async fn fetch(client: &reqwest::Client, url: &str) -> Result<String, String> {
-    let response = client.get(url).send().await.map_err(|e| format!("{url}: {e}"))?;
-    if !response.status().is_success() {
-        return Err(format!("{url} answered {}", response.status()));
-    }
-    response.text().await.map_err(|e| format!("{url}: {e}"))
 }
 
 /// What the autoscaler remembers of one service.
