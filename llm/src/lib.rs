@@ -21,6 +21,7 @@
 //! - [`device`]: the same pass written once as device operations (projections and the kernels
 //!   of `kernels.cu`), run by `gpu` (feature `cuda`: cuBLAS and NVRTC through cudarc) and by
 //!   [`host`], which emulates them so that the GPU's algorithm is tested where there is no GPU.
+//! - [`grammar`]: structured output: the tokens a JSON schema, regex or grammar allows next.
 //! - [`sample`]: the next token from logits, drawn from (seed, position).
 //! - [`Model`]: all of it loaded on a [`Device`], with its cache; [`read`] the files alone.
 
@@ -30,6 +31,7 @@ pub mod device;
 pub mod gguf;
 #[cfg(feature = "cuda")]
 pub mod gpu;
+pub mod grammar;
 pub mod host;
 pub mod kv;
 pub mod quant;
@@ -77,6 +79,10 @@ pub struct Sampling<'a> {
     /// Tokens that may not be drawn: the end tokens while an answer is shorter than its
     /// `min_tokens`.
     pub suppress: &'a [u32],
+    /// The only tokens that may be drawn, as bits (token `t` is bit `t % 32` of word `t / 32`):
+    /// a structured output's next tokens ([`grammar::Constraint::mask`]). Where they are all
+    /// suppressed, they are drawn from all the same (the format allows nothing else).
+    pub allowed: Option<&'a [u32]>,
 }
 
 impl Sampling<'_> {
@@ -93,6 +99,7 @@ impl Sampling<'_> {
         history: &[],
         prompt: 0,
         suppress: &[],
+        allowed: None,
     };
 
     /// Whether a penalty is set (and the history must be passed).
@@ -317,17 +324,29 @@ impl Model {
     /// Runs one step: writes the new tokens' keys and values into their blocks, and samples
     /// one token after the last new token of each sequence that asks.
     pub fn step(&self, seqs: &[Seq<'_>]) -> Result<Sampled, String> {
-        let logits = match &self.backend {
+        let logits = self.forward(seqs)?;
+        let sampling = seqs.iter().filter_map(|s| s.sample.map(|m| (m, s.start + s.tokens.len() as u32)));
+        let tokens = sampling.zip(&logits).map(|((m, position), l)| sample::sample(l, &m, position)).collect();
+        Ok(Sampled { tokens, logits })
+    }
+
+    /// The forward pass of a step: writes the new tokens' keys and values into their blocks and
+    /// returns the logits after the last new token of each sequence that samples, in order
+    /// (drawn from with [`sample::sample`]; [`Model::step`] does both).
+    pub fn forward(&self, seqs: &[Seq<'_>]) -> Result<Vec<Vec<f32>>, String> {
+        Ok(match &self.backend {
             Backend::Cpu(d) => {
                 let mut cache = d.cache.lock().map_err(|_| "the KV cache lock is poisoned".to_owned())?;
                 cpu::forward(&d.weights, &d.rope, &mut cache, seqs)?
             }
             #[cfg(feature = "cuda")]
             Backend::Gpu(g) => g.step(seqs)?,
-        };
-        let sampling = seqs.iter().filter_map(|s| s.sample.map(|m| (m, s.start + s.tokens.len() as u32)));
-        let tokens = sampling.zip(&logits).map(|((m, position), l)| sample::sample(l, &m, position)).collect();
-        Ok(Sampled { tokens, logits })
+        })
+    }
+
+    /// The compiler of structured output formats over this model's tokenizer ([`grammar`]).
+    pub fn grammars(&self) -> Result<grammar::Grammars, String> {
+        grammar::Grammars::new(&self.text, self.config.vocab)
     }
 }
 

@@ -1,7 +1,8 @@
 //! Drawing the next token from logits, in vLLM's order: `logit_bias` added to the logits; the
 //! repetition, frequency and presence penalties (vLLM's definitions: the first over the prompt and
 //! the answer, the others over the answer); the end tokens masked while an answer is shorter
-//! than its `min_tokens`; greedy at temperature 0; else the softmax at the temperature, cut to the tokens at least `min_p` times
+//! than its `min_tokens`; every token a structured output does not allow masked; greedy at
+//! temperature 0; else the softmax at the temperature, cut to the tokens at least `min_p` times
 //! as likely as the most likely one, then to the `top_k` most likely, then to the nucleus of
 //! `top_p` (the smallest set of most likely tokens whose mass reaches it).
 //!
@@ -20,7 +21,7 @@ use crate::Sampling;
 
 pub fn sample(logits: &[f32], s: &Sampling, position: u32) -> u32 {
     let adjusted;
-    let logits = if s.logit_bias.is_empty() && !s.penalised() && s.suppress.is_empty() {
+    let logits = if s.logit_bias.is_empty() && !s.penalised() && s.suppress.is_empty() && s.allowed.is_none() {
         logits
     } else {
         let mut l = logits.to_vec();
@@ -32,9 +33,24 @@ pub fn sample(logits: &[f32], s: &Sampling, position: u32) -> u32 {
         if s.penalised() {
             penalise(&mut l, s);
         }
-        for &token in s.suppress {
-            if let Some(l) = l.get_mut(token as usize) {
-                *l = f32::NEG_INFINITY;
+        let allowed = |token: usize| {
+            s.allowed.is_none_or(|bits| bits.get(token / 32).is_some_and(|w| w >> (token % 32) & 1 == 1))
+        };
+        // Suppressed only where the format leaves something else (it may allow only the end).
+        let suppressed = |token: usize| s.suppress.contains(&(token as u32));
+        let other = s.allowed.is_none() || (0..l.len()).any(|t| allowed(t) && !suppressed(t));
+        if other {
+            for &token in s.suppress {
+                if let Some(l) = l.get_mut(token as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        if s.allowed.is_some() {
+            for (t, l) in l.iter_mut().enumerate() {
+                if !allowed(t) {
+                    *l = f32::NEG_INFINITY;
+                }
             }
         }
         adjusted = l;

@@ -326,6 +326,11 @@ impl Text {
         )
     }
 
+    /// The tokenizer, as built.
+    pub(crate) fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
     /// A fresh incremental detokenizer for one sequence's produced tokens.
     pub fn stream(&self) -> TextStream {
         TextStream { bytes: self.bytes.clone(), pending: Vec::new() }

@@ -416,6 +416,8 @@ CHAT_FIELDS = {
     "prompt_cache_key": ("session-1", IGNORED),
     "prompt_cache_retention": ("24h", IGNORED),
     "reasoning_effort": ("high", REFUSED),
+    # Followed by the llm engine (test_structured.py); sim-llm, which answers with its prompt's
+    # words, cannot follow a format and refuses it by name.
     "response_format": ({"type": "json_object"}, REFUSED),
     "safety_identifier": ("user-1", IGNORED),
     "service_tier": ("flex", IGNORED),

@@ -26,6 +26,7 @@ use super::prompt::{self, Call, Kind, DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKEN
 use super::shape::{Frame, Gathered};
 use super::{status_of, Backend, Front, Generating, Shared, SERVER_TIMING};
 use crate::deadline::TIMEOUT_HEADER;
+use crate::generation::engine::Guide;
 use crate::generation::relay;
 use crate::generation::shell::{PromptTokens, Submission};
 use crate::generation::steps::Prompt;
@@ -311,6 +312,8 @@ async fn admit(
                             let mut s = submission.clone();
                             s.prompt.tokens = tokens.clone();
                             s.prompt.sampling.seed = s.prompt.sampling.seed.wrapping_add(u64::from(i));
+                            // Each choice walks its own structured output.
+                            s.prompt.sampling.guide = s.prompt.sampling.guide.as_ref().map(Guide::fresh);
                             s
                         })
                     })

@@ -9,7 +9,7 @@
 //! - [`openai`]: OpenAI's `POST /v1/embeddings` (parse, encode, errors in OpenAI's shape).
 //! - [`generate`]: OpenAI's `POST /v1/completions`, `POST /v1/chat/completions` (streamed as
 //!   server-sent events, or whole) and `GET /v1/models`, for generation models; [`prompt`] reads
-//!   their bodies; [`shape`] writes OpenAI's answers, [`relayed`] merges an upstream's chunks and
+//!   their bodies, [`format`] the structured output they ask for; [`shape`] writes OpenAI's answers, [`relayed`] merges an upstream's chunks and
 //!   [`choices`] merges the streams of `n` > 1 choices.
 //! - [`admit`]: the pipeline every protocol shares: checks, deadline and priority, the engine's
 //!   own checks, submission to the batcher, and the answer's headers.
@@ -22,6 +22,7 @@
 mod admit;
 pub mod binary;
 mod choices;
+pub mod format;
 pub mod generate;
 mod idempotent;
 pub mod oip;

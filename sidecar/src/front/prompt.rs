@@ -2,7 +2,8 @@
 //! the prompt (or the conversation, rendered with the model's own chat template), `max_tokens`
 //! (or `max_completion_tokens`), sampling (`temperature`, `top_p`, `seed`, `top_k`, `min_p`,
 //! `logit_bias`, `ignore_eos`: vLLM's ranges and meanings), `logprobs` (and chat's
-//! `top_logprobs`), `stop`, `n` (up to 128), `stream` and `stream_options.include_usage`. Fields
+//! `top_logprobs`), `stop`, `n` (up to 128), `stream` and `stream_options.include_usage`, and the
+//! structured output asked for ([`super::format`], compiled by the model's engine). Fields
 //! that would change the answer and that the built-in engines do not act on are refused, naming
 //! them ([`super::unserved`]), rather than answered without what they ask for (a relay sends all
 //! of them on, and passes back what its upstream answers); fields that do not
@@ -12,7 +13,7 @@
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::unserved;
+use super::{format, unserved};
 use crate::generation::engine::{ChatOptions, LanguageModel, Message, Sampling};
 use ferry_core::outcome::Refusal;
 
@@ -405,9 +406,19 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
     }
     // OpenAI's seed is a signed 64-bit integer; a negative one draws as its two's complement.
     let seed = whole("seed", body.seed, i128::from(i64::MIN), i128::from(u64::MAX))?.map(|s| s as u64);
-    if model.is_some() {
-        unserved::check(&body.rest)?;
-    }
+    let guide = match model {
+        Some(model) => {
+            unserved::check(&body.rest)?;
+            match format::read(&body.rest)? {
+                Some((field, asked)) => Some(model.guide(&asked).map_err(|e| {
+                    Refusal::invalid(format!("'{field}' is {}: {e}", format::shown(&body.rest[field])))
+                })?),
+                None => None,
+            }
+        }
+        // An upstream server follows (or refuses) the fields itself.
+        None => None,
+    };
     // An upstream server has its own limit (vLLM's --max-logprobs).
     let most = if model.is_some() { MAX_LOGPROBS } else { i128::from(u32::MAX) };
     let logprobs = logprobs(kind, body.logprobs, body.top_logprobs, most)?;
@@ -473,6 +484,7 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
             repetition_penalty: repetition_penalty as f32,
             min_tokens,
             logprobs,
+            guide,
         },
         stop,
         stream,
@@ -585,7 +597,7 @@ mod tests {
         );
         assert_eq!(
             err(json!({"model": "m", "prompt": "a", "logit_bias": {"7": 1, "07": 2}})),
-            "'logit_bias' names token 7 twice (\"7\")"
+            "'logit_bias' names token 7 twice (\"07\")"
         );
         let many: Map<String, Value> = (0..301).map(|i| (i.to_string(), json!(1))).collect();
         assert_eq!(

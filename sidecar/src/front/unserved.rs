@@ -1,6 +1,6 @@
 //! Fields of OpenAI's (and vLLM's) completion requests that change the answer but that the
-//! built-in engines do not act on yet. A client that sends one expects a different answer — JSON
-//! for `response_format`, a tool call for `tools`, fewer repeats for a penalty — so it is refused
+//! built-in engines do not act on yet. A client that sends one expects a different answer — a tool
+//! call for `tools`, the prompt echoed for `echo` — so it is refused
 //! with a 400 naming the field, rather than answered with free prose and a 200. Each is accepted
 //! at its neutral value (what sending nothing means), since clients and SDKs fill some of them in
 //! by default. Fields that do not change the answer (`user`, `metadata`, `store`, `service_tier`,
@@ -20,8 +20,6 @@ enum Neutral {
     Empty,
     /// One of these strings.
     Strings(&'static [&'static str]),
-    /// An object whose `type` is this (`response_format: {"type": "text"}`).
-    Type(&'static str),
     /// A list of `"text"` alone (`modalities`).
     TextOnly,
     /// Only `null`.
@@ -43,7 +41,6 @@ impl Neutral {
                 _ => false,
             },
             Neutral::Strings(neutral) => value.as_str().is_some_and(|v| neutral.contains(&v)),
-            Neutral::Type(neutral) => value.get("type").and_then(Value::as_str) == Some(*neutral),
             Neutral::TextOnly => value.as_array().is_some_and(|m| m.iter().all(|m| m == "text")),
             Neutral::Null => false,
         }
@@ -61,7 +58,6 @@ impl Neutral {
                 "leave it out or send {}",
                 s.iter().map(|s| format!("\"{s}\"")).collect::<Vec<_>>().join(" or ")
             ),
-            Neutral::Type(t) => format!("leave it out or send {{\"type\": \"{t}\"}}"),
             Neutral::TextOnly => "leave it out or send [\"text\"]".into(),
             Neutral::Null => "leave it out".into(),
         }
@@ -77,12 +73,6 @@ const UNSERVED: &[(&str, Neutral)] = &[
     ("best_of", Neutral::Numbers(&[1.0])),
     ("use_beam_search", Neutral::Bool(false)),
     ("suffix", Neutral::Empty),
-    ("response_format", Neutral::Type("text")),
-    ("guided_json", Neutral::Null),
-    ("guided_regex", Neutral::Null),
-    ("guided_choice", Neutral::Null),
-    ("guided_grammar", Neutral::Null),
-    ("structured_outputs", Neutral::Null),
     ("tools", Neutral::Empty),
     ("functions", Neutral::Empty),
     ("tool_choice", Neutral::Strings(&["none", "auto"])),
@@ -102,9 +92,6 @@ const UNSERVED: &[(&str, Neutral)] = &[
     ("length_penalty", Neutral::Numbers(&[1.0])),
 ];
 
-/// The longest value a refusal repeats.
-const SHOWN: usize = 80;
-
 /// `Err` naming the first field of `rest` (the body's fields this server does not read itself)
 /// that the built-in engines would not honour.
 pub fn check(rest: &Map<String, Value>) -> Result<(), Refusal> {
@@ -115,14 +102,9 @@ fn check_fields(rest: &Map<String, Value>, which: impl Fn(&str) -> bool) -> Resu
     for (field, neutral) in UNSERVED.iter().filter(|(field, _)| which(field)) {
         let Some(value) = rest.get(*field) else { continue };
         if !neutral.holds(value) {
-            let mut shown = value.to_string();
-            if shown.len() > SHOWN {
-                let cut = (0..=SHOWN).rev().find(|i| shown.is_char_boundary(*i)).unwrap_or(0);
-                shown.truncate(cut);
-                shown.push_str("...");
-            }
             return Err(Refusal::invalid(format!(
-                "'{field}' is {shown}; this model's engine does not act on it yet ({})",
+                "'{field}' is {}; this model's engine does not act on it yet ({})",
+                super::format::shown(value),
                 neutral.describe()
             )));
         }
@@ -146,9 +128,8 @@ mod tests {
             "'best_of' is 5; this model's engine does not act on it yet (leave it out or send 1)"
         );
         assert_eq!(
-            refused(json!({"response_format": {"type": "json_object"}})).unwrap(),
-            "'response_format' is {\"type\":\"json_object\"}; this model's engine does not act on it yet \
-             (leave it out or send {\"type\": \"text\"})"
+            refused(json!({"echo": true})).unwrap(),
+            "'echo' is true; this model's engine does not act on it yet (leave it out or send false)"
         );
         assert!(refused(json!({"tools": [{"type": "function", "function": {"name": "f"}}]}))
             .unwrap()
@@ -164,7 +145,7 @@ mod tests {
     fn neutral_values_and_fields_that_do_not_change_the_answer_pass() {
         let neutral = json!({
             "stop_token_ids": [], "prompt_logprobs": null,
-            "echo": false, "best_of": 1, "suffix": "", "response_format": {"type": "text"}, "tools": [],
+            "echo": false, "best_of": 1, "suffix": "", "tools": [],
             "tool_choice": "none", "modalities": ["text"], "add_generation_prompt": true,
             "user": "u", "metadata": {"a": "b"}, "store": false, "service_tier": "auto", "x_vendor": 1
         });

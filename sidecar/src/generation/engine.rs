@@ -22,6 +22,9 @@ use crate::engine::{BoxFuture, EngineError};
 /// `chat_template_kwargs`, as vLLM takes them.
 pub use ferry_llm::ChatOptions;
 
+/// What a structured output keeps to: a JSON schema, a regex, a choice, a grammar.
+pub use ferry_llm::grammar::Format;
+
 /// How a sequence's next token is drawn (vLLM's sampling parameters, as far as they are served).
 /// Greedy at temperature 0. `sim-llm` answers with its prompt's words whatever they say: it has
 /// no distribution to draw from.
@@ -52,6 +55,51 @@ pub struct Sampling {
     /// Each drawn token's log-probability is returned, with this many of the most likely
     /// tokens' (OpenAI's `logprobs` and `top_logprobs`); `None` for none.
     pub logprobs: Option<u32>,
+    /// The structured output the answer keeps to (`response_format`, vLLM's `guided_*`).
+    pub guide: Option<Guide>,
+}
+
+/// A sequence's structured output: its format, compiled once for the request, and the
+/// sequence's own place in it. Clones are the same sequence's (each step's copy of its sampling
+/// moves the one place); [`Guide::fresh`] starts another sequence at the beginning.
+#[derive(Clone)]
+pub struct Guide {
+    format: Arc<ferry_llm::grammar::Guide>,
+    place: Arc<std::sync::Mutex<ferry_llm::grammar::Constraint>>,
+}
+
+impl Guide {
+    pub fn new(format: ferry_llm::grammar::Guide) -> Guide {
+        let place = Arc::new(std::sync::Mutex::new(format.start()));
+        Guide { format: Arc::new(format), place }
+    }
+
+    /// The same format for another sequence, at its beginning.
+    pub fn fresh(&self) -> Guide {
+        Guide { format: self.format.clone(), place: Arc::new(std::sync::Mutex::new(self.format.start())) }
+    }
+
+    /// The tokens allowed after `answered` tokens of answer ([`ferry_llm::grammar::Constraint::mask`]).
+    pub fn mask(&self, answered: u32) -> Result<Vec<u32>, String> {
+        self.place.lock().map_err(|_| "the structured output's lock is poisoned".to_owned())?.mask(answered)
+    }
+
+    /// Takes the token drawn after `answered` tokens of answer.
+    pub fn take(&self, answered: u32, token: u32) -> Result<(), String> {
+        self.place.lock().map_err(|_| "the structured output's lock is poisoned".to_owned())?.take(answered, token)
+    }
+}
+
+impl PartialEq for Guide {
+    fn eq(&self, other: &Guide) -> bool {
+        Arc::ptr_eq(&self.place, &other.place)
+    }
+}
+
+impl std::fmt::Debug for Guide {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Guide")
+    }
 }
 
 impl Sampling {
@@ -82,6 +130,7 @@ impl Default for Sampling {
             repetition_penalty: 1.0,
             min_tokens: 0,
             logprobs: None,
+            guide: None,
         }
     }
 }
@@ -169,6 +218,12 @@ pub trait LanguageModel: Send + Sync + 'static {
 
     /// A token as a list of log-probabilities shows it: its bytes (a special token by its name).
     fn token_shown(&self, token: u32) -> Vec<u8>;
+
+    /// `format` compiled for this model's tokens, or why it cannot be followed (a 400's reason).
+    fn guide(&self, format: &Format) -> Result<Guide, String> {
+        let _ = format;
+        Err("this model's engine does not act on it".into())
+    }
 }
 
 /// Turns one sequence's produced tokens into text as they come, never splitting a UTF-8

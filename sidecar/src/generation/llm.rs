@@ -11,11 +11,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::generation::step::{attended, StepCost};
+use ferry_llm::grammar::Grammars;
 use ferry_llm::{KvSize, Model, Seq};
 
 use super::engine::{
-    ChatOptions, Detokenizer, Drawn, KvLayout, LanguageModel, Logprobs, Message, Sampling, SeqInput, StepEngine,
-    StepInput,
+    ChatOptions, Detokenizer, Drawn, Format, Guide, KvLayout, LanguageModel, Logprobs, Message, Sampling, SeqInput,
+    StepEngine, StepInput,
 };
 use crate::embed::Device;
 use crate::engine::{BoxFuture, EngineError};
@@ -28,6 +29,8 @@ pub struct LlmEngine {
     cost: StepCost,
     /// Special tokens typed in messages read as tokens (`--special-tokens-in-messages`).
     message_specials: bool,
+    /// The structured output compiler over the model's tokenizer, or why there is none.
+    grammars: Result<Arc<Grammars>, String>,
 }
 
 /// The KV cache's share of the GPU memory left once the weights are loaded, when its size is
@@ -74,7 +77,13 @@ impl LlmEngine {
         let kv = KvLayout { blocks: model.kv_blocks(), block_size };
         let cost = calibrate(&model, block_size).map_err(|e| format!("the first steps failed: {e}"))?;
         let ends = model.text().end_tokens().into();
-        Ok(LlmEngine { model, ends, kv, cost, message_specials: false })
+        let started = ferry_core::clock::now();
+        let grammars = model.grammars().map(Arc::new);
+        match &grammars {
+            Ok(_) => tracing::debug!("structured output ready in {:?}", ferry_core::clock::elapsed(started)),
+            Err(e) => tracing::info!("no structured output for this model: {e}"),
+        }
+        Ok(LlmEngine { model, ends, kv, cost, message_specials: false, grammars })
     }
 
     /// Reads special tokens typed in chat messages as the tokens they name.
@@ -164,6 +173,11 @@ impl LanguageModel for LlmEngine {
     fn token_shown(&self, token: u32) -> Vec<u8> {
         self.model.text().token_shown(token)
     }
+
+    fn guide(&self, format: &Format) -> Result<Guide, String> {
+        let grammars = self.grammars.as_ref().map_err(String::clone)?;
+        Ok(Guide::new(grammars.compile(format)?))
+    }
 }
 
 /// The messages as the decoder's crate takes them.
@@ -203,55 +217,98 @@ impl StepEngine for LlmEngine {
     fn step(&self, step: StepInput) -> BoxFuture<Result<Vec<Drawn>, EngineError>> {
         let (model, ends) = (self.model.clone(), self.ends.clone());
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || {
-                fn sampling<'a>(s: &'a Sampling, seq: &'a SeqInput, ends: &'a [u32]) -> ferry_llm::Sampling<'a> {
-                    // The tokens before the one drawn, less the prompt's, are the answer so far.
-                    let answered = (seq.start + seq.tokens.len() as u32).saturating_sub(seq.prompt);
-                    ferry_llm::Sampling {
-                        temperature: s.temperature,
-                        top_p: s.top_p,
-                        seed: s.seed,
-                        top_k: s.top_k,
-                        min_p: s.min_p,
-                        logit_bias: &s.logit_bias,
-                        presence_penalty: s.presence_penalty,
-                        frequency_penalty: s.frequency_penalty,
-                        repetition_penalty: s.repetition_penalty,
-                        history: &seq.history,
-                        prompt: seq.prompt,
-                        suppress: if s.holds_ends(answered) { ends } else { &[] },
-                    }
-                }
-                let seqs: Vec<Seq> = step
-                    .sequences
-                    .iter()
-                    .map(|s| Seq {
-                        tokens: &s.tokens,
-                        start: s.start,
-                        blocks: &s.blocks,
-                        sample: s.sample.as_ref().map(|m| sampling(m, s, &ends)),
-                    })
-                    .collect();
-                let sampled = model.step(&seqs).map_err(EngineError)?;
-                let asked = step.sequences.iter().filter_map(|s| s.sample.as_ref().map(|m| m.logprobs));
-                Ok(sampled
-                    .tokens
-                    .into_iter()
-                    .zip(&sampled.logits)
-                    .zip(asked)
-                    .map(|((token, logits), asked)| Drawn {
-                        token,
-                        logprobs: asked.map(|top| {
-                            let l = ferry_llm::sample::logprobs(logits, token, top as usize);
-                            Logprobs { logprob: l.logprob, top: l.top }
-                        }),
-                    })
-                    .collect())
-            })
-            .await
-            .map_err(|e| EngineError(format!("the step's thread failed: {e}")))?
+            tokio::task::spawn_blocking(move || run(&model, &ends, &step))
+                .await
+                .map_err(|e| EngineError(format!("the step's thread failed: {e}")))?
         })
     }
+}
+
+/// Tokens of answer before the one a sequence's part of a step draws.
+fn answered(seq: &SeqInput) -> u32 {
+    (seq.start + seq.tokens.len() as u32).saturating_sub(seq.prompt)
+}
+
+/// One step on the blocking pool: the forward pass, with the masks of the sequences that keep
+/// to a structured output computed beside it (on a thread of their own: on a GPU the CPU would
+/// otherwise wait on the pass), then each sampling sequence's draw.
+fn run(model: &Model, ends: &[u32], step: &StepInput) -> Result<Vec<Drawn>, EngineError> {
+    let seqs: Vec<Seq> = step
+        .sequences
+        .iter()
+        .map(|s| Seq {
+            tokens: &s.tokens,
+            start: s.start,
+            blocks: &s.blocks,
+            sample: s.sample.as_ref().map(|_| ferry_llm::Sampling::GREEDY),
+        })
+        .collect();
+    let sampling: Vec<(&SeqInput, &Sampling)> =
+        step.sequences.iter().filter_map(|s| Some((s, s.sample.as_ref()?))).collect();
+    let guided = sampling.iter().any(|(_, m)| m.guide.is_some());
+    let masks = |sampling: &[(&SeqInput, &Sampling)]| -> Vec<Option<Vec<u32>>> {
+        sampling.iter().map(|(seq, m)| m.guide.as_ref().map(|g| mask(g, answered(seq), ends))).collect()
+    };
+    let (logits, masks) = if guided {
+        std::thread::scope(|scope| {
+            let masks = scope.spawn(|| masks(&sampling));
+            let logits = model.forward(&seqs);
+            (logits, masks.join())
+        })
+    } else {
+        (model.forward(&seqs), Ok(vec![None; sampling.len()]))
+    };
+    let logits = logits.map_err(EngineError)?;
+    let masks = masks.map_err(|_| EngineError("the structured output's thread failed".into()))?;
+    Ok(sampling
+        .iter()
+        .zip(&logits)
+        .zip(&masks)
+        .map(|(((seq, m), logits), mask)| {
+            let answered = answered(seq);
+            let draw = ferry_llm::Sampling {
+                temperature: m.temperature,
+                top_p: m.top_p,
+                seed: m.seed,
+                top_k: m.top_k,
+                min_p: m.min_p,
+                logit_bias: &m.logit_bias,
+                presence_penalty: m.presence_penalty,
+                frequency_penalty: m.frequency_penalty,
+                repetition_penalty: m.repetition_penalty,
+                history: &seq.history,
+                prompt: seq.prompt,
+                suppress: if m.holds_ends(answered) { ends } else { &[] },
+                allowed: mask.as_deref(),
+            };
+            let token = ferry_llm::sample::sample(logits, &draw, seq.start + seq.tokens.len() as u32);
+            if let Some(guide) = &m.guide {
+                if let Err(e) = guide.take(answered, token) {
+                    tracing::warn!("structured output: {e}");
+                }
+            }
+            Drawn {
+                token,
+                logprobs: m.logprobs.map(|top| {
+                    let l = ferry_llm::sample::logprobs(logits, token, top as usize);
+                    Logprobs { logprob: l.logprob, top: l.top }
+                }),
+            }
+        })
+        .collect())
+}
+
+/// A sequence's mask; where its format cannot say (an internal error of the matcher), only the
+/// end tokens, so that the answer ends rather than leaves its format.
+fn mask(guide: &Guide, answered: u32, ends: &[u32]) -> Vec<u32> {
+    guide.mask(answered).unwrap_or_else(|e| {
+        tracing::warn!("structured output: {e}; the answer ends here");
+        let mut bits = vec![0u32; ends.iter().max().map_or(1, |m| *m as usize / 32 + 1)];
+        for &t in ends {
+            bits[t as usize / 32] |= 1 << (t % 32);
+        }
+        bits
+    })
 }
 
 /// The KV cache's budget on the CPU when neither `--kv-blocks` nor `--kv-cache-memory` is given.
