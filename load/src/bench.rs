@@ -21,6 +21,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::decoder::Part;
 use crate::plot;
 use crate::record::Summary;
 use crate::run::{self, LoadSpec};
@@ -39,6 +40,8 @@ pub struct BenchOptions {
     pub decoder_only: bool,
     /// Only the decoder section's prefix-cache rows, printed rather than written.
     pub prefix_cache_only: bool,
+    /// Only the decoder section's structured output rows, printed rather than written.
+    pub structured_only: bool,
 }
 
 fn infer_url(server: &Server) -> String {
@@ -125,8 +128,14 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<String> {
         upstream(&mut md, secs).await?;
         return Ok(md);
     }
-    if options.decoder_only || options.prefix_cache_only {
-        crate::decoder::section(&mut md, secs, options.prefix_cache_only).await?;
+    let part = match (options.prefix_cache_only, options.structured_only) {
+        (true, _) => Some(Part::PrefixCache),
+        (_, true) => Some(Part::Structured),
+        _ if options.decoder_only => Some(Part::All),
+        _ => None,
+    };
+    if let Some(part) = part {
+        crate::decoder::section(&mut md, secs, part).await?;
         return Ok(md);
     }
 
@@ -313,7 +322,7 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<String> {
     );
     generation(&mut md, secs).await?;
     upstream(&mut md, secs).await?;
-    crate::decoder::section(&mut md, secs, false).await?;
+    crate::decoder::section(&mut md, secs, Part::All).await?;
     std::fs::write(&options.out, &md)?;
     Ok(md)
 }

@@ -65,8 +65,16 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Writes section 7; with `prefix_only`, only its prefix-cache rows.
-pub async fn section(md: &mut String, secs: u64, prefix_only: bool) -> anyhow::Result<()> {
+/// Which of section 7's rows to write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    All,
+    PrefixCache,
+    Structured,
+}
+
+/// Writes section 7, or one `part` of it.
+pub async fn section(md: &mut String, secs: u64, part: Part) -> anyhow::Result<()> {
     let root = std::env::current_dir()?;
     let python = root.join(".venv/bin/python");
     let model = std::env::var("FERRY_TEST_LLM")
@@ -98,7 +106,7 @@ pub async fn section(md: &mut String, secs: u64, prefix_only: bool) -> anyhow::R
             anyhow::ensure!(status.success(), "{script} failed ({status})");
         }
         let files = [("Q4_1", model.clone()), ("Q8_0", q8_model), ("F32", f32_model)];
-        run(md, secs, &python, &root, &files, prefix_only).await
+        run(md, secs, &python, &root, &files, part).await
     }
     .await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -115,7 +123,7 @@ async fn run(
     python: &Path,
     root: &Path,
     files: &[(&str, PathBuf)],
-    prefix_only: bool,
+    part: Part,
 ) -> anyhow::Result<()> {
     let slots = 32;
     let start = |model: &Path| {
@@ -163,9 +171,19 @@ async fn run(
     };
     let (published, published_path) = (files[0].0, &files[0].1);
     let published_arg = published_path.to_str().unwrap_or_default();
-    if prefix_only {
-        let llama = start(published_path).await?;
-        return crate::prefix::rows(md, &llama, published_arg, 16).await;
+    match part {
+        Part::All => {}
+        Part::PrefixCache => {
+            let llama = start(published_path).await?;
+            return crate::prefix::rows(md, &llama, published_arg, 16).await;
+        }
+        Part::Structured => {
+            let (llama, ferry) = (start(published_path).await?, ferry_on(published_path).await?);
+            for (name, ratio) in crate::structured::rows(md, &llama, &ferry).await? {
+                eprintln!("  {name}: {ratio:.2}");
+            }
+            return Ok(());
+        }
     }
     let _ = writeln!(
         md,
@@ -232,6 +250,7 @@ async fn run(
     }
     let _ = writeln!(md);
     let (llama, ferry) = kept.expect("a file");
+    let structured = crate::structured::rows(md, &llama, &ferry).await?;
 
     let _ = writeln!(
         md,
@@ -267,6 +286,9 @@ async fn run(
     crate::prefix::rows(md, &llama, published_arg, 16).await?;
     for (format, name, ratio) in ratios {
         eprintln!("  {format} {name}: Ferry / llama.cpp = {ratio:.2}");
+    }
+    for (name, ratio) in structured {
+        eprintln!("  {name}: {ratio:.2}");
     }
     Ok(())
 }

@@ -29,4 +29,5 @@ pub mod report;
 pub mod run;
 pub mod schedule;
 mod servers;
+mod structured;
 pub mod tenants;

@@ -67,6 +67,9 @@ enum Command {
         /// Run only section 7's prefix-cache rows and print them.
         #[arg(long)]
         prefix_cache_only: bool,
+        /// Run only section 7's structured output rows and print them.
+        #[arg(long)]
+        structured_only: bool,
     },
 }
 
@@ -183,12 +186,18 @@ fn main() -> ExitCode {
                 eprintln!("wrote {}", out.display());
                 Ok(())
             }
-            Command::Bench { out, seconds, generation_only, decoder_only, prefix_cache_only } => {
-                let options =
-                    BenchOptions { out: out.clone(), seconds, generation_only, decoder_only, prefix_cache_only };
+            Command::Bench { out, seconds, generation_only, decoder_only, prefix_cache_only, structured_only } => {
+                let options = BenchOptions {
+                    out: out.clone(),
+                    seconds,
+                    generation_only,
+                    decoder_only,
+                    prefix_cache_only,
+                    structured_only,
+                };
                 let md = bench::run(&options).await?;
                 println!("{md}");
-                if !generation_only && !decoder_only && !prefix_cache_only {
+                if !generation_only && !decoder_only && !prefix_cache_only && !structured_only {
                     eprintln!("wrote {}", out.display());
                 }
                 Ok(())
