@@ -1,6 +1,7 @@
 //! A model's chat template, compiled once when the model loads (rendering is then all a request
 //! pays), and the controls vLLM gives a request over it: `add_generation_prompt`,
-//! `continue_final_message` and `chat_template_kwargs`.
+//! `continue_final_message` and `chat_template_kwargs`, with the request's `tools` and each
+//! message's tool calls, tool call id and name, as transformers passes them.
 //!
 //! Templates are Jinja written for transformers, rendered with `minijinja` with Python's string
 //! methods. `continue_final_message` is rendered as transformers does it: without the generation
@@ -19,16 +20,18 @@ pub struct ChatOptions {
     pub continue_final_message: bool,
     /// More variables for the template (vLLM's `chat_template_kwargs`, e.g. `enable_thinking`).
     pub kwargs: Map<String, Json>,
+    /// The tools the model may call, as OpenAI's `tools` lists them (the template's `tools`).
+    pub tools: Option<Vec<Json>>,
 }
 
 impl Default for ChatOptions {
     fn default() -> Self {
-        ChatOptions { add_generation_prompt: true, continue_final_message: false, kwargs: Map::new() }
+        ChatOptions { add_generation_prompt: true, continue_final_message: false, kwargs: Map::new(), tools: None }
     }
 }
 
 /// The variables the renderer sets itself, which `chat_template_kwargs` may not replace.
-pub const RESERVED: [&str; 4] = ["messages", "add_generation_prompt", "bos_token", "eos_token"];
+pub const RESERVED: [&str; 5] = ["messages", "add_generation_prompt", "bos_token", "eos_token", "tools"];
 
 /// A chat template, compiled.
 pub struct Template {
@@ -69,8 +72,19 @@ impl Template {
         let mut context: Map<String, Json> = options.kwargs.clone();
         context.insert(
             "messages".into(),
-            messages.iter().map(|m| serde_json::json!({"role": m.role, "content": m.content})).collect(),
+            messages
+                .iter()
+                .map(|m| {
+                    let mut message = m.extra.clone();
+                    message.insert("role".into(), Json::from(m.role.as_str()));
+                    message.insert("content".into(), Json::from(m.content.as_str()));
+                    Json::Object(message)
+                })
+                .collect(),
         );
+        if let Some(tools) = &options.tools {
+            context.insert("tools".into(), Json::Array(tools.clone()));
+        }
         context.insert("add_generation_prompt".into(), Json::Bool(options.add_generation_prompt));
         context.insert("bos_token".into(), Json::from(bos));
         context.insert("eos_token".into(), Json::from(eos));
@@ -99,7 +113,7 @@ mod tests {
         <think></think>{% endif %}{% endif %}";
 
     fn said(turns: &[(&str, &str)]) -> Vec<Message> {
-        turns.iter().map(|(role, content)| Message { role: (*role).into(), content: (*content).into() }).collect()
+        turns.iter().map(|(role, content)| Message::new(*role, *content)).collect()
     }
 
     #[test]
@@ -131,6 +145,34 @@ mod tests {
             render(&ChatOptions { kwargs, ..ChatOptions::default() }).unwrap_err(),
             "'chat_template_kwargs' sets 'messages', which the server sets itself"
         );
+    }
+
+    #[test]
+    fn tools_and_a_messages_tool_calls_reach_the_template() {
+        let t = Template::new(
+            "{% for tool in tools %}[{{ tool.function.name }}]{% endfor %}{% for m in messages %}{{ m.role }}:\
+             {% for c in m.tool_calls or [] %}{{ c.function.name }}({{ c.function.arguments.city }}){% endfor %}\
+             {{ m.tool_call_id or '' }}{{ m.content }};{% endfor %}"
+                .into(),
+        )
+        .expect("parses");
+        let mut call = Message::new("assistant", "");
+        call.extra.insert(
+            "tool_calls".into(),
+            serde_json::json!([{"function": {"name": "weather", "arguments": {"city": "Oslo"}}}]),
+        );
+        let mut result = Message::new("tool", "sunny");
+        result.extra.insert("tool_call_id".into(), Json::from("c1"));
+        let tools = Some(vec![serde_json::json!({"type": "function", "function": {"name": "weather"}})]);
+        let options = ChatOptions { tools, ..ChatOptions::default() };
+        let rendered = t.render(&[Message::new("user", "hi"), call, result], &options, "", "").unwrap();
+        assert_eq!(rendered, "[weather]user:hi;assistant:weather(Oslo);tool:c1sunny;");
+        let mut kwargs = Map::new();
+        kwargs.insert("tools".into(), Json::Array(vec![]));
+        assert!(t
+            .render(&[], &ChatOptions { kwargs, ..ChatOptions::default() }, "", "")
+            .unwrap_err()
+            .contains("'tools'"));
     }
 
     #[test]

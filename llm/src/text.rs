@@ -36,10 +36,20 @@ const END_MARKERS: &[&str] = &[
 ];
 
 /// A message of a chat conversation.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Message {
     pub role: String,
     pub content: String,
+    /// More of the message for the template, as OpenAI's and transformers' messages hold them:
+    /// an assistant's `tool_calls` (their `arguments` as objects, as templates read them), a tool
+    /// result's `tool_call_id`, a `name`.
+    pub extra: serde_json::Map<String, Json>,
+}
+
+impl Message {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Message {
+        Message { role: role.into(), content: content.into(), extra: serde_json::Map::new() }
+    }
 }
 
 pub struct Text {
@@ -278,7 +288,7 @@ impl Text {
         };
         let marker = |i: usize| format!("\u{E000}ferry-message-{i}\u{E001}");
         let marked: Vec<Message> =
-            messages.iter().enumerate().map(|(i, m)| Message { role: m.role.clone(), content: marker(i) }).collect();
+            messages.iter().enumerate().map(|(i, m)| Message { content: marker(i), ..m.clone() }).collect();
         let template = self.chat(&marked, options)?;
         let cannot = || {
             format!(

@@ -31,7 +31,7 @@ fn load() -> (Model, Grammars) {
 }
 
 fn chat(model: &Model, ask: &str) -> Vec<u32> {
-    let messages = [Message { role: "user".into(), content: ask.into() }];
+    let messages = [Message::new("user", ask)];
     model.text().chat_tokens(&messages, &ChatOptions::default()).expect("prompt")
 }
 

@@ -408,7 +408,8 @@ CHAT_FIELDS = {
     "max_completion_tokens": (2, HONOURED),
     "metadata": ({"team": "search"}, IGNORED),
     "modalities": (["text", "audio"], REFUSED),
-    # Whether several tool calls may come at once: nothing without tools, which are refused.
+    # Whether several tool calls may come at once: nothing without tools (with them, one call at
+    # most under "required": test_structured.py).
     "parallel_tool_calls": (False, IGNORED),
     # Predicted output makes an answer faster where it matches, never different.
     "prediction": ({"type": "content", "content": "one two"}, IGNORED),
@@ -422,6 +423,9 @@ CHAT_FIELDS = {
     "safety_identifier": ("user-1", IGNORED),
     "service_tier": ("flex", IGNORED),
     "store": (True, IGNORED),
+    # Forced calls are decoded under the tools' schemas by the llm engine (test_structured.py); a
+    # choice needs tools, and "auto" (the default with tools) needs a parser of free text, which
+    # this server has not.
     "tool_choice": ("required", REFUSED),
     "tools": ([{"type": "function", "function": {"name": "f"}}], REFUSED),
     "top_logprobs": (2, HONOURED),

@@ -1,5 +1,6 @@
-"""Structured output on the llm engine: the real ferry-sidecar decoding SmolLM2-135M-Instruct under
-OpenAI's response_format and vLLM's guided_* fields, driven by OpenAI's own Python client.
+"""Structured output and tools on the llm engine: the real ferry-sidecar decoding
+SmolLM2-135M-Instruct under OpenAI's response_format, vLLM's guided_* fields and OpenAI's tools,
+driven by OpenAI's own Python client (and raw SSE where the chunks themselves are checked).
 
 Whether an answer keeps to its format is judged here, independently of the library that made the
 masks: answers are parsed with Python's json and validated with the jsonschema package against the
@@ -15,6 +16,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from generation_sidecar import MODEL, Sidecar
+from test_generation import invalid, openai_schema, openai_spec  # noqa: F401 (fixtures)
 from test_llm import gguf
 
 WORDS = ["name", "city", "age", "color", "size", "tags", "owner", "price", "count", "active", "kind", "notes"]
@@ -162,3 +164,114 @@ def test_formats_that_cannot_be_followed_are_a_400_naming_the_field(sidecar):
         model=MODEL, messages=[{"role": "user", "content": "a"}], max_tokens=3, response_format={"type": "json_object"}
     )
     assert ok.choices[0].message.content.startswith("{")
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The time in a time zone.",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "pattern": "^[A-Z][a-z]{1,12}/[A-Z][a-z]{1,12}$"}},
+                   "required": ["zone"], "additionalProperties": False}}}
+TOOLS = [WEATHER, TIME]
+ASK = [{"role": "user", "content": "What is the weather in Paris, and what time is it in Tokyo?"}]
+
+
+def valid_call(call):
+    """A call of one of TOOLS whose arguments keep to that tool's schema."""
+    tool = {t["function"]["name"]: t for t in TOOLS}[call["function"]["name"]]
+    arguments = json.loads(call["function"]["arguments"])
+    Draft202012Validator(tool["function"]["parameters"]).validate(arguments)
+    assert call["type"] == "function" and call["id"]
+    return call["function"]["name"], arguments
+
+
+def streamed_calls(chunks):
+    """delta.tool_calls pieces gathered by index as OpenAI's clients gather them."""
+    calls = {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            for piece in choice["delta"].get("tool_calls") or []:
+                call = calls.setdefault(piece["index"], {"id": None, "type": None, "function": {"name": None, "arguments": ""}})
+                call["id"] = piece.get("id") or call["id"]
+                call["type"] = piece.get("type") or call["type"]
+                call["function"]["name"] = piece["function"].get("name") or call["function"]["name"]
+                call["function"]["arguments"] += piece["function"].get("arguments") or ""
+    return [calls[i] for i in sorted(calls)]
+
+
+def test_tools_required_and_named_answer_valid_calls_whole_and_streamed(sidecar, openai_schema):
+    from test_generation import raw
+    for choice, reason in [("required", "tool_calls"), ({"type": "function", "function": {"name": "get_time"}}, "stop")]:
+        body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": choice, "max_tokens": 120, "temperature": 0}
+        status, text = raw(sidecar, "POST", "/v1/chat/completions", body)
+        assert status == 200, text
+        answer = json.loads(text)
+        assert not invalid(openai_schema("CreateChatCompletionResponse"), answer), answer
+        message = answer["choices"][0]["message"]
+        assert message["content"] is None and answer["choices"][0]["finish_reason"] == reason, answer
+        calls = [valid_call(c) for c in message["tool_calls"]]
+        assert calls, answer
+        if isinstance(choice, dict):
+            assert [name for name, _ in calls] == ["get_time"]
+        # OpenAI's client reads the same calls.
+        parsed = sidecar.client.chat.completions.create(**{k: v for k, v in body.items()})
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in parsed.choices[0].message.tool_calls] == calls
+        # Streamed: the pieces reassemble to the whole answer's calls (each request has ids of its own).
+        status, chunks = raw(sidecar, "POST", "/v1/chat/completions", {**body, "stream": True})
+        assert status == 200
+        for chunk in chunks:
+            assert not invalid(openai_schema("CreateChatCompletionStreamResponse"), chunk), chunk
+        streamed = streamed_calls(chunks)
+        assert [(c["type"], c["function"]) for c in streamed] == [(c["type"], c["function"]) for c in message["tool_calls"]]
+        assert all(c["id"].startswith("call_") for c in streamed + message["tool_calls"])
+        assert len({c["id"] for c in streamed}) == len(streamed)
+        assert chunks[-1]["choices"][0]["finish_reason"] == reason
+
+
+def test_a_tool_result_round_trips_through_the_template(sidecar):
+    first = sidecar.client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=60, temperature=0,
+    ).choices[0].message
+    call = first.tool_calls[0]
+    conversation = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"},
+    ]
+    answer = sidecar.client.chat.completions.create(
+        model=MODEL, messages=conversation, tools=TOOLS, tool_choice="none", max_tokens=20, temperature=0
+    )
+    assert answer.choices[0].message.content and answer.choices[0].message.tool_calls is None
+    # The tool's answer is in the prompt: longer than the conversation without it.
+    without = sidecar.client.chat.completions.create(model=MODEL, messages=conversation[:-1], max_tokens=1)
+    assert answer.usage.prompt_tokens > without.usage.prompt_tokens
+    # A call whose arguments are not JSON is the client's error, named.
+    bad = [dict(conversation[1], tool_calls=[dict(call.model_dump(), function={"name": "get_weather", "arguments": "{"})])]
+    with pytest.raises(openai.BadRequestError) as e:
+        sidecar.client.chat.completions.create(model=MODEL, messages=ASK + bad, max_tokens=5)
+    assert "messages[1].tool_calls[0].function.arguments is not JSON" in e.value.message
+
+
+def test_tool_choices_that_cannot_be_served_are_named(sidecar):
+    def refused(**kw):
+        with pytest.raises(openai.BadRequestError) as e:
+            sidecar.client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=5, **kw)
+        return e.value.message
+
+    assert "'tool_choice' is \"auto\" by default" in refused(tools=TOOLS)
+    assert "'tool_choice' is \"auto\"" in refused(tools=TOOLS, tool_choice="auto")
+    assert "not among 'tools'" in refused(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "x"}})
+    assert "both ask for a structured output" in refused(
+        tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}
+    )
+    # One call at a time when parallel calls are off; n choices each their own calls.
+    answer = sidecar.client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, n=2, seed=1,
+        temperature=1, max_tokens=120,
+    )
+    for choice in answer.choices:
+        assert len(choice.message.tool_calls) == 1 and choice.finish_reason == "tool_calls"
+        valid_call(choice.message.tool_calls[0].model_dump())

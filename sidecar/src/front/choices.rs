@@ -46,7 +46,8 @@ pub(super) async fn answer(
 ) -> Response {
     let n = streams.len();
     let mut frame = Frame::for_request(headers, served.name.clone(), kind, call.sampling.logprobs.is_some())
-        .choices_per_prompt(call.n);
+        .choices_per_prompt(call.n)
+        .with_tools(call.tools.clone());
     let mut choices = merged(streams);
     // Nothing is sent before the first token of any choice (or the group's refusal).
     let first = match choices.next().await {

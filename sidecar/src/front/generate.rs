@@ -419,7 +419,8 @@ async fn answer(
     mut held: Held,
     arrival: Instant,
 ) -> Response {
-    let mut frame = Frame::for_request(headers, served.name.clone(), kind, call.sampling.logprobs.is_some());
+    let mut frame = Frame::for_request(headers, served.name.clone(), kind, call.sampling.logprobs.is_some())
+        .with_tools(call.tools.clone());
     // Nothing is sent before the first token (or the end).
     let first = match stream.next().await {
         Some(piece) if piece.is_token() => piece,

@@ -30,6 +30,7 @@ pub mod openai;
 pub mod prompt;
 mod relayed;
 mod shape;
+mod tools;
 pub mod unserved;
 
 use std::hash::{BuildHasher, RandomState};

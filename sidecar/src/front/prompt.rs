@@ -13,7 +13,7 @@
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{format, unserved};
+use super::{format, tools, unserved};
 use crate::generation::engine::{ChatOptions, LanguageModel, Message, Sampling};
 use ferry_core::outcome::Refusal;
 
@@ -73,6 +73,13 @@ struct ChatMessage {
     role: String,
     #[serde(default)]
     content: Option<Content>,
+    /// An assistant's calls, a tool result's call id, a participant's name: for the template.
+    #[serde(default)]
+    tool_calls: Option<Value>,
+    #[serde(default)]
+    tool_call_id: Option<Value>,
+    #[serde(default)]
+    name: Option<Value>,
 }
 
 #[derive(Deserialize, Default)]
@@ -255,6 +262,8 @@ pub struct Call {
     /// A completion's prompts after the first, where `prompt` is a list (text, or token ids):
     /// `n` choices each, indexed after the first's, as vLLM and OpenAI answer a list.
     pub more: Vec<(String, Option<Vec<u32>>)>,
+    /// The tool call the answer is forced to be, read back into `tool_calls`.
+    pub tools: Option<tools::Mode>,
 }
 
 /// The `model` field, read first so that the request can be routed.
@@ -287,6 +296,20 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
             )));
         }
     }
+    // The tools, on the built-in engines' chats (an upstream server reads them itself).
+    let tools = match (kind, model) {
+        (_, None) => None,
+        (Kind::Chat, Some(_)) => {
+            tools::read(body.rest.get("tools"), body.rest.get("tool_choice"), body.rest.get("parallel_tool_calls"))?
+        }
+        (Kind::Completion, Some(_)) => {
+            let given = |f: &str| body.rest.get(f).is_some_and(|v| !v.is_null() && *v != Value::Array(vec![]));
+            if let Some(field) = ["tools", "tool_choice"].into_iter().find(|f| given(f)) {
+                return Err(Refusal::invalid(format!("'{field}' is for chat completions")));
+            }
+            None
+        }
+    };
     let mut ids = None;
     let mut more = Vec::new();
     let prompt = match kind {
@@ -360,13 +383,23 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
                             ROLES.join(", ")
                         )));
                     }
-                    Ok(Message { role: m.role, content })
+                    let mut extra = Map::new();
+                    if let Some(calls) = m.tool_calls.filter(|c| !c.is_null()) {
+                        extra.insert("tool_calls".into(), tools::calls_for_template(i, &calls)?);
+                    }
+                    for (field, value) in [("tool_call_id", m.tool_call_id), ("name", m.name)] {
+                        if let Some(value) = value.filter(|v| !v.is_null()) {
+                            extra.insert(field.into(), value);
+                        }
+                    }
+                    Ok(Message { role: m.role, content, extra })
                 })
                 .collect::<Result<Vec<_>, Refusal>>()?;
             let options = ChatOptions {
                 add_generation_prompt: body.add_generation_prompt.unwrap_or(true),
                 continue_final_message: body.continue_final_message.unwrap_or(false),
                 kwargs: body.chat_template_kwargs.take().unwrap_or_default(),
+                tools: tools.as_ref().and_then(|t| t.listed.clone()),
             };
             match model {
                 Some(model) => {
@@ -409,11 +442,20 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
     let guide = match model {
         Some(model) => {
             unserved::check(&body.rest)?;
-            match format::read(&body.rest)? {
-                Some((field, asked)) => Some(model.guide(&asked).map_err(|e| {
+            let forced = tools.as_ref().and_then(|t| t.forced.as_ref());
+            match (format::read(&body.rest)?, forced) {
+                (Some((field, _)), Some(_)) => {
+                    return Err(Refusal::invalid(format!(
+                        "'{field}' and 'tool_choice' both ask for a structured output; send one of them"
+                    )))
+                }
+                (Some((field, asked)), None) => Some(model.guide(&asked).map_err(|e| {
                     Refusal::invalid(format!("'{field}' is {}: {e}", format::shown(&body.rest[field])))
                 })?),
-                None => None,
+                (None, Some((_, asked))) => Some(model.guide(asked).map_err(|e| {
+                    Refusal::invalid(format!("'tool_choice' is {}: {e}", format::shown(&body.rest["tool_choice"])))
+                })?),
+                (None, None) => None,
             }
         }
         // An upstream server follows (or refuses) the fields itself.
@@ -490,6 +532,7 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
         stream,
         include_usage: stream && body.stream_options.unwrap_or_default().include_usage,
         n,
+        tools: tools.and_then(|t| t.forced).map(|f| f.0),
     })
 }
 

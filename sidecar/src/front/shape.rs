@@ -9,6 +9,7 @@ use serde_json::{json, Map, Value};
 
 use super::prompt::Kind;
 use super::relayed::Merged;
+use super::tools::{Calls, Mode};
 use super::REQUEST_ID;
 use crate::generation::stream::{Finished, Piece, TokenLogprob};
 
@@ -34,6 +35,10 @@ pub(super) struct Frame {
     /// Choices of each prompt (`n`): a list's prompt `p` has choices `p × n` to `p × n + n - 1`,
     /// and each prompt counts once in the usage.
     per_prompt: usize,
+    /// The tool call a chat's answer is forced to be: its text is read back into `tool_calls`.
+    tools: Option<Mode>,
+    /// Each choice's calls read so far, streamed.
+    calls: std::collections::BTreeMap<u64, Calls>,
 }
 
 impl Frame {
@@ -49,7 +54,21 @@ impl Frame {
             opened_choices: Default::default(),
             finished_upstream: false,
             per_prompt: 1,
+            tools: None,
+            calls: Default::default(),
         }
+    }
+
+    /// The answer is a forced tool call: its text goes out as `tool_calls`.
+    pub fn with_tools(mut self, tools: Option<Mode>) -> Frame {
+        self.tools = tools;
+        self
+    }
+
+    /// Choice `index`'s calls, read from its answer.
+    fn calls_of(&self, index: u64) -> Option<Calls> {
+        let id = format!("call_{}_{index}", self.id.trim_start_matches("chatcmpl-"));
+        self.tools.clone().map(|mode| Calls::new(mode, id))
     }
 
     /// The frame of one request's answer: its id from the request's `x-request-id`, created now.
@@ -156,8 +175,25 @@ impl Frame {
                         json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": null})
                     }
                     Kind::Chat => {
-                        let mut delta = json!({"content": text});
-                        if self.opened_choices.insert(index) {
+                        let opening = !self.opened_choices.contains(&index);
+                        let mut delta = match self.tools.is_some() {
+                            false => json!({"content": text}),
+                            true => {
+                                if let (false, Some(calls)) = (self.calls.contains_key(&index), self.calls_of(index)) {
+                                    self.calls.insert(index, calls);
+                                }
+                                let pieces = self.calls.get_mut(&index).map(|c| c.push(&text)).unwrap_or_default();
+                                if pieces.is_empty() && logprobs.is_null() && !first && !opening {
+                                    return None;
+                                }
+                                match pieces.is_empty() {
+                                    true => json!({}),
+                                    false => json!({"tool_calls": pieces}),
+                                }
+                            }
+                        };
+                        if opening {
+                            self.opened_choices.insert(index);
                             delta["role"] = Value::from("assistant");
                         }
                         json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": null})
@@ -191,7 +227,7 @@ impl Frame {
 
     /// The chunk that ends choice `index` of the built-in engines' `n`.
     pub fn finish_at(&mut self, index: u64, f: &Finished, usage: bool) -> Value {
-        let reason = f.reason.as_str();
+        let reason = self.calls.get(&index).map_or(f.reason.as_str(), |c| c.reason(f.reason.as_str()));
         let choice = match self.kind {
             Kind::Completion => json!({"index": index, "text": "", "logprobs": null, "finish_reason": reason}),
             Kind::Chat => {
@@ -226,6 +262,16 @@ impl Frame {
             }
             let logprobs = self.logprobs(index, &gathered.tokens);
             let (text, reason) = (gathered.text, f.reason.as_str());
+            if let (Kind::Chat, Some(mut calls)) = (self.kind, self.calls_of(index)) {
+                calls.push(&text);
+                all.push(json!({
+                    "index": index,
+                    "message": {"role": "assistant", "content": null, "tool_calls": calls.whole(), "refusal": null},
+                    "logprobs": logprobs,
+                    "finish_reason": calls.reason(reason),
+                }));
+                continue;
+            }
             all.push(match self.kind {
                 Kind::Completion => {
                     json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason})

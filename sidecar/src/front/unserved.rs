@@ -1,6 +1,6 @@
 //! Fields of OpenAI's (and vLLM's) completion requests that change the answer but that the
-//! built-in engines do not act on yet. A client that sends one expects a different answer — a tool
-//! call for `tools`, the prompt echoed for `echo` — so it is refused
+//! built-in engines do not act on yet. A client that sends one expects a different answer — a
+//! function call for the legacy `functions`, the prompt echoed for `echo` — so it is refused
 //! with a 400 naming the field, rather than answered with free prose and a 200. Each is accepted
 //! at its neutral value (what sending nothing means), since clients and SDKs fill some of them in
 //! by default. Fields that do not change the answer (`user`, `metadata`, `store`, `service_tier`,
@@ -73,9 +73,7 @@ const UNSERVED: &[(&str, Neutral)] = &[
     ("best_of", Neutral::Numbers(&[1.0])),
     ("use_beam_search", Neutral::Bool(false)),
     ("suffix", Neutral::Empty),
-    ("tools", Neutral::Empty),
     ("functions", Neutral::Empty),
-    ("tool_choice", Neutral::Strings(&["none", "auto"])),
     ("function_call", Neutral::Strings(&["none", "auto"])),
     ("modalities", Neutral::TextOnly),
     ("audio", Neutral::Null),
@@ -131,13 +129,11 @@ mod tests {
             refused(json!({"echo": true})).unwrap(),
             "'echo' is true; this model's engine does not act on it yet (leave it out or send false)"
         );
-        assert!(refused(json!({"tools": [{"type": "function", "function": {"name": "f"}}]}))
-            .unwrap()
-            .starts_with("'tools' is"));
+        assert!(refused(json!({"functions": [{"name": "f"}]})).unwrap().starts_with("'functions' is"));
         assert!(refused(json!({"best_of": 3})).unwrap().contains("send 1"));
-        assert!(refused(json!({"tool_choice": "required"})).unwrap().contains("\"none\" or \"auto\""));
+        assert!(refused(json!({"function_call": "f"})).unwrap().contains("\"none\" or \"auto\""));
         assert!(refused(json!({"modalities": ["text", "audio"]})).unwrap().starts_with("'modalities'"));
-        let long = refused(json!({"tools": (0..100).map(|i| json!({"n": i})).collect::<Vec<_>>()})).unwrap();
+        let long = refused(json!({"functions": (0..100).map(|i| json!({"n": i})).collect::<Vec<_>>()})).unwrap();
         assert!(long.contains("...;") && long.len() < 200, "{long}");
     }
 

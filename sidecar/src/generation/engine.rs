@@ -183,11 +183,7 @@ pub struct StepInput {
 }
 
 /// A message of a chat conversation.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
-pub struct Message {
-    pub role: String,
-    pub content: String,
-}
+pub use ferry_llm::Message;
 
 /// The model's text side.
 pub trait LanguageModel: Send + Sync + 'static {

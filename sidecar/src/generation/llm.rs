@@ -151,15 +151,15 @@ impl LanguageModel for LlmEngine {
     }
 
     fn chat(&self, messages: &[Message], options: &ChatOptions) -> Result<String, String> {
-        self.model.text().chat(&ours(messages), options)
+        self.model.text().chat(messages, options)
     }
 
     fn chat_tokens(&self, messages: &[Message], options: &ChatOptions) -> Result<Vec<u32>, String> {
         let text = self.model.text();
         if self.message_specials {
-            return text.encode(&text.chat(&ours(messages), options)?);
+            return text.encode(&text.chat(messages, options)?);
         }
-        text.chat_tokens(&ours(messages), options)
+        text.chat_tokens(messages, options)
     }
 
     fn detokenizer(&self) -> Box<dyn Detokenizer> {
@@ -178,11 +178,6 @@ impl LanguageModel for LlmEngine {
         let grammars = self.grammars.as_ref().map_err(String::clone)?;
         Ok(Guide::new(grammars.compile(format)?))
     }
-}
-
-/// The messages as the decoder's crate takes them.
-fn ours(messages: &[Message]) -> Vec<ferry_llm::Message> {
-    messages.iter().map(|m| ferry_llm::Message { role: m.role.clone(), content: m.content.clone() }).collect()
 }
 
 struct Text(ferry_llm::TextStream);
