@@ -187,6 +187,11 @@ pub struct Cli {
     /// sends those characters as text, not a system turn. [default: false]
     #[arg(long, env = "FERRY_SPECIAL_TOKENS_IN_MESSAGES", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub special_tokens_in_messages: Option<bool>,
+    /// Reads tool calls out of the model's free text, so that chats with tools may leave
+    /// `tool_choice` at `auto` (vLLM's `--enable-auto-tool-choice --tool-call-parser`): `hermes`
+    /// (`<tool_call>{...}</tool_call>`: Hermes, Qwen 2.5 and 3). Engines llm and sim-llm.
+    #[arg(long, env = "FERRY_TOOL_CALL_PARSER")]
+    pub tool_call_parser: Option<String>,
     /// Fixed time per step of the sim-llm engine (spec.engine.sim.stepTime). [default: 10ms]
     #[arg(long, env = "FERRY_SIM_STEP_TIME", value_parser = duration::parse_fine)]
     pub sim_step_time: Option<Duration>,
@@ -218,6 +223,8 @@ pub struct GenerationSettings {
     pub prefix_cache: bool,
     /// Special tokens typed in messages are read as tokens (`--special-tokens-in-messages`).
     pub special_tokens_in_messages: bool,
+    /// Reads tool calls out of the model's free text (`--tool-call-parser`).
+    pub tool_call_parser: Option<crate::front::tools::Parser>,
 }
 
 /// The engine to run, with its settings.
@@ -496,6 +503,10 @@ impl Settings {
                 max_queue_tokens: cli.max_queue_tokens.or(generation.max_queue_tokens).unwrap_or(1 << 18),
                 prefix_cache: cli.prefix_cache.or(generation.prefix_cache).unwrap_or(true),
                 special_tokens_in_messages: cli.special_tokens_in_messages.unwrap_or(false),
+                tool_call_parser: match cli.tool_call_parser.as_deref() {
+                    None => None,
+                    Some(name) => Some(name.parse().map_err(ConfigError)?),
+                },
             },
         };
         s.check()?;
@@ -684,6 +695,11 @@ spec:
         let err = Settings::merge(cli(&["--sim-fail-rate", "1.5"]), Manifest::default()).unwrap_err();
         assert_eq!(err.0, "--sim-fail-rate is 1.5; it must be a probability between 0 and 1");
         let llm = ["--engine", "llm", "--model-source", "m.gguf"];
+        let err = Settings::merge(cli(&[&llm[..], &["--tool-call-parser", "mistral"]].concat()), Manifest::default())
+            .unwrap_err();
+        assert_eq!(err.0, "--tool-call-parser is 'mistral'; this server reads hermes");
+        let hermes = Settings::merge(cli(&[&llm[..], &["--tool-call-parser", "hermes"]].concat()), Manifest::default());
+        assert_eq!(hermes.unwrap().generation.tool_call_parser, Some(crate::front::tools::Parser::Hermes));
         let err = Settings::merge(cli(&[&llm[..], &["--dtype", "q4"]].concat()), Manifest::default()).unwrap_err();
         assert_eq!(err.0, "--dtype is 'q4'; it must be auto or float32");
         let err =

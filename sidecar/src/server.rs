@@ -253,6 +253,7 @@ fn build_generation(settings: &Settings, metrics: &Metrics) -> Result<(Front, Lo
         backend,
         ttft_budget: g.ttft_budget,
         itl: g.max_inter_token_latency,
+        tool_parser: g.tool_call_parser,
     };
     let deadlines = deadlines(settings);
     let front = Front::new(

@@ -287,6 +287,9 @@ def test_a_stream_cut_by_its_deadline_ends_with_an_error_event_and_no_done():
         assert "deadline" in str(e.value)
     finally:
         s.stop()
+    # Started without a parser, the server refuses auto, saying what to send.
+    status, text = raw(sidecar, "POST", "/v1/chat/completions", body)
+    assert status == 400 and "started without --tool-call-parser" in json.loads(text)["error"]["message"], text
 
 
 def test_sigterm_lets_running_streams_finish_and_refuses_new_ones():
@@ -475,3 +478,42 @@ def test_the_api_port_answers_where_openai_compatible_clients_probe(sidecar):
     # The metrics, where an endpoint picker scrapes the pods it routes to (the API port).
     status, body = raw(sidecar, "GET", "/metrics")
     assert status == 200 and "ferry_kv_cache_config_info{" in body, body[:500]
+
+
+def test_free_text_tool_calls_are_read_with_a_tool_call_parser(sidecar, openai_schema):
+    # sim-llm answers with its prompt's words, so a prompt holding a Hermes-tagged call (one
+    # word: no spaces in it) is answered with that call among text, as a model writes one.
+    call = '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>'
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": f"Looking: {call} done"}], "tools": tools,
+            "max_tokens": 3}
+    s = Sidecar(tool_call_parser="hermes")
+    try:
+        status, text = raw(s, "POST", "/v1/chat/completions", body)
+        assert status == 200, text
+        answer = json.loads(text)
+        assert not invalid(openai_schema("CreateChatCompletionResponse"), answer), answer
+        message = answer["choices"][0]["message"]
+        assert message["content"] == "Looking:  done"
+        assert [(c["type"], c["function"]) for c in message["tool_calls"]] == [
+            ("function", {"name": "get_weather", "arguments": '{"city":"Paris"}'})
+        ]
+        # Cut by max_tokens, the answer says so; ended by the model, it would say tool_calls.
+        assert answer["choices"][0]["finish_reason"] == "length"
+        status, chunks = raw(s, "POST", "/v1/chat/completions", {**body, "stream": True})
+        assert status == 200
+        for chunk in chunks:
+            assert not invalid(openai_schema("CreateChatCompletionStreamResponse"), chunk), chunk
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+        assert "".join(d.get("content") or "" for d in deltas) == message["content"]
+        pieces = [p for d in deltas for p in d.get("tool_calls") or []]
+        assert [p["function"] for p in pieces] == [c["function"] for c in message["tool_calls"]]
+        # Without a tool call in the answer, the text is the answer.
+        plain = {**body, "messages": [{"role": "user", "content": "a <b c"}]}
+        status, text = raw(s, "POST", "/v1/chat/completions", plain)
+        assert json.loads(text)["choices"][0]["message"] == {"role": "assistant", "content": "a <b c", "refusal": None}
+    finally:
+        s.stop()
+    # Started without a parser, the server refuses auto, saying what to send.
+    status, text = raw(sidecar, "POST", "/v1/chat/completions", body)
+    assert status == 400 and "started without --tool-call-parser" in json.loads(text)["error"]["message"], text

@@ -192,9 +192,10 @@ async fn admit(
     let (call, tokens, body) = match &served.backend {
         Backend::Steps(steps) => {
             let engine = steps.get().expect("ready: loaded").0.clone();
+            let tool_parser = served.tool_parser;
             let read = move || -> Result<(Call, Vec<Vec<u32>>), Refusal> {
                 let model = engine.model();
-                let mut call = prompt::parse(&bytes, kind, Some(model))?;
+                let mut call = prompt::parse(&bytes, kind, Some(model), tool_parser)?;
                 let listed = !call.more.is_empty();
                 let first = (std::mem::take(&mut call.prompt), call.ids.take());
                 let mut prompts = Vec::with_capacity(1 + call.more.len());
@@ -235,7 +236,7 @@ async fn admit(
             (call, Tokens::Ids(tokens), None)
         }
         Backend::Relay(relay) => {
-            let call = prompt::parse(&bytes, kind, None)?;
+            let call = prompt::parse(&bytes, kind, None, None)?;
             let body: Value = serde_json::from_slice(&bytes).map_err(|e| Refusal::invalid(e.to_string()))?;
             // Token ids are counted; a text is counted by the upstream where it says, else
             // estimated from its bytes. A list of prompts is planned by its longest (the

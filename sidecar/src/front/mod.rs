@@ -9,7 +9,8 @@
 //! - [`openai`]: OpenAI's `POST /v1/embeddings` (parse, encode, errors in OpenAI's shape).
 //! - [`generate`]: OpenAI's `POST /v1/completions`, `POST /v1/chat/completions` (streamed as
 //!   server-sent events, or whole) and `GET /v1/models`, for generation models; [`prompt`] reads
-//!   their bodies, [`format`] the structured output they ask for; [`shape`] writes OpenAI's answers, [`relayed`] merges an upstream's chunks and
+//!   their bodies, [`format`] the structured output they ask for, [`tools`] their tools (and
+//!   [`calls`] reads calls back out of the answer); [`shape`] writes OpenAI's answers, [`relayed`] merges an upstream's chunks and
 //!   [`choices`] merges the streams of `n` > 1 choices.
 //! - [`admit`]: the pipeline every protocol shares: checks, deadline and priority, the engine's
 //!   own checks, submission to the batcher, and the answer's headers.
@@ -21,6 +22,7 @@
 
 mod admit;
 pub mod binary;
+mod calls;
 mod choices;
 pub mod format;
 pub mod generate;
@@ -30,7 +32,7 @@ pub mod openai;
 pub mod prompt;
 mod relayed;
 mod shape;
-mod tools;
+pub mod tools;
 pub mod unserved;
 
 use std::hash::{BuildHasher, RandomState};
@@ -87,6 +89,8 @@ pub struct Generating {
     /// The default TTFT deadline and inter-token target.
     pub ttft_budget: std::time::Duration,
     pub itl: std::time::Duration,
+    /// Reads the model's tool calls out of its free text (`--tool-call-parser`).
+    pub tool_parser: Option<tools::Parser>,
 }
 
 /// What generates: a step engine in the sidecar, or an LLM server beside it.

@@ -278,8 +278,14 @@ pub fn model_of(bytes: &[u8]) -> Result<String, Refusal> {
 }
 
 /// Reads and checks the body of `kind`'s endpoint; `model` renders a conversation (without one,
-/// the upstream renders it, and the prompt is the messages' text, for its size).
-pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Result<Call, Refusal> {
+/// the upstream renders it, and the prompt is the messages' text, for its size); `tool_parser`
+/// reads a model's calls out of its free text, for `tool_choice: "auto"`.
+pub fn parse(
+    bytes: &[u8],
+    kind: Kind,
+    model: Option<&dyn LanguageModel>,
+    tool_parser: Option<tools::Parser>,
+) -> Result<Call, Refusal> {
     let mut body: Body = serde_json::from_slice(bytes)
         .map_err(|e| Refusal::invalid(format!("the body is not a valid completion request: {e}")))?;
     let empty = || Refusal::invalid("'prompt' is an empty list; send at least one prompt");
@@ -300,7 +306,9 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
     let tools = match (kind, model) {
         (_, None) => None,
         (Kind::Chat, Some(_)) => {
-            tools::read(body.rest.get("tools"), body.rest.get("tool_choice"), body.rest.get("parallel_tool_calls"))?
+            let (tools, choice, parallel) =
+                (body.rest.get("tools"), body.rest.get("tool_choice"), body.rest.get("parallel_tool_calls"));
+            tools::read(tools, choice, parallel, tool_parser)?
         }
         (Kind::Completion, Some(_)) => {
             let given = |f: &str| body.rest.get(f).is_some_and(|v| !v.is_null() && *v != Value::Array(vec![]));
@@ -442,7 +450,7 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
     let guide = match model {
         Some(model) => {
             unserved::check(&body.rest)?;
-            let forced = tools.as_ref().and_then(|t| t.forced.as_ref());
+            let forced = tools.as_ref().and_then(|t| t.format.as_ref());
             match (format::read(&body.rest)?, forced) {
                 (Some((field, _)), Some(_)) => {
                     return Err(Refusal::invalid(format!(
@@ -452,7 +460,7 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
                 (Some((field, asked)), None) => Some(model.guide(&asked).map_err(|e| {
                     Refusal::invalid(format!("'{field}' is {}: {e}", format::shown(&body.rest[field])))
                 })?),
-                (None, Some((_, asked))) => Some(model.guide(asked).map_err(|e| {
+                (None, Some(asked)) => Some(model.guide(asked).map_err(|e| {
                     Refusal::invalid(format!("'tool_choice' is {}: {e}", format::shown(&body.rest["tool_choice"])))
                 })?),
                 (None, None) => None,
@@ -532,7 +540,7 @@ pub fn parse(bytes: &[u8], kind: Kind, model: Option<&dyn LanguageModel>) -> Res
         stream,
         include_usage: stream && body.stream_options.unwrap_or_default().include_usage,
         n,
-        tools: tools.and_then(|t| t.forced).map(|f| f.0),
+        tools: tools.and_then(|t| t.mode),
     })
 }
 
@@ -553,7 +561,7 @@ mod tests {
     }
 
     fn call(kind: Kind, body: serde_json::Value) -> Result<Call, Refusal> {
-        parse(body.to_string().as_bytes(), kind, Some(&model()))
+        parse(body.to_string().as_bytes(), kind, Some(&model()), None)
     }
 
     #[test]
@@ -579,7 +587,7 @@ mod tests {
         // template renders them: an upstream's prompt, for its size).
         let body = json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"},
                           {"type": "text", "text": "there"}]}]});
-        let c = parse(body.to_string().as_bytes(), Kind::Chat, None).unwrap();
+        let c = parse(body.to_string().as_bytes(), Kind::Chat, None, None).unwrap();
         assert_eq!(c.prompt, "hi\nthere");
     }
 
@@ -686,7 +694,7 @@ mod tests {
         assert_eq!(refused.outcome, ferry_core::outcome::Outcome::Invalid);
         assert!(refused.message.starts_with("'response_format' is {"), "{}", refused.message);
         // Without a model here, an upstream server answers: it reads the field itself.
-        assert!(parse(body.to_string().as_bytes(), Kind::Completion, None).is_ok());
+        assert!(parse(body.to_string().as_bytes(), Kind::Completion, None, None).is_ok());
     }
 
     #[test]
@@ -734,7 +742,7 @@ mod tests {
         )
         .contains("messages[0].content[0] is of type 'image_url'"));
         // A relay sends on what its upstream serves: n, logprobs, images.
-        let relayed = |kind, body: serde_json::Value| parse(body.to_string().as_bytes(), kind, None);
+        let relayed = |kind, body: serde_json::Value| parse(body.to_string().as_bytes(), kind, None, None);
         assert!(relayed(Kind::Completion, json!({"model": "m", "prompt": "a", "logprobs": 2, "n": 2})).is_ok());
         let image =
             json!([{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "x"}}]);

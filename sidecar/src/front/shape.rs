@@ -7,9 +7,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::http::HeaderMap;
 use serde_json::{json, Map, Value};
 
+use super::calls::{Calls, Delta};
 use super::prompt::Kind;
 use super::relayed::Merged;
-use super::tools::{Calls, Mode};
+use super::tools::Mode;
 use super::REQUEST_ID;
 use crate::generation::stream::{Finished, Piece, TokenLogprob};
 
@@ -182,14 +183,11 @@ impl Frame {
                                 if let (false, Some(calls)) = (self.calls.contains_key(&index), self.calls_of(index)) {
                                     self.calls.insert(index, calls);
                                 }
-                                let pieces = self.calls.get_mut(&index).map(|c| c.push(&text)).unwrap_or_default();
-                                if pieces.is_empty() && logprobs.is_null() && !first && !opening {
+                                let brought = self.calls.get_mut(&index).map(|c| c.push(&text)).unwrap_or_default();
+                                if brought == Delta::default() && logprobs.is_null() && !first && !opening {
                                     return None;
                                 }
-                                match pieces.is_empty() {
-                                    true => json!({}),
-                                    false => json!({"tool_calls": pieces}),
-                                }
+                                delta_of(brought)
                             }
                         };
                         if opening {
@@ -227,12 +225,17 @@ impl Frame {
 
     /// The chunk that ends choice `index` of the built-in engines' `n`.
     pub fn finish_at(&mut self, index: u64, f: &Finished, usage: bool) -> Value {
+        // What a call reader held back, in the last chunk.
+        let left = self.calls.get_mut(&index).map(Calls::finish).unwrap_or_default();
         let reason = self.calls.get(&index).map_or(f.reason.as_str(), |c| c.reason(f.reason.as_str()));
         let choice = match self.kind {
             Kind::Completion => json!({"index": index, "text": "", "logprobs": null, "finish_reason": reason}),
             Kind::Chat => {
+                let mut delta = delta_of(left);
                 // A choice that ends before any text still says whose turn it was.
-                let delta = if self.opened_choices.insert(index) { json!({"role": "assistant"}) } else { json!({}) };
+                if self.opened_choices.insert(index) {
+                    delta["role"] = Value::from("assistant");
+                }
                 json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": reason})
             }
         };
@@ -264,9 +267,15 @@ impl Frame {
             let (text, reason) = (gathered.text, f.reason.as_str());
             if let (Kind::Chat, Some(mut calls)) = (self.kind, self.calls_of(index)) {
                 calls.push(&text);
+                calls.finish();
+                let mut message = json!({"role": "assistant", "content": calls.content(), "refusal": null});
+                let made = calls.whole();
+                if !made.is_empty() {
+                    message["tool_calls"] = Value::Array(made);
+                }
                 all.push(json!({
                     "index": index,
-                    "message": {"role": "assistant", "content": null, "tool_calls": calls.whole(), "refusal": null},
+                    "message": message,
                     "logprobs": logprobs,
                     "finish_reason": calls.reason(reason),
                 }));
@@ -294,6 +303,18 @@ fn usage(ends: &[Finished], per_prompt: usize) -> Value {
     let prompt: u32 = ends.iter().step_by(per_prompt).map(|f| f.prompt_tokens).sum();
     let completion: u32 = ends.iter().map(|f| f.completion_tokens).sum();
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+/// A chat delta of what a call reader gave out: `content`, `tool_calls`, each where there is some.
+fn delta_of(brought: Delta) -> Value {
+    let mut delta = json!({});
+    if !brought.content.is_empty() {
+        delta["content"] = Value::from(brought.content);
+    }
+    if !brought.calls.is_empty() {
+        delta["tool_calls"] = Value::Array(brought.calls);
+    }
+    delta
 }
 
 /// What a whole answer gathers from its pieces.
