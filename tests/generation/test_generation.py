@@ -287,9 +287,6 @@ def test_a_stream_cut_by_its_deadline_ends_with_an_error_event_and_no_done():
         assert "deadline" in str(e.value)
     finally:
         s.stop()
-    # Started without a parser, the server refuses auto, saying what to send.
-    status, text = raw(sidecar, "POST", "/v1/chat/completions", body)
-    assert status == 400 and "started without --tool-call-parser" in json.loads(text)["error"]["message"], text
 
 
 def test_sigterm_lets_running_streams_finish_and_refuses_new_ones():
