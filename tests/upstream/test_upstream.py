@@ -299,6 +299,41 @@ def test_n_choices_and_logprobs_come_back_as_the_upstream_sent_them(llama, sidec
     assert (mine["text"], mine["logprobs"]) == (theirs["text"], theirs["logprobs"])
 
 
+def test_tool_calls_come_back_as_the_upstream_sent_them():
+    # llama.cpp answers SmolLM2's template (which has no tools) with prose even under
+    # tool_choice "required"; Ferry's own llm engine, an OpenAI-compatible server that decodes
+    # forced calls under the tools' schemas, is the upstream here instead. Its calls, whole and
+    # streamed (pieces gathered by index), come back through the relay as it wrote them.
+    upstream = Sidecar(None, engine="llm", model_source=gguf(), device="cpu")
+    relay = Sidecar(upstream.url)
+    try:
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}, "required": ["city"],
+            "additionalProperties": False}}}]
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": tools,
+                "tool_choice": "required", "max_tokens": 40, "temperature": 0}
+        own = direct(upstream, "/v1/chat/completions", chat)["choices"][0]
+        through = direct(relay, "/v1/chat/completions", chat)["choices"][0]
+        assert own["finish_reason"] == through["finish_reason"] == "tool_calls", through
+        calls = [(c["type"], c["function"]) for c in own["message"]["tool_calls"]]
+        assert [(c["type"], c["function"]) for c in through["message"]["tool_calls"]] == calls and calls
+        assert json.loads(calls[0][1]["arguments"])["city"]
+        gathered, finish = {}, None
+        for chunk in relay.client.chat.completions.create(**{**chat, "stream": True}):
+            for c in chunk.choices:
+                finish = c.finish_reason or finish
+                for piece in c.delta.tool_calls or []:
+                    g = gathered.setdefault(piece.index, {"type": None, "name": None, "arguments": ""})
+                    g["type"] = piece.type or g["type"]
+                    g["name"] = (piece.function.name if piece.function else None) or g["name"]
+                    g["arguments"] += (piece.function.arguments if piece.function else None) or ""
+        assert [(g["type"], {"name": g["name"], "arguments": g["arguments"]}) for g in gathered.values()] == calls
+        assert finish == "tool_calls"
+    finally:
+        relay.stop()
+        upstream.stop()
+
+
 def test_an_answer_without_max_tokens_is_as_long_as_the_upstreams_own(llama, sidecar):
     # Greedy, "Once upon a time" runs 59 tokens to its first newline: more than any default cap.
     body = {"prompt": "Once upon a time", "temperature": 0, "stop": ["\n"]}
