@@ -24,6 +24,8 @@ from pathlib import Path
 
 sidecar_bin, gguf, tokenizer, venv, out = sys.argv[1:6]
 bin_dir = Path(venv) / "bin"
+# Not HF_HUB_OFFLINE: aiperf's offline mode looks a local tokenizer path up in the hub's cache and
+# fails; online, a local path loads as it is (a hub request fails at once: no name resolves).
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("HF_HUB_OFFLINE")}
 ENV.update({"HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
 

@@ -71,8 +71,10 @@ impl Grammars {
     pub fn compile(&self, format: &Format) -> Result<Guide, String> {
         let grammar = match format {
             Format::JsonObject => TopLevelGrammar::from_json_schema(compact(json!({"type": "object"}))),
+            Format::JsonSchema(Value::Bool(true)) => TopLevelGrammar::from_json_schema(compact(json!({}))),
+            Format::JsonSchema(Value::Bool(false)) => return Err("the schema is false, which no value keeps to".into()),
             Format::JsonSchema(schema) => {
-                if !schema.is_object() && !schema.is_boolean() {
+                if !schema.is_object() {
                     return Err(format!("the schema is {}; a JSON schema is an object", kind(schema)));
                 }
                 TopLevelGrammar::from_json_schema(compact(schema.clone()))
@@ -136,22 +138,23 @@ impl std::fmt::Debug for Guide {
 impl Guide {
     /// A constraint at the start of an answer.
     pub fn start(&self) -> Constraint {
-        Constraint { matcher: self.start.deep_clone(), taken: 0, after: 0 }
+        Constraint { matcher: self.start.deep_clone(), fed: Vec::new() }
     }
 }
 
 /// One sequence's place in its format.
 pub struct Constraint {
     matcher: Matcher,
-    /// Tokens of the answer the matcher has taken.
-    taken: u32,
-    /// Tokens of the answer after the format ended (end tokens an `ignore_eos` answer draws on).
-    after: u32,
+    /// For each token of the answer so far, whether the matcher took it: end tokens are not
+    /// given to it (the matcher does not count one that ends a pending lexeme, so stepping back
+    /// over it would step back one token too many), nor tokens drawn after the format ended
+    /// (an `ignore_eos` answer's).
+    fed: Vec<bool>,
 }
 
 impl std::fmt::Debug for Constraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Constraint").field("taken", &self.taken).field("after", &self.after).finish()
+        f.debug_struct("Constraint").field("answered", &self.fed.len()).finish()
     }
 }
 
@@ -169,12 +172,12 @@ impl Constraint {
     /// allowed).
     pub fn take(&mut self, answered: u32, token: u32) -> Result<(), String> {
         self.back_to(answered)?;
-        if self.matcher.is_stopped() {
-            self.after += 1;
-        } else {
+        let end = self.matcher.tok_env().is_ok_and(|env| env.tok_trie().eos_tokens().contains(&token));
+        let feed = !end && !self.matcher.is_stopped();
+        if feed {
             self.matcher.consume_token(token).map_err(|e| e.to_string())?;
-            self.taken += 1;
         }
+        self.fed.push(feed);
         Ok(())
     }
 
@@ -185,19 +188,15 @@ impl Constraint {
 
     /// Steps back to the place after `answered` tokens of the answer.
     fn back_to(&mut self, answered: u32) -> Result<(), String> {
-        let at = self.taken + self.after;
-        if answered > at {
+        let at = self.fed.len();
+        if answered as usize > at {
             return Err(format!(
                 "the structured output's state is at token {at} of the answer, asked for token {answered}"
             ));
         }
-        let mut back = at - answered;
-        let after = back.min(self.after);
-        self.after -= after;
-        back -= after;
+        let back = self.fed.drain(answered as usize..).filter(|fed| *fed).count();
         if back > 0 {
-            self.matcher.rollback(back as usize).map_err(|e| e.to_string())?;
-            self.taken -= back;
+            self.matcher.rollback(back).map_err(|e| e.to_string())?;
         }
         Ok(())
     }

@@ -282,6 +282,20 @@ impl Text {
         let specials: Vec<String> =
             self.tokenizer.get_added_tokens_decoder().into_values().filter(|t| t.special).map(|t| t.content).collect();
         let holds = |text: &str| specials.iter().find(|s| !s.is_empty() && text.contains(s.as_str())).cloned();
+        // The rest the template writes from the request — tools, a message's tool calls and name —
+        // is not kept apart as a message's text is: a special token there is refused.
+        let tools = options.tools.iter().flatten().enumerate().map(|(i, t)| (format!("tools[{i}]"), t));
+        let extras = messages
+            .iter()
+            .enumerate()
+            .flat_map(|(i, m)| m.extra.iter().map(move |(k, v)| (format!("messages[{i}].{k}"), v)));
+        for (field, value) in tools.chain(extras) {
+            if let Some(special) = strings(value).find_map(holds) {
+                return Err(format!(
+                    "{field} holds the special token '{special}', which only the chat template may write; remove it"
+                ));
+            }
+        }
         let Some((first, special)) = messages.iter().enumerate().find_map(|(i, m)| Some((i, holds(&m.content)?)))
         else {
             return self.encode(&rendered);
@@ -369,6 +383,16 @@ impl Text {
             [] => self.tokenizer.id_to_token(token).unwrap_or_default().into_bytes(),
             bytes => bytes.to_vec(),
         }
+    }
+}
+
+/// Every string in a JSON value, keys included.
+fn strings(value: &Json) -> Box<dyn Iterator<Item = &str> + '_> {
+    match value {
+        Json::String(s) => Box::new(std::iter::once(s.as_str())),
+        Json::Array(a) => Box::new(a.iter().flat_map(strings)),
+        Json::Object(o) => Box::new(o.iter().flat_map(|(k, v)| std::iter::once(k.as_str()).chain(strings(v)))),
+        _ => Box::new(std::iter::empty()),
     }
 }
 

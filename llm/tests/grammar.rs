@@ -159,10 +159,37 @@ fn a_constraint_that_steps_back_allows_what_it_allowed_there() {
 }
 
 #[test]
+fn an_end_token_that_ends_an_open_lexeme_steps_back_as_one_token() {
+    // A bare number's last lexeme is open until an end token closes it: llguidance takes that
+    // end token without counting it, so the constraint must not count it either, or stepping back
+    // over it would undo a digit too.
+    let (model, grammars) = load();
+    let guide = grammars.compile(&Format::Regex("[0-9]+".into())).unwrap();
+    let digits = model.text().encode("123").unwrap();
+    let end = model.text().end_tokens()[0];
+    let mut c = guide.start();
+    let mut masks = Vec::new();
+    for (i, &t) in digits.iter().enumerate() {
+        masks.push(c.mask(i as u32).unwrap());
+        c.take(i as u32, t).unwrap();
+    }
+    let before_end = c.mask(digits.len() as u32).unwrap();
+    assert!(before_end[end as usize / 32] >> (end % 32) & 1 == 1, "the number may end");
+    c.take(digits.len() as u32, end).unwrap();
+    // Back over the end token alone, then over the digits: each place allows what it did.
+    assert_eq!(c.mask(digits.len() as u32).unwrap(), before_end);
+    for i in (0..digits.len()).rev() {
+        assert_eq!(c.mask(i as u32).unwrap(), masks[i], "at token {i}");
+    }
+}
+
+#[test]
 fn formats_that_cannot_compile_are_refused_with_the_reason() {
     let (_, grammars) = load();
     let refused = |f: Format| grammars.compile(&f).expect_err("refused");
     assert!(refused(Format::JsonSchema(json!(5))).contains("a JSON schema is an object"));
+    assert!(refused(Format::JsonSchema(json!(false))).contains("no value keeps to"));
+    assert!(grammars.compile(&Format::JsonSchema(json!(true))).is_ok());
     let e = refused(Format::JsonSchema(json!({"type": "integer", "minimum": 5, "maximum": 2})));
     assert!(!e.is_empty() && !e.contains('\n'), "{e}");
     let e = refused(Format::Regex("[a-".into()));

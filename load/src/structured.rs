@@ -42,6 +42,8 @@ fn body(salt: u64, constrained: bool) -> Value {
     });
     if constrained {
         body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "fruits", "schema": schema()}});
+        // Room for the longest answer the schema allows, so that none is cut short.
+        body["max_tokens"] = json!(4 * TOKENS);
     } else {
         body["ignore_eos"] = json!(true);
     }

@@ -20,10 +20,10 @@ use serde_json::{json, Value};
 use std::time::Instant;
 
 use super::admit::read_body;
-use super::choices;
 use super::openai::error_body;
 use super::prompt::{self, Call, Kind, DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKENS};
 use super::shape::{Frame, Gathered};
+use super::{choices, format};
 use super::{status_of, Backend, Front, Generating, Shared, SERVER_TIMING};
 use crate::deadline::TIMEOUT_HEADER;
 use crate::generation::engine::Guide;
@@ -193,6 +193,12 @@ async fn admit(
         Backend::Steps(steps) => {
             let engine = steps.get().expect("ready: loaded").0.clone();
             let tool_parser = served.tool_parser;
+            // A structured output's format is compiled while the body is read: milliseconds, more
+            // for a large schema, whatever the body's size.
+            let compiles = format::FIELDS.iter().chain(&["tools"]).any(|field| {
+                let quoted = format!("\"{field}\"");
+                bytes.windows(quoted.len()).any(|w| w == quoted.as_bytes())
+            });
             let read = move || -> Result<(Call, Vec<Vec<u32>>), Refusal> {
                 let model = engine.model();
                 let mut call = prompt::parse(&bytes, kind, Some(model), tool_parser)?;
@@ -226,7 +232,7 @@ async fn admit(
                 }
                 Ok((call, prompts))
             };
-            let (call, tokens) = if size as usize > OFFLOAD_BYTES {
+            let (call, tokens) = if size as usize > OFFLOAD_BYTES || compiles {
                 tokio::task::spawn_blocking(read)
                     .await
                     .map_err(|e| Refusal::new(Outcome::Failed, format!("reading the request failed: {e}")))??

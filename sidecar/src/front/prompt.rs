@@ -311,9 +311,15 @@ pub fn parse(
             tools::read(tools, choice, parallel, tool_parser)?
         }
         (Kind::Completion, Some(_)) => {
-            let given = |f: &str| body.rest.get(f).is_some_and(|v| !v.is_null() && *v != Value::Array(vec![]));
-            if let Some(field) = ["tools", "tool_choice"].into_iter().find(|f| given(f)) {
-                return Err(Refusal::invalid(format!("'{field}' is for chat completions")));
+            // At their neutral values (no tools, "none" or "auto") they ask nothing.
+            let neutral = |v: &Value| v.is_null() || *v == Value::Array(vec![]) || *v == "none" || *v == "auto";
+            for field in ["tools", "tool_choice"] {
+                if let Some(v) = body.rest.get(field).filter(|v| !neutral(v)) {
+                    return Err(Refusal::invalid(format!(
+                        "'{field}' is {}; tools are for chat completions",
+                        format::shown(v)
+                    )));
+                }
             }
             None
         }
@@ -392,7 +398,8 @@ pub fn parse(
                         )));
                     }
                     let mut extra = Map::new();
-                    if let Some(calls) = m.tool_calls.filter(|c| !c.is_null()) {
+                    // (An upstream server renders and judges its own messages.)
+                    if let Some(calls) = m.tool_calls.filter(|c| !c.is_null() && model.is_some()) {
                         extra.insert("tool_calls".into(), tools::calls_for_template(i, &calls)?);
                     }
                     for (field, value) in [("tool_call_id", m.tool_call_id), ("name", m.name)] {

@@ -85,15 +85,18 @@ pub fn read(
     let mut named: Vec<(String, Value)> = Vec::with_capacity(tools.len());
     for (i, tool) in tools.iter().enumerate() {
         if tool.get("type").and_then(Value::as_str) != Some("function") {
-            return Err(invalid(format!("'tools'[{i}] must be {{\"type\": \"function\", \"function\": {{...}}}}")));
+            return Err(invalid(format!(
+                "'tools'[{i}] is {}; it must be {{\"type\": \"function\", \"function\": {{...}}}}",
+                super::format::shown(tool)
+            )));
         }
         let function = &tool["function"];
         let name = function.get("name").and_then(Value::as_str).filter(|n| !n.is_empty());
-        let name = name.ok_or_else(|| invalid(format!("'tools'[{i}].function.name is missing")))?;
+        let name = name.ok_or_else(|| invalid(format!("'tools'[{i}].function.name must be a name (a string)")))?;
         if named.iter().any(|(n, _)| n == name) {
             return Err(invalid(format!("'tools'[{i}].function.name '{name}' names a tool twice")));
         }
-        let parameters = match function.get("parameters") {
+        let mut parameters = match function.get("parameters") {
             None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
             Some(p @ Value::Object(_)) => p.clone(),
             Some(p) => {
@@ -103,6 +106,18 @@ pub fn read(
                 )))
             }
         };
+        // A call's arguments are an object (OpenAI's): said where the schema leaves it open.
+        match parameters.get("type") {
+            None => {
+                parameters["type"] = json!("object");
+            }
+            Some(t) if t == "object" => {}
+            Some(t) => {
+                return Err(invalid(format!(
+                    "'tools'[{i}].function.parameters has the type {t}; a call's arguments are an object"
+                )))
+            }
+        }
         named.push((name.to_owned(), parameters));
     }
     let one_at_a_time = parallel == Some(&Value::Bool(false));
@@ -115,20 +130,45 @@ pub fn read(
         None => return auto(format!("'tools' is a list of {} and 'tool_choice' is \"auto\" by default", tools.len())),
         Some(Value::String(c)) if c == "auto" => return auto("'tool_choice' is \"auto\"".into()),
         Some(Value::String(c)) if c == "required" => {
-            let each: Vec<Value> = named
-                .iter()
-                .map(|(name, parameters)| {
-                    json!({
-                        "type": "object",
-                        "properties": {"name": {"const": name}, "parameters": parameters},
-                        "required": ["name", "parameters"],
-                        "additionalProperties": false,
-                    })
-                })
-                .collect();
+            // Each tool's definitions move to the list's root, where its `$ref`s (`#/$defs/X`)
+            // look for them once its schema is nested (as vLLM does); a name two tools define
+            // differently cannot be shared.
+            let mut defs = serde_json::Map::new();
+            let mut each = Vec::with_capacity(named.len());
+            for (i, (name, parameters)) in named.iter().enumerate() {
+                let mut parameters = parameters.clone();
+                for key in ["$defs", "definitions"] {
+                    let Some(Value::Object(own)) = parameters.as_object_mut().and_then(|p| p.remove(key)) else {
+                        continue;
+                    };
+                    let shared = defs.entry(key).or_insert_with(|| json!({}));
+                    for (def, schema) in own {
+                        match shared.get(&def) {
+                            Some(other) if *other != schema => {
+                                return Err(invalid(format!(
+                                    "'tools'[{i}].function.parameters defines {key}/{def} unlike another tool; \
+                                     under tool_choice \"required\" the tools' definitions are shared: rename it"
+                                )))
+                            }
+                            _ => {
+                                shared[def.as_str()] = schema;
+                            }
+                        }
+                    }
+                }
+                each.push(json!({
+                    "type": "object",
+                    "properties": {"name": {"const": name}, "parameters": parameters},
+                    "required": ["name", "parameters"],
+                    "additionalProperties": false,
+                }));
+            }
             let mut list = json!({"type": "array", "items": {"anyOf": each}, "minItems": 1});
             if one_at_a_time {
                 list["maxItems"] = json!(1);
+            }
+            for (key, shared) in defs {
+                list[key.as_str()] = shared;
             }
             (Mode::Required, Format::JsonSchema(list))
         }
@@ -232,6 +272,28 @@ mod tests {
         assert_eq!(read(None, None, None, None).unwrap(), None);
         assert_eq!(read(Some(&json!([])), Some(&json!("auto")), None, None).unwrap(), None);
 
+        // Definitions move to the list's root; a name defined twice differently is refused.
+        let with_defs = |unit: &str| {
+            json!({"type": "function", "function": {"name": format!("f{unit}"), "parameters": {
+                "type": "object", "properties": {"t": {"$ref": "#/$defs/Temp"}},
+                "$defs": {"Temp": {"type": "number", "description": unit}}}}})
+        };
+        let t = read(Some(&json!([with_defs("c")])), Some(&json!("required")), None, None).unwrap().unwrap();
+        let Some(Format::JsonSchema(schema)) = t.format else { panic!() };
+        assert_eq!(schema["$defs"]["Temp"]["description"], "c");
+        assert!(schema["items"]["anyOf"][0]["properties"]["parameters"].get("$defs").is_none());
+        let twice = json!([with_defs("c"), with_defs("f")]);
+        let e = read(Some(&twice), Some(&json!("required")), None, None).unwrap_err().message;
+        assert!(e.starts_with("'tools'[1].function.parameters defines $defs/Temp unlike another tool"), "{e}");
+        // Arguments are an object: an open schema says so, another type is refused.
+        let open = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+        let named = json!({"type": "function", "function": {"name": "f"}});
+        let t = read(Some(&open), Some(&named), None, None).unwrap().unwrap();
+        assert_eq!(t.format, Some(Format::JsonSchema(json!({"type": "object"}))));
+        let number = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "number"}}}]);
+        let e = read(Some(&number), Some(&named), None, None).unwrap_err().message;
+        assert!(e.contains("has the type \"number\"; a call's arguments are an object"), "{e}");
+
         let refused = |tools: Value, choice: Value| read(Some(&tools), Some(&choice), None, None).unwrap_err().message;
         assert!(refused(tools.clone(), json!("auto")).contains("'tool_choice' is \"auto\""));
         assert!(read(Some(&tools), None, None, None)
@@ -243,7 +305,8 @@ mod tests {
         assert!(refused(json!([{"type": "function", "function": {}}]), json!("required"))
             .contains("'tools'[0].function.name"));
         assert!(refused(json!([weather(), weather()]), json!("required")).contains("twice"));
-        assert!(refused(json!([{"type": "code"}]), json!("required")).contains("'tools'[0] must be"));
+        assert!(refused(json!([{"type": "code"}]), json!("required"))
+            .contains("'tools'[0] is {\"type\":\"code\"}; it must be"));
         assert!(read(None, Some(&json!("required")), None, None).unwrap_err().message.contains("it needs 'tools'"));
     }
 
