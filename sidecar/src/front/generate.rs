@@ -195,10 +195,11 @@ async fn admit(
             let tool_parser = served.tool_parser;
             // A structured output's format is compiled while the body is read: milliseconds, more
             // for a large schema, whatever the body's size.
-            let compiles = format::FIELDS.iter().chain(&["tools"]).any(|field| {
-                let quoted = format!("\"{field}\"");
-                bytes.windows(quoted.len()).any(|w| w == quoted.as_bytes())
-            });
+            let offload = size as usize > OFFLOAD_BYTES
+                || format::FIELDS.iter().chain(&["tools"]).any(|field| {
+                    let quoted = format!("\"{field}\"");
+                    bytes.windows(quoted.len()).any(|w| w == quoted.as_bytes())
+                });
             let read = move || -> Result<(Call, Vec<Vec<u32>>), Refusal> {
                 let model = engine.model();
                 let mut call = prompt::parse(&bytes, kind, Some(model), tool_parser)?;
@@ -232,7 +233,7 @@ async fn admit(
                 }
                 Ok((call, prompts))
             };
-            let (call, tokens) = if size as usize > OFFLOAD_BYTES || compiles {
+            let (call, tokens) = if offload {
                 tokio::task::spawn_blocking(read)
                     .await
                     .map_err(|e| Refusal::new(Outcome::Failed, format!("reading the request failed: {e}")))??

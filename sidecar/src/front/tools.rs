@@ -56,10 +56,6 @@ pub struct Tools {
     pub format: Option<Format>,
 }
 
-fn invalid(message: String) -> Refusal {
-    Refusal::invalid(message)
-}
-
 /// Reads `tools`, `tool_choice` and `parallel_tool_calls`; `None` where no tool is given.
 /// `parser` reads calls in free text, for `auto`.
 pub fn read(
@@ -71,12 +67,16 @@ pub fn read(
     let tools = match tools.filter(|t| !t.is_null()) {
         None => {
             return match choice.filter(|c| !c.is_null() && *c != "none" && *c != "auto") {
-                Some(c) => Err(invalid(format!("'tool_choice' is {}; it needs 'tools'", super::format::shown(c)))),
+                Some(c) => {
+                    Err(Refusal::invalid(format!("'tool_choice' is {}; it needs 'tools'", super::format::shown(c))))
+                }
                 None => Ok(None),
             }
         }
         Some(Value::Array(tools)) => tools,
-        Some(other) => return Err(invalid(format!("'tools' is {}; it must be a list", super::format::shown(other)))),
+        Some(other) => {
+            return Err(Refusal::invalid(format!("'tools' is {}; it must be a list", super::format::shown(other))))
+        }
     };
     if tools.is_empty() {
         return Ok(None);
@@ -85,22 +85,23 @@ pub fn read(
     let mut named: Vec<(String, Value)> = Vec::with_capacity(tools.len());
     for (i, tool) in tools.iter().enumerate() {
         if tool.get("type").and_then(Value::as_str) != Some("function") {
-            return Err(invalid(format!(
+            return Err(Refusal::invalid(format!(
                 "'tools'[{i}] is {}; it must be {{\"type\": \"function\", \"function\": {{...}}}}",
                 super::format::shown(tool)
             )));
         }
         let function = &tool["function"];
         let name = function.get("name").and_then(Value::as_str).filter(|n| !n.is_empty());
-        let name = name.ok_or_else(|| invalid(format!("'tools'[{i}].function.name must be a name (a string)")))?;
+        let name =
+            name.ok_or_else(|| Refusal::invalid(format!("'tools'[{i}].function.name must be a name (a string)")))?;
         if named.iter().any(|(n, _)| n == name) {
-            return Err(invalid(format!("'tools'[{i}].function.name '{name}' names a tool twice")));
+            return Err(Refusal::invalid(format!("'tools'[{i}].function.name '{name}' names a tool twice")));
         }
         let mut parameters = match function.get("parameters") {
             None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
             Some(p @ Value::Object(_)) => p.clone(),
             Some(p) => {
-                return Err(invalid(format!(
+                return Err(Refusal::invalid(format!(
                     "'tools'[{i}].function.parameters is {}; it must be a JSON schema (an object)",
                     super::format::shown(p)
                 )))
@@ -113,7 +114,7 @@ pub fn read(
             }
             Some(t) if t == "object" => {}
             Some(t) => {
-                return Err(invalid(format!(
+                return Err(Refusal::invalid(format!(
                     "'tools'[{i}].function.parameters has the type {t}; a call's arguments are an object"
                 )))
             }
@@ -145,7 +146,7 @@ pub fn read(
                     for (def, schema) in own {
                         match shared.get(&def) {
                             Some(other) if *other != schema => {
-                                return Err(invalid(format!(
+                                return Err(Refusal::invalid(format!(
                                     "'tools'[{i}].function.parameters defines {key}/{def} unlike another tool; \
                                      under tool_choice \"required\" the tools' definitions are shared: rename it"
                                 )))
@@ -175,18 +176,18 @@ pub fn read(
         Some(c @ Value::Object(_)) => {
             let name = c.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
             let name = name.ok_or_else(|| {
-                invalid(format!(
+                Refusal::invalid(format!(
                     "'tool_choice' is {}; a named choice is {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}",
                     super::format::shown(c)
                 ))
             })?;
             let (_, parameters) = named.iter().find(|(n, _)| n == name).ok_or_else(|| {
-                invalid(format!("'tool_choice' names the function '{name}', which is not among 'tools'"))
+                Refusal::invalid(format!("'tool_choice' names the function '{name}', which is not among 'tools'"))
             })?;
             (Mode::Named(name.to_owned()), Format::JsonSchema(parameters.clone()))
         }
         Some(c) => {
-            return Err(invalid(format!(
+            return Err(Refusal::invalid(format!(
                 "'tool_choice' is {}; it must be \"none\", \"auto\", \"required\" or a named function",
                 super::format::shown(c)
             )))
@@ -197,7 +198,7 @@ pub fn read(
 }
 
 fn no_parser(what: String) -> Refusal {
-    invalid(format!(
+    Refusal::invalid(format!(
         "{what}: this server was started without --tool-call-parser, so it does not read tool calls out of the \
          model's free text; send 'tool_choice' \"required\" or a named function (decoded under the tools' \
          schemas), or \"none\""
@@ -207,20 +208,20 @@ fn no_parser(what: String) -> Refusal {
 /// A message's tool calls as a template reads them: each call's `arguments`, which OpenAI sends
 /// as JSON text, as the object it holds (as vLLM hands them to transformers' templates).
 pub fn calls_for_template(i: usize, calls: &Value) -> Result<Value, Refusal> {
-    let list = calls.as_array().ok_or_else(|| invalid(format!("messages[{i}].tool_calls must be a list")))?;
+    let list = calls.as_array().ok_or_else(|| Refusal::invalid(format!("messages[{i}].tool_calls must be a list")))?;
     list.iter()
         .enumerate()
         .map(|(j, call)| {
             let mut call = call.clone();
             let function = call.get_mut("function").and_then(Value::as_object_mut);
-            let function =
-                function.ok_or_else(|| invalid(format!("messages[{i}].tool_calls[{j}].function is missing")))?;
+            let function = function
+                .ok_or_else(|| Refusal::invalid(format!("messages[{i}].tool_calls[{j}].function is missing")))?;
             if !function.get("name").is_some_and(Value::is_string) {
-                return Err(invalid(format!("messages[{i}].tool_calls[{j}].function.name is missing")));
+                return Err(Refusal::invalid(format!("messages[{i}].tool_calls[{j}].function.name is missing")));
             }
             if let Some(Value::String(text)) = function.get("arguments") {
                 let parsed: Value = serde_json::from_str(text).map_err(|e| {
-                    invalid(format!("messages[{i}].tool_calls[{j}].function.arguments is not JSON: {e}"))
+                    Refusal::invalid(format!("messages[{i}].tool_calls[{j}].function.arguments is not JSON: {e}"))
                 })?;
                 function.insert("arguments".into(), parsed);
             }
