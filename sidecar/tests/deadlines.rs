@@ -11,9 +11,10 @@ use support::{body, metric_value, timing, Sidecar};
 /// A lone request whose deadline is the batch time + 30 ms, with `maxWait` far beyond it, so
 /// that the deadline rule (and its margin) alone decides when the batch leaves: 50 times in a
 /// row, after one request to warm the process, each is answered 200 — save at most one whose
-/// answer's way back took longer than the margin's high quantile of such trips (a quantile, not
-/// the most ever seen: CI saw one arrive 131 ms after arrival against 130), which is then a 504
-/// at its deadline and never a late 200.
+/// answer's way back, or whose batch's timer, took longer than the margin's high quantile (a
+/// quantile, not the most ever seen: CI saw one arrive 131 ms after arrival against 130, and a
+/// timer fire so late that 102 ms of batch were left for 101), which is then a 504 and never a
+/// late 200.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_deadline_driven_request_is_answered_in_time_every_time() {
     let s = Sidecar::start(&[
@@ -46,9 +47,14 @@ async fn a_lone_deadline_driven_request_is_answered_in_time_every_time() {
         let status = r.status();
         let queued = if status == 200 { timing(&r, "queue") } else { f64::NAN };
         let text = r.text().await.unwrap();
-        if status == 504 && text.contains("deadline passed while the answer was on its way") {
+        // Timer and trip jitter past the margin's quantile, once: the answer's way back took
+        // longer, or the batch's timer fired a millisecond late, so that leaving then would end
+        // past the deadline (CI saw 102 ms left of 101) — an honest 504 either way.
+        let jitter = text.contains("deadline passed while the answer was on its way")
+            || text.contains("deadline cannot be met any more");
+        if status == 504 && jitter {
             on_its_way.push(format!("run {run}: {text} after {elapsed:?}"));
-            assert!(on_its_way.len() <= 1, "more than one answer's trip outran the margin: {on_its_way:?}");
+            assert!(on_its_way.len() <= 1, "more than one request outran the margin: {on_its_way:?}");
             continue;
         }
         assert_eq!(status, 200, "run {run}: {text} after {elapsed:?}");
