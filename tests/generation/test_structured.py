@@ -73,7 +73,7 @@ def ask(sidecar, i, schema):
         response_format={"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema}},
         # Several times what these answers take (bounded strings, lists, enums and numbers), within
         # what the sidecar's default deadline lets it promise.
-        max_tokens=400,
+        max_tokens=200,
         temperature=[0.0, 0.8][i % 2],
         seed=i,
     )
