@@ -218,3 +218,67 @@ proptest! {
         }
     }
 }
+
+/// A trace CI's random cases found (kept whole: each request plays a part). The group of requests
+/// 5 and 6 arrives at 118 ms, its prompt all in the prefix cache but its last token: a chunk of
+/// one token attending 33 slots, which the steps' inter-token cap cuts to nothing while requests
+/// 8 and 9 prefill, so it waits at the head of the queue — and, by the step rule, holds back the
+/// batch-tier request 0 queued behind it, whose first chunk attends a single slot and would have
+/// started. Admission's forecast from events once took the two forecasts, with the group and
+/// without it, to be one until the group started; they part where the rule first looks at the
+/// group, and request 0, 0.8 ms late with it, made the group refused.
+#[test]
+fn a_newcomer_that_cannot_start_yet_holds_back_those_queued_behind_it() {
+    let us = Duration::from_micros(1);
+    let cost = StepCost {
+        fixed: us * 18_412,
+        per_decode: us * 1_296,
+        per_prefill_token: us * 19,
+        per_context_token: Duration::ZERO,
+        per_attended_slot: us,
+    };
+    let setup = Setup {
+        policy: Policy {
+            max_batch_tokens: 119,
+            max_sequences: 8,
+            max_queue: 64,
+            max_queue_bytes: 1 << 30,
+            max_queue_tokens: 1 << 20,
+            max_context: 4096,
+            watermark: 0,
+            discipline: Discipline::Deadlines,
+        },
+        blocks: 69,
+        block_size: 16,
+        cost,
+        prior: cost,
+        margin: Duration::from_millis(1),
+    };
+    let a = |at, prompt, max_tokens, ttft, itl, timeout| {
+        Arrival::new(at, prompt, max_tokens).ttft_ms(ttft).itl_ms(itl).timeout_ms(timeout)
+    };
+    let arrivals = [
+        a(60, 150, 8, 758, 29, 400).priority(Priority::Batch),
+        a(1, 73, 8, 24, 39, 269),
+        a(101, 1, 1, 20, 5, 20),
+        a(24, 12, 6, 62, 39, 246),
+        a(24, 23, 1, 20, 5, 20),
+        a(118, 33, 1, 147, 5, 147).shared(2, 33),
+        a(118, 33, 1, 147, 5, 147).shared(2, 33).fork_of(5),
+        a(85, 82, 4, 72, 39, 185).shared(0, 80),
+        a(53, 187, 12, 179, 39, 452).shared(2, 187),
+        a(53, 187, 12, 179, 39, 452).shared(2, 187).fork_of(8),
+        a(2, 186, 5, 84, 39, 230).shared(0, 80),
+        a(2, 1, 14, 84, 39, 460),
+    ];
+    let trace = replay(setup, &arrivals);
+    invariants(&setup, &arrivals, &trace).expect("the invariants");
+    let zero = &trace.fates[0];
+    assert!(zero.admitted, "request 0 was admitted when it came, with room to spare");
+    assert_eq!(zero.tokens.len(), 8, "request 0 got every token: {:?}", zero.end);
+    let last = *zero.tokens.last().expect("tokens");
+    assert!(last <= Duration::from_millis(460), "request 0's last token at {last:?}, its deadline 460 ms");
+    for (i, fate) in trace.fates.iter().enumerate().filter(|(_, f)| f.admitted) {
+        assert!(matches!(fate.end, Some((_, Ending::Finished(_)))), "admitted request {i} ended {:?}", fate.end);
+    }
+}

@@ -119,12 +119,15 @@ struct Forecast<'a> {
     finished: Vec<usize>,
 }
 
-/// The next step, composed: its decodes, its whole shape, how many waiting sequences it starts.
+/// The next step, composed: its decodes, its whole shape, how many waiting sequences it starts,
+/// and whether the one after them was looked at and could not start (its chunk cut to nothing),
+/// which stops those behind it.
 #[derive(Debug, Clone, Copy)]
 struct Next {
     decodes: StepShape,
     shape: StepShape,
     starts: usize,
+    stopped: bool,
 }
 
 /// Whether a forecast goes on after a step.
@@ -167,8 +170,17 @@ pub(super) enum Judged {
 /// The forecast without the newcomer, where it forked from the one with it, and how it goes on.
 type Fork<'a> = Option<(Forecast<'a>, Flow)>;
 
+/// Where the forecasts with and without the newcomer part: the one without (if harm is to be
+/// looked for), and how many sequences had ended by then (those ended alike in both).
+struct Parted<'a> {
+    without: Fork<'a>,
+    ended: usize,
+    flow: Flow,
+}
+
 /// [`super::admit`]'s question from events. The forecasts with and without the newcomer are one
-/// until it starts; from there they go on side by side, the one without only as far as a
+/// until the step rule first looks at it — it starts, or it cannot and so holds back those
+/// queued behind it; from there they go on side by side, the one without only as far as a
 /// sequence that ends broken with the newcomer needs it to tell whether it was broken anyway: the
 /// first such harm ends the question. Once the newcomer's first token is sure to be late, no
 /// harm is looked for: the forecast with it runs on only to say when that token comes.
@@ -187,9 +199,7 @@ pub(super) fn judge(
     let mut with = Forecast::start(s, in_flight, now, margin, Some(r), cached)?;
     let me = with.newcomer.expect("the newcomer is forecast");
     let mut members = Vec::new();
-    let (mut without, mut flow) = with.until_start(me, &mut members)?;
-    // What ended before the newcomer started ended alike without it.
-    let mut seen = with.finished.len();
+    let Parted { mut without, ended: mut seen, mut flow } = with.until_start(me, &mut members)?;
     while flow == Flow::Goes {
         flow = with.step(&mut members)?;
         if with.first_late() {
@@ -491,26 +501,38 @@ impl<'a> Forecast<'a> {
     }
 
     /// Runs until the newcomer `me` starts (or the forecast stops first), and returns the
-    /// forecast without it — this one as it stood before the step the newcomer starts in, the
-    /// newcomer taken out of the queue: the one copy an admission makes — unless the newcomer's
-    /// first token is sure to be late by then (no harm is looked for), with how this one goes on.
-    fn until_start(&mut self, me: usize, members: &mut Vec<(usize, u32)>) -> Result<(Fork<'a>, Flow), Declined> {
+    /// forecast without it — this one as it stood before the first step whose rule looked at the
+    /// newcomer (started it, or found it could not start, which holds back every sequence queued
+    /// behind it: without it, the next in line might have started), the newcomer taken out of the
+    /// queue: the one copy an admission makes — unless the newcomer's first token is sure to be
+    /// late by then (no harm is looked for); with how many had ended by then and how this one
+    /// goes on.
+    fn until_start(&mut self, me: usize, members: &mut Vec<(usize, u32)>) -> Result<Parted<'a>, Declined> {
         debug_assert_eq!(self.newcomer, Some(me));
-        let mut fork = None;
+        let (mut parted, mut flow) = (None, Flow::Goes);
         while self.newcomer_at.is_none_or(|at| self.next <= at) {
-            let Some(next) = self.compose(members)? else { return Ok((None, Flow::Stops)) };
-            let starts = self.newcomer_at.filter(|at| self.next + next.starts > *at);
-            if let Some(at) = starts.filter(|_| !self.first_late()) {
-                let mut without = self.clone();
-                without.waiting.remove(at);
-                without.queued -= 1;
-                (without.newcomer, without.newcomer_at) = (None, None);
-                without.resolve();
-                fork = Some((without, Flow::Goes));
+            let Some(next) = self.compose(members)? else {
+                flow = Flow::Stops;
+                break;
+            };
+            let looked_at = self
+                .newcomer_at
+                .filter(|at| self.next + next.starts > *at || (next.stopped && self.next + next.starts == *at));
+            if let (Some(at), None) = (looked_at, &parted) {
+                let without = (!self.first_late()).then(|| {
+                    let mut without = self.clone();
+                    without.waiting.remove(at);
+                    without.queued -= 1;
+                    (without.newcomer, without.newcomer_at) = (None, None);
+                    without.resolve();
+                    (without, Flow::Goes)
+                });
+                parted = Some((without, self.finished.len()));
             }
             self.commit(next, members);
         }
-        Ok((fork, Flow::Goes))
+        let (without, ended) = parted.unwrap_or((None, self.finished.len()));
+        Ok(Parted { without, ended, flow })
     }
 
     /// The newcomer's first token came late, or has not come and cannot come in time: the
@@ -595,12 +617,12 @@ impl<'a> Forecast<'a> {
                 members.push((i, n));
             }
         }
-        let starts = self.starting(cap, &mut shape, &mut budget, members)?;
+        let (starts, stopped) = self.starting(cap, &mut shape, &mut budget, members)?;
         if members.is_empty() && self.decoders == 0 {
             // Nothing could run: the rule would preempt (not followed) or stop.
             return if self.running > 1 { Err(Declined) } else { Ok(None) };
         }
-        Ok(Some(Next { decodes, shape, starts }))
+        Ok(Some(Next { decodes, shape, starts, stopped }))
     }
 
     /// Moves the forecast over the step `next` composed with `members`.
@@ -621,14 +643,15 @@ impl<'a> Forecast<'a> {
     }
 
     /// How many waiting sequences start with the step, in order while seats, budget and the cap
-    /// allow, each with its first chunk; declines where its blocks might not be free.
+    /// allow, each with its first chunk, and whether the next one was looked at and stopped them
+    /// (its chunk cut to nothing); declines where its blocks might not be free.
     fn starting(
         &self,
         cap: Option<Duration>,
         shape: &mut StepShape,
         budget: &mut u32,
         members: &mut Vec<(usize, u32)>,
-    ) -> Result<usize, Declined> {
+    ) -> Result<(usize, bool), Declined> {
         let policy = self.s.policy;
         let (mut next, mut slack, mut running) = (self.next, self.slack, self.running);
         while next < self.queued && *budget > 0 && running < policy.max_sequences {
@@ -637,7 +660,7 @@ impl<'a> Forecast<'a> {
             let q = &self.seqs[i];
             let n = self.chunk(cap, *shape, q, *budget);
             if n == 0 {
-                break;
+                return Ok((next - self.next, true));
             }
             // Room for all it may ever hold, beyond the watermark, or the rule's room check
             // may bind: not followed here.
@@ -651,7 +674,7 @@ impl<'a> Forecast<'a> {
             *budget -= n;
             members.push((i, n));
         }
-        Ok(next - self.next)
+        Ok((next - self.next, false))
     }
 
     /// The chunk of `q` a step of `shape` so far takes: the rest of its prompt within the budget,
