@@ -375,7 +375,8 @@ pub struct ScalingSpec {
     #[serde(default = "default_max_replicas")]
     #[cfg_attr(feature = "kube", schemars(range(min = 1, max = 1000)))]
     pub max_replicas: u32,
-    /// Spare replicas kept beyond what the load needs.
+    /// Spare replicas kept beyond what the load needs. For a generation service, pods' worth of
+    /// capacity beyond the load, the headroom targetUtilization leaves counted towards it.
     #[serde(default = "one")]
     #[cfg_attr(feature = "kube", schemars(range(min = 0, max = 1000)))]
     pub warm_replicas: u32,

@@ -346,7 +346,13 @@ impl<'a> Sim<'a> {
         let t = &world.target;
         let initial = match policy {
             Policy::Fixed(n) => n,
-            Policy::Ferry => sim.need(0.0, t.target_utilization) + t.warm_replicas,
+            Policy::Ferry => super::decide::with_warm(
+                sim.trace.rate(0.0, sim.capacity),
+                sim.capacity,
+                t.target_utilization,
+                t.warm_replicas,
+            )
+            .max(1),
             Policy::Profile => sim.need(0.0, 1.0),
             _ => sim.need(0.0, t.target_utilization),
         };
