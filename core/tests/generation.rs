@@ -275,6 +275,8 @@ fn a_newcomer_that_cannot_start_yet_holds_back_those_queued_behind_it() {
     invariants(&setup, &arrivals, &trace).expect("the invariants");
     let zero = &trace.fates[0];
     assert!(zero.admitted, "request 0 was admitted when it came, with room to spare");
+    // The group that would have made it late is refused, whole.
+    assert!(!trace.fates[5].admitted && !trace.fates[6].admitted, "the group of requests 5 and 6 was admitted");
     assert_eq!(zero.tokens.len(), 8, "request 0 got every token: {:?}", zero.end);
     let last = *zero.tokens.last().expect("tokens");
     assert!(last <= Duration::from_millis(460), "request 0's last token at {last:?}, its deadline 460 ms");

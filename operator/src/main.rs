@@ -212,6 +212,12 @@ struct RunArgs {
     /// The bearer token of the holder's directions (the chart's Secret).
     #[arg(long, env = "FERRY_HOLDER_TOKEN", hide_env_values = true)]
     holder_token: Option<String>,
+    /// Watch the InferencePools of routed services, so that one changed or deleted by anyone
+    /// else is put back at once rather than at the next periodic reconcile (5 minutes). Needs the
+    /// Inference Extension's CRD installed and the RBAC the chart grants with
+    /// `routing.inferencePools` (which sets this).
+    #[arg(long, env = "FERRY_WATCH_INFERENCE_POOLS", default_value_t = false, action = clap::ArgAction::Set)]
+    watch_inference_pools: bool,
 }
 
 fn main() -> ExitCode {
@@ -327,6 +333,7 @@ fn main() -> ExitCode {
         metrics_window: args.metrics_window,
         holder_selector: Some(args.holder_selector.clone()).filter(|s| !s.is_empty()),
         holder_token: args.holder_token.clone().filter(|t| !t.is_empty()),
+        watch_inference_pools: args.watch_inference_pools,
         lease: args.leader_elect.then(|| {
             (
                 args.lease_namespace.clone(),

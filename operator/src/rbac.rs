@@ -68,8 +68,8 @@ pub const CLUSTER_RULES: &[Rule] = &[
 pub const ROUTING_RULES: &[Rule] = &[Rule {
     api_group: "inference.networking.k8s.io",
     resource: "inferencepools",
-    verbs: &["create", "patch", "delete"],
-    why: "InferencePools of routed services: server-side applied, deleted when routing is turned off",
+    verbs: &["list", "watch", "create", "patch", "delete"],
+    why: "InferencePools of routed services: watched as owned objects, server-side applied, deleted when routing is turned off",
 }];
 
 /// Rules in the operator's own namespace (a Role): leader election.

@@ -12,6 +12,7 @@ use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
+use kube::api::DynamicObject;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{predicates, reflector, watcher, Controller, Predicate, WatchStreamExt};
 use kube::{Api, Client};
@@ -22,6 +23,7 @@ use crate::desired::{Images, LABEL_SERVICE};
 use crate::lease::{self, LeaseConfig};
 use crate::metrics::OperatorMetrics;
 use crate::reconcile::{error_policy, reconcile, Context};
+use crate::routing;
 use ferry_core::spec::InferenceService;
 
 #[derive(Debug, Clone)]
@@ -37,6 +39,8 @@ pub struct Options {
     pub holder_selector: Option<String>,
     /// The bearer token of the holder's directions.
     pub holder_token: Option<String>,
+    /// Watch the InferencePools the operator owns (the CRD and the RBAC are there).
+    pub watch_inference_pools: bool,
 }
 
 /// Resolves on SIGTERM (the kubelet stopping the pod) or Ctrl-C.
@@ -98,9 +102,15 @@ pub async fn run(
         .reflect(writer)
         .applied_objects()
         .predicate_filter(predicates::generation.fallback(predicates::resource_version), Default::default());
-    let controller = Controller::for_stream(changed, services.clone())
+    let mut controller = Controller::for_stream(changed, services.clone())
         .owns(Api::<Deployment>::all(client.clone()), labelled())
         .owns(Api::<Service>::all(client.clone()), labelled());
+    if options.watch_inference_pools {
+        // A pool changed or deleted by anyone else is put back by the reconcile its change
+        // triggers (its owner reference names the service), not at the next periodic one.
+        let pools = routing::pool_resource();
+        controller = controller.owns_with(Api::<DynamicObject>::all_with(client.clone(), &pools), pools, labelled());
+    }
     let stores = Stores::watch(&client, services, options.holder_selector.as_deref());
     let autoscaler = Autoscaler::new(
         client.clone(),

@@ -188,6 +188,11 @@ def test_rbac_grants_exactly_the_calls_the_operator_makes():
     routed, _ = render({"routing": {"inferencePools": True}})
     assert needed["routingRules"]
     assert rules_of(find(routed, "ClusterRole")) == expected(needed["clusterRules"] + needed["routingRules"])
+    # ...where the operator also watches them (list, watch); not without the grant.
+    def watches(objects):
+        args = find(objects, "Deployment", "ferry")["spec"]["template"]["spec"]["containers"][0]["args"]
+        return next(a for a in args if a.startswith("--watch-inference-pools="))
+    assert (watches(objects), watches(routed)) == ("--watch-inference-pools=false", "--watch-inference-pools=true")
     binding = find(objects, "ClusterRoleBinding")
     assert binding["subjects"][0]["name"] == find(objects, "ServiceAccount")["metadata"]["name"]
 

@@ -295,6 +295,7 @@ RESOURCES = [
     "v1/pods",
     "coordination.k8s.io/v1/leases",
     "events.k8s.io/v1/events",
+    "inference.networking.k8s.io/v1/inferencepools",
 ]
 
 

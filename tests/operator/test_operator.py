@@ -73,7 +73,8 @@ def cluster(tmp_path, ready_after=0.0):
             s.bind(("127.0.0.1", 0))
             address = f"127.0.0.1:{s.getsockname()[1]}"
         process = subprocess.Popen(
-            [operator, "run", "--listen", address, "--scale-interval", "1s", "--metrics-window", "6s"],
+            [operator, "run", "--listen", address, "--scale-interval", "1s", "--metrics-window", "6s",
+             "--watch-inference-pools", "true"],
             env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             with Kubelet(api.url, NS, sidecar, tmp_path, ready_after) as kubelet:
@@ -241,8 +242,7 @@ def test_a_generation_service_scales_by_what_its_pods_serve(loading_world):
     cores) that take 20 s to become ready: malformed requests and a trickle do not scale it; a
     load of two pods' capacity reaches what the pods' own capacity figure needs, with a pod's
     worth of warm capacity, in one or two decisions sized by rate while the pods load; once it
-    stops, scale-down
-    waits its delay, and no stream is cut."""
+    stops, scale-down waits its delay, and no stream is cut."""
     api, kubelet, load, _ = loading_world
     name, model = "chat", "smollm2"
     isvcs = f"/apis/ferry.dev/v1alpha1/namespaces/{NS}/inferenceservices"
@@ -363,6 +363,19 @@ def test_a_routed_service_has_an_inference_pool_for_as_long_as_it_asks(world):
     wait_for("status.inferencePool and Routed", lambda: (
         (s := get(api, f"{isvcs}/{name}").get("status") or {}).get("inferencePool") == name
         and any(c["type"] == "Routed" and c["status"] == "True" for c in s.get("conditions", []))))
+
+    # The operator watches the pools it owns: one changed or deleted by anyone else is put back
+    # by the reconcile that change triggers, not at the periodic one (5 minutes, far beyond these
+    # waits).
+    status, _ = call(api.url + pool_path, "PATCH", {"spec": {"targetPorts": [{"number": 9999}]}},
+                     "application/merge-patch+json")
+    assert status == 200
+    wait_for("the pool's port put back",
+             lambda: (get(api, pool_path) or {}).get("spec", {}).get("targetPorts") == [{"number": 8080}], timeout=30)
+    status, _ = call(api.url + pool_path, "DELETE")
+    assert status == 200
+    again = wait_for("the deleted pool put back", lambda: get(api, pool_path), timeout=30)
+    assert again["spec"]["selector"] == pool["spec"]["selector"], again
 
     # The pods the pool selects: labelled for the picker, the metrics it reads on the API port.
     pods = wait_for("a labelled pod", lambda: call(

@@ -554,6 +554,13 @@ fn explain(observed: &Observed, target: &Target, rate: &Rate, capacity: f64, who
         target.target_utilization,
         need.for_rate
     );
+    // Rule 5 before the backlog's replicas, which come on top of it.
+    let w = target.warm_replicas;
+    if need.with_warm > need.for_rate {
+        why += &format!(", {} with {w} replica(s) of warm capacity beyond the load", need.with_warm);
+    } else if w > 0 {
+        why += &format!(", its utilization headroom covering {w} replica(s) of warm capacity");
+    }
     if need.for_prompts > need.for_requests {
         why += &format!(
             ", {:.0} prompt tokens waiting, more than the ready pods prefill within the {} ms first-token budget, need {} more",
@@ -569,12 +576,7 @@ fn explain(observed: &Observed, target: &Target, rate: &Rate, capacity: f64, who
             need.for_backlog()
         );
     }
-    let w = target.warm_replicas;
-    if need.with_warm > need.for_rate {
-        why + &format!(", {} with {w} replica(s) of warm capacity beyond the load", need.with_warm)
-    } else {
-        why + &format!(", its utilization headroom covering {w} replica(s) of warm capacity")
-    }
+    why
 }
 
 /// Rule 6, its memory: judges a pressure probe whose pods have had their window (a probe that
@@ -738,11 +740,8 @@ fn scale_down(t: &Tick, desired: u32, structural: &str, mut h: History) -> Scale
         );
         return decision(current, Reason::Peak, message, h);
     }
-    let message = format!(
-        "scale down: need stayed below {current} for {} s, at most {peak} over the last {} s; {why}{structural}",
-        waited.as_secs(),
-        delay.as_secs()
-    );
+    let message =
+        format!("scale down: the highest need over the last {} s is {peak}; {why}{structural}", delay.as_secs());
     decision(peak, Reason::ScaleDown, message, h)
 }
 
@@ -1163,7 +1162,7 @@ mod tests {
         let after = decide(&load(300.0), &target, 6, &before.history, t0 + 300 * S);
         assert_eq!((after.replicas, after.reason), (5, Reason::ScaleDown), "{}", after.message);
         assert!(
-            after.message.starts_with("scale down: need stayed below 6 for 300 s, at most 5 over the last 300 s"),
+            after.message.starts_with("scale down: the highest need over the last 300 s is 5;"),
             "{}",
             after.message
         );
