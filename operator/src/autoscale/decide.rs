@@ -28,11 +28,14 @@
 //!    e.g. a wait for a busy worker plus a batch close to the budget), remembered with the rate it
 //!    was seen at and ignored while the rate stays within a quarter of it. Pressure from capacity
 //!    blocks scale-down; a structural floor does not.
-//! 7. Scale-down never removes a warming pod: it waits while pods are starting, then until lower
-//!    need has lasted `scaleDownDelay`; from then on the replicas follow the highest need seen
-//!    over the last `scaleDownDelay` (a HorizontalPodAutoscaler's scale-down stabilization
-//!    window), going down whenever that fits on fewer — a falling load is followed one delay
-//!    behind, not in stairs one delay apart.
+//! 7. Scale-down follows the highest need over the last `scaleDownDelay` (a
+//!    HorizontalPodAutoscaler's scale-down stabilization window), going down whenever that fits
+//!    on fewer — a falling load is followed one delay behind, not in stairs one delay apart. The
+//!    need counted there is what the load seen needed at each decision, and what the look-ahead
+//!    asked for over the last minute only: a newer look-ahead replaces an older one, and pods
+//!    asked for a rise that stopped before they were needed go without waiting out a delay for
+//!    a load that never came. Pods still starting go first, and may go then (not a pressure
+//!    probe's); a ready pod is not removed while one warms.
 //! 8. Bounded by `minReplicas` and `maxReplicas`, and one replica at least: a service at zero
 //!    has no pod to show its load with.
 //! 9. Except with `scaleToZeroAfter` (and `minReplicas: 0`): no offered load for that long goes
@@ -139,7 +142,8 @@ pub enum Reason {
     Structural,
     /// The load needs what runs.
     Steady,
-    /// The load needs fewer, but pods are starting: scale-down never removes a warming pod.
+    /// The load needs fewer, but pods are starting: a ready pod is not removed while one warms,
+    /// and the starting ones are still needed (or a probe's).
     Warming,
     /// The load needs fewer; scale-down waits `scaleDownDelay`.
     Cooling,
@@ -213,13 +217,25 @@ pub struct History {
     /// Since when the need has been below the replicas (rule 7's delay).
     pub lower_since: Option<Instant>,
     /// The need at each decision over the last `scaleDownDelay` (rule 7's window).
-    pub needs: VecDeque<(Instant, u32)>,
+    pub needs: VecDeque<Needed>,
+    /// The first decision: a window that began later than `scaleDownDelay` ago is not a whole one
+    /// (the operator restarted).
+    pub watched_since: Option<Instant>,
     /// The offered rate at recent decisions, over one time-to-ready: its trend.
     pub rates: VecDeque<(Instant, f64)>,
     pub probe: Option<Probe>,
     pub floor: Option<Floor>,
     /// Since when no load has been offered (rule 9).
     pub idle_since: Option<Instant>,
+}
+
+/// One decision's need, in replicas: for the rate looked ahead one time-to-ready (what it asked
+/// for), and for the rate seen now (what the load needed then).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Needed {
+    pub at: Instant,
+    pub ahead: u32,
+    pub seen: u32,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -246,6 +262,11 @@ const JUMP_SPREADS: f64 = 4.0;
 /// the window differ by chance.
 const MIN_RISE: f64 = 0.1;
 const TREND_SPREADS: f64 = 3.0;
+/// What the look-ahead asked for counts in rule 7's peak for this long, where the load seen counts
+/// for the whole `scaleDownDelay`: a newer look-ahead, fitted to more of the rise, replaces an
+/// older one. A Knative autoscaler's stable window: long enough that one reading's dip does not
+/// give up a start-up the next reading asks for again.
+const FORECAST_WINDOW: Duration = Duration::from_secs(60);
 /// A look ahead never more than doubles the rate now.
 const MAX_GROWTH: f64 = 2.0;
 /// Ready replicas offered at least this share of their full-batch capacity are busy: pressure
@@ -346,12 +367,13 @@ fn rule(observed: &Observed, target: &Target, current: u32, history: &History, n
         relief_coming: observed.starting > 0 || observed.settling > 0,
     };
     let failed = judge_probe(&t, &mut h);
-    let mut desired = t.bounded(need.total());
-    if let Some(floor) = h.floor {
-        desired = desired.max(t.bounded(floor.replicas));
-    }
-    h.needs.push_back((now, desired));
-    while h.needs.front().is_some_and(|(at, _)| *at + target.scale_down_delay < now) {
+    let floor = h.floor.map_or(0, |f| t.bounded(f.replicas));
+    let desired = t.bounded(need.total()).max(floor);
+    let seen = Rate { ahead: rate.now, ..rate };
+    let seen = t.bounded(self::need(observed, target, &seen, capacity, ready, batch_time).total()).max(floor);
+    h.watched_since.get_or_insert(now);
+    h.needs.push_back(Needed { at: now, ahead: desired, seen });
+    while h.needs.front().is_some_and(|n| n.at + target.scale_down_delay < now) {
         h.needs.pop_front();
     }
     if let Some(d) = zero(&t, desired, &mut h) {
@@ -708,22 +730,48 @@ fn zero(t: &Tick, desired: u32, h: &mut History) -> Option<ScaleDecision> {
     Some(decision(0, Reason::ToZero, message, h.clone()))
 }
 
-/// Rule 7: lower need waits out the delay, never while a pod is warming; then the replicas go to
-/// the highest need over the last `scaleDownDelay` whenever it fits on fewer. The delay is not
-/// started again by a scale-down: as the window's older, higher needs age out, the next decision
-/// may go lower still.
+/// Rule 7: lower need waits out the delay, and then the replicas go to the highest need over the
+/// last `scaleDownDelay` whenever it fits on fewer. The need counted there is what the load seen
+/// needed at each decision, and what the look-ahead asks for now or asked for within the last
+/// [`FORECAST_WINDOW`]: replicas asked for a rise that stopped before they were needed are not
+/// load to wait a delay out for. Pods still starting go first, and may go then; a ready pod is
+/// not removed while one warms. The delay is not started again by a scale-down: as the window's
+/// older, higher needs age out, the next decision may go lower still.
 fn scale_down(t: &Tick, desired: u32, structural: &str, mut h: History) -> ScaleDecision {
-    let (current, why) = (t.current, &t.why);
+    let (current, why, delay) = (t.current, &t.why, t.target.scale_down_delay);
     let since = *h.lower_since.get_or_insert(t.now);
-    if t.observed.starting > 0 {
+    let forecast = h.needs.iter().filter(|n| n.at + FORECAST_WINDOW >= t.now).map(|n| n.ahead).max();
+    let seen = h.needs.iter().map(|n| n.seen).max();
+    let peak = desired.max(forecast.unwrap_or(0)).max(seen.unwrap_or(0));
+    let watched = |span: Duration| h.watched_since.is_some_and(|at| t.now - at >= span);
+    let starting = t.observed.starting;
+    if starting > 0 {
+        // Pods still starting serve no one yet: those the need no longer covers go (a
+        // ReplicaSet removes pods that are not ready first) once it has stayed below them for
+        // the forecast window — never a probe's pod, which is there to be judged. After a
+        // restart, whose window is not whole, lower need waits that long first.
+        let keep = peak.max(current - starting);
+        let waited = watched(FORECAST_WINDOW) || t.now - since >= FORECAST_WINDOW;
+        if keep < current && h.probe.is_none() && waited {
+            let message = format!(
+                "scale down: {} of {starting} pods still starting are no longer needed: the highest need over the \
+                 last {} s is {keep} (the look-ahead's over the last {} s); {why}{structural}",
+                current - keep,
+                delay.as_secs(),
+                FORECAST_WINDOW.as_secs()
+            );
+            return decision(keep, Reason::ScaleDown, message, h);
+        }
         let message = format!(
-            "holding {current}: need fell to {desired}, but {} pods are starting and a warming pod is never removed; {why}",
-            t.observed.starting
+            "holding {current}: need fell to {desired}, but {starting} pods are starting and a ready pod is not \
+             removed while one warms; {why}"
         );
         return decision(current, Reason::Warming, message, h);
     }
-    let (waited, delay) = (t.now - since, t.target.scale_down_delay);
-    if waited < delay {
+    // A whole window of needs below the replicas is the delay waited out; after a restart the
+    // window is not whole, and the delay is counted from the first lower need.
+    let waited = t.now - since;
+    if waited < delay && !watched(delay) {
         let message = format!(
             "holding {current}: need fell to {desired} {} s ago, scale-down waits {} s; {why}{structural}",
             waited.as_secs(),
@@ -731,7 +779,6 @@ fn scale_down(t: &Tick, desired: u32, structural: &str, mut h: History) -> Scale
         );
         return decision(current, Reason::Cooling, message, h);
     }
-    let peak = h.needs.iter().map(|(_, n)| *n).max().unwrap_or(desired).max(desired);
     if peak > current - 1 {
         let message = format!(
             "holding {current}: the highest need over the last {} s ({peak}) does not fit on {}",
@@ -1178,22 +1225,84 @@ mod tests {
     }
 
     #[test]
-    fn no_scale_down_while_a_pod_is_starting() {
+    fn a_starting_pod_goes_before_a_ready_one_and_no_ready_pod_goes_while_one_warms() {
         let t0 = ferry_core::clock::now();
-        let h = History { lower_since: Some(t0), ..History::default() };
-        let warming = decide(&Observed { starting: 1, ..load(300.0) }, &target(), 6, &h, t0 + 400 * S);
-        assert_eq!((warming.replicas, warming.reason), (6, Reason::Warming), "{}", warming.message);
-        assert!(warming.message.contains("1 pods are starting and a warming pod is never removed"));
-        // The delay kept counting: once the pod is ready, it scales down at once.
-        let ready = decide(&load(300.0), &target(), 6, &warming.history, t0 + 402 * S);
+        // Need fell to 3 on 6 replicas, one of them starting, right after a restart: the
+        // window is not whole, so lower need waits a forecast window first.
+        let starting = Observed { starting: 1, ..load(300.0) };
+        let first = decide(&starting, &target(), 6, &History::default(), t0);
+        assert_eq!((first.replicas, first.reason), (6, Reason::Warming), "{}", first.message);
+        assert!(first.message.contains("1 pods are starting and a ready pod is not removed while one warms"));
+        let cancel = decide(&starting, &target(), 6, &first.history, t0 + 60 * S);
+        assert_eq!((cancel.replicas, cancel.reason), (5, Reason::ScaleDown), "{}", cancel.message);
+        assert!(cancel.message.starts_with("scale down: 1 of 1 pods still starting are no longer needed"));
+        // The ready ones wait out the delay from the first lower need, then go to the peak.
+        let cooling = decide(&load(300.0), &target(), 5, &cancel.history, t0 + 299 * S);
+        assert_eq!((cooling.replicas, cooling.reason), (5, Reason::Cooling), "{}", cooling.message);
+        let down = decide(&load(300.0), &target(), 5, &cooling.history, t0 + 300 * S);
+        assert_eq!((down.replicas, down.reason), (3, Reason::ScaleDown), "{}", down.message);
+    }
+
+    /// A history watched for longer than any window, whose one decision at `t0` asked for 6
+    /// replicas while the load seen then needed `seen`.
+    fn asked_ahead(t0: Instant, seen: u32) -> History {
+        History {
+            watched_since: Some(t0 - 900 * S),
+            needs: [Needed { at: t0, ahead: 6, seen }].into(),
+            ..History::default()
+        }
+    }
+
+    #[test]
+    fn pods_asked_for_a_rise_that_stopped_go_after_a_forecast_window_not_a_delay() {
+        let t0 = ferry_core::clock::now();
+        // The look-ahead asked for 6 while the load seen needed 3, and the rise stopped: 300
+        // req/s needs 3. Three pods are still starting.
+        let starting = Observed { starting: 3, ..load(300.0) };
+        let early = decide(&starting, &target(), 6, &asked_ahead(t0, 3), t0 + 30 * S);
+        assert_eq!((early.replicas, early.reason), (6, Reason::Warming), "{}", early.message);
+        let cancel = decide(&starting, &target(), 6, &early.history, t0 + 61 * S);
+        assert_eq!((cancel.replicas, cancel.reason), (3, Reason::ScaleDown), "{}", cancel.message);
+        assert!(
+            cancel.message.starts_with(
+                "scale down: 3 of 3 pods still starting are no longer needed: the highest need over the last 300 s \
+                 is 3 (the look-ahead's over the last 60 s)"
+            ),
+            "{}",
+            cancel.message
+        );
+        // Ready already: they go as soon, the load having never needed them...
+        let ready = decide(&load(300.0), &target(), 6, &asked_ahead(t0, 3), t0 + 61 * S);
         assert_eq!((ready.replicas, ready.reason), (3, Reason::ScaleDown), "{}", ready.message);
+        // ...where replicas the load seen needed wait for the delay's window.
+        let seen = decide(&load(300.0), &target(), 6, &asked_ahead(t0, 6), t0 + 61 * S);
+        assert_eq!((seen.replicas, seen.reason), (6, Reason::Peak), "{}", seen.message);
+        let after = decide(&load(300.0), &target(), 6, &seen.history, t0 + 301 * S);
+        assert_eq!((after.replicas, after.reason), (3, Reason::ScaleDown), "{}", after.message);
+    }
+
+    #[test]
+    fn a_pressure_probe_still_starting_is_not_cancelled() {
+        let t0 = ferry_core::clock::now();
+        let h = History {
+            watched_since: Some(t0 - 900 * S),
+            lower_since: Some(t0 - 120 * S),
+            probe: Some(Probe { from: 5, replicas: 6, pressure: 0.05 }),
+            ..History::default()
+        };
+        let d = decide(&Observed { starting: 1, ..load(300.0) }, &target(), 6, &h, t0);
+        assert_eq!((d.replicas, d.reason), (6, Reason::Warming), "{}", d.message);
+        // Without the probe, the same starting pod goes.
+        let plain = decide(&Observed { starting: 1, ..load(300.0) }, &target(), 6, &History { probe: None, ..h }, t0);
+        assert_eq!((plain.replicas, plain.reason), (5, Reason::ScaleDown), "{}", plain.message);
     }
 
     #[test]
     fn consolidation_is_refused_when_the_load_does_not_fit_on_one_fewer() {
         let t0 = ferry_core::clock::now();
         // Need 3 now, but 4 was needed within the window: 4 replicas stay.
-        let h = History { lower_since: Some(t0), needs: [(t0 + 100 * S, 4)].into(), ..History::default() };
+        let needs = [Needed { at: t0 + 100 * S, ahead: 4, seen: 4 }].into();
+        let h = History { lower_since: Some(t0), needs, ..History::default() };
         let d = decide(&load(300.0), &target(), 4, &h, t0 + 300 * S);
         assert_eq!((d.replicas, d.reason), (4, Reason::Peak));
         assert!(d.message.contains("does not fit on 3"), "{}", d.message);
