@@ -4,7 +4,8 @@
 //! KV blocks; logits only for the sequences that sample. Activations are f32; weights are f32 or
 //! the file's quantized blocks ([`crate::quant`]).
 //!
-//! Threads, all rayon's pool: a projection of a handful of tokens is a matrix-vector product
+//! Threads, all rayon's pool, on one of whose threads the whole pass runs ([`crate::Model::forward`]):
+//! a projection of a handful of tokens is a matrix-vector product
 //! that reads each weight row once (decode is bound by memory; a quantized row is dotted in
 //! integers with 8-bit activations); of more, the `gemm` crate's packed GEMM (bound by
 //! arithmetic: prefill and large decode batches; quantized weights dequantized a panel at a

@@ -337,7 +337,13 @@ impl Model {
         Ok(match &self.backend {
             Backend::Cpu(d) => {
                 let mut cache = d.cache.lock().map_err(|_| "the KV cache lock is poisoned".to_owned())?;
-                cpu::forward(&d.weights, &d.rope, &mut cache, seqs)?
+                // The whole pass on one of rayon's threads: each of its ~150 parallel regions a
+                // token (five a layer) is then a push onto that thread's own queue, which the
+                // other threads steal from while they spin between regions — called from outside
+                // the pool, each region would hand its work over and park the caller until it is
+                // done, two thread wake-ups a region.
+                let cache: &mut kv::KvCache = &mut cache;
+                rayon::scope(|_| cpu::forward(&d.weights, &d.rope, cache, seqs))?
             }
             #[cfg(feature = "cuda")]
             Backend::Gpu(g) => g.step(seqs)?,
