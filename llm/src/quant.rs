@@ -480,10 +480,10 @@ mod x86 {
         }
     }
 
-    /// An f16's value; inlined only into `rows`, which is compiled with F16C.
+    /// An f16's value; inlined only into the kernels here, all compiled with F16C.
     #[inline(always)]
     fn half(b: &[u8]) -> f32 {
-        // SAFETY: called only from `rows`, which has F16C enabled.
+        // SAFETY: called only from this module's kernels, which have F16C enabled.
         unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16::from_le_bytes([b[0], b[1]]))))) }
     }
 

@@ -111,6 +111,7 @@ fn load(rate: f64) -> Observed {
         starting: 0,
         settling: 0,
         stuck: 0,
+        rolling_out: false,
         locked: 0,
         capacity: None,
         queue_tokens: 0.0,
@@ -196,7 +197,9 @@ async fn a_scale_down_first_marks_the_pods_with_the_least_work_as_cheapest_to_de
 }
 
 #[tokio::test]
-async fn a_starting_pod_holds_a_scale_down_back() {
+/// A fresh operator (its window of needs not a minute old yet) holds the replicas while a pod
+/// starts: it does not know what the starting pod was asked for.
+async fn a_starting_pod_holds_a_scale_down_back_while_the_window_is_new() {
     let (mut scaler, mut api) = setup();
     let mut quick = isvc();
     quick.spec.scaling.scale_down_delay = ferry_core::spec::GatewayDuration::new("0s");

@@ -33,7 +33,7 @@ fn holds_its_figures(scenario: Scenario) {
         }
         // Where a rise stops, the pods the look-ahead asked for beyond it go a minute later
         // (still starting, or ready and never needed by the load seen), not a scale-down delay
-        // later: within a sixth of the oracle's GPU-seconds at every start-up (1.30 and 1.34
+        // later: within 1.17 times the oracle's GPU-seconds at every start-up (1.30 and 1.34
         // times at 180 and 300 s while they stayed a delay).
         if scenario == Scenario::Ramp {
             let oracle = get(&outcomes, Policy::Oracle);

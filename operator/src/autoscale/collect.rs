@@ -287,6 +287,7 @@ impl Collector {
             starting: 0,
             settling: 0,
             stuck: 0,
+            rolling_out: false,
             locked,
             capacity: [settled_capacity, settling_capacity]
                 .into_iter()

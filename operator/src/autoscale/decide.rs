@@ -34,8 +34,10 @@
 //!    need counted there is what the load seen needed at each decision, and what the look-ahead
 //!    asked for over the last minute only: a newer look-ahead replaces an older one, and pods
 //!    asked for a rise that stopped before they were needed go without waiting out a delay for
-//!    a load that never came. Pods still starting go first, and may go then (not a pressure
-//!    probe's); a ready pod is not removed while one warms.
+//!    a load that never came; a pressure probe's replica counts as load seen. Pods still
+//!    starting go first, and may go then (not a probe's, nor during a rollout); a ready pod is
+//!    not removed while one warms. Until the decisions watched span a whole delay (after a
+//!    restart, or a raised delay), nothing goes.
 //! 8. Bounded by `minReplicas` and `maxReplicas`, and one replica at least: a service at zero
 //!    has no pod to show its load with.
 //! 9. Except with `scaleToZeroAfter` (and `minReplicas: 0`): no offered load for that long goes
@@ -81,6 +83,9 @@ pub struct Observed {
     pub settling: u32,
     /// Pods unready for far longer than a start-up: neither capacity nor capacity to come.
     pub stuck: u32,
+    /// The Deployment is replacing its pods (a rollout): it spreads a scale-down over its old
+    /// and new ReplicaSets, so a scale-down then may take a ready pod, not a starting one.
+    pub rolling_out: bool,
     /// Ready pods that refuse every request while idle (`ferry_admission_locked`): capacity that
     /// admission does not use, which more replicas would not mend. Their refusals are not
     /// deadline pressure (the collector leaves them out); the decision's message names them.
@@ -143,9 +148,11 @@ pub enum Reason {
     /// The load needs what runs.
     Steady,
     /// The load needs fewer, but pods are starting: a ready pod is not removed while one warms,
-    /// and the starting ones are still needed (or a probe's).
+    /// and the starting ones stay (still needed, a probe's, a rollout's, or the need not yet
+    /// watched for a minute).
     Warming,
-    /// The load needs fewer; scale-down waits `scaleDownDelay`.
+    /// The load needs fewer, but the decisions watched do not span a whole `scaleDownDelay` yet
+    /// (the operator restarted, or the delay was raised): scale-down waits for them to.
     Cooling,
     /// The highest need over the delay does not fit on one replica fewer.
     Peak,
@@ -214,13 +221,15 @@ pub struct Floor {
 /// What the decision remembers between ticks.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct History {
-    /// Since when the need has been below the replicas (rule 7's delay).
+    /// Since when the need has been below the replicas (for rule 7's message).
     pub lower_since: Option<Instant>,
     /// The need at each decision over the last `scaleDownDelay` (rule 7's window).
     pub needs: VecDeque<Needed>,
-    /// The first decision: a window that began later than `scaleDownDelay` ago is not a whole one
-    /// (the operator restarted).
+    /// Since when decisions have been recorded in `needs` over the current `scaleDownDelay`
+    /// (`window`): until one delay has passed, the window is not a whole one (the operator
+    /// restarted, or the delay was raised).
     pub watched_since: Option<Instant>,
+    pub window: Duration,
     /// The offered rate at recent decisions, over one time-to-ready: its trend.
     pub rates: VecDeque<(Instant, f64)>,
     pub probe: Option<Probe>,
@@ -371,7 +380,10 @@ fn rule(observed: &Observed, target: &Target, current: u32, history: &History, n
     let desired = t.bounded(need.total()).max(floor);
     let seen = Rate { ahead: rate.now, ..rate };
     let seen = t.bounded(self::need(observed, target, &seen, capacity, ready, batch_time).total()).max(floor);
-    h.watched_since.get_or_insert(now);
+    if h.watched_since.is_none() || target.scale_down_delay > h.window {
+        h.watched_since = Some(now);
+    }
+    h.window = target.scale_down_delay;
     h.needs.push_back(Needed { at: now, ahead: desired, seen });
     while h.needs.front().is_some_and(|n| n.at + target.scale_down_delay < now) {
         h.needs.pop_front();
@@ -645,6 +657,11 @@ fn for_pressure(t: &Tick, desired: u32, mut h: History) -> ScaleDecision {
         return decision(current, Reason::Pressure, message, h);
     }
     h.probe = Some(Probe { from: current, replicas, pressure: t.observed.pressure });
+    // Pressure from want of capacity is load seen: if the probe relieves it, rule 7 keeps its
+    // replica for a whole window, as it would the need of a higher rate.
+    if let Some(n) = h.needs.back_mut() {
+        n.seen = n.seen.max(replicas);
+    }
     decision(replicas, Reason::Pressure, format!("deadline pressure: {pressure}; {why}"), h)
 }
 
@@ -730,13 +747,13 @@ fn zero(t: &Tick, desired: u32, h: &mut History) -> Option<ScaleDecision> {
     Some(decision(0, Reason::ToZero, message, h.clone()))
 }
 
-/// Rule 7: lower need waits out the delay, and then the replicas go to the highest need over the
+/// Rule 7: once the decisions watched span a whole delay, the replicas go to the highest need over the
 /// last `scaleDownDelay` whenever it fits on fewer. The need counted there is what the load seen
 /// needed at each decision, and what the look-ahead asks for now or asked for within the last
 /// [`FORECAST_WINDOW`]: replicas asked for a rise that stopped before they were needed are not
 /// load to wait a delay out for. Pods still starting go first, and may go then; a ready pod is
-/// not removed while one warms. The delay is not started again by a scale-down: as the window's
-/// older, higher needs age out, the next decision may go lower still.
+/// not removed while one warms. A scale-down does not start a new wait: as the window's older,
+/// higher needs age out, the next decision may go lower still.
 fn scale_down(t: &Tick, desired: u32, structural: &str, mut h: History) -> ScaleDecision {
     let (current, why, delay) = (t.current, &t.why, t.target.scale_down_delay);
     let since = *h.lower_since.get_or_insert(t.now);
@@ -747,18 +764,20 @@ fn scale_down(t: &Tick, desired: u32, structural: &str, mut h: History) -> Scale
     let starting = t.observed.starting;
     if starting > 0 {
         // Pods still starting serve no one yet: those the need no longer covers go (a
-        // ReplicaSet removes pods that are not ready first) once it has stayed below them for
-        // the forecast window — never a probe's pod, which is there to be judged. After a
-        // restart, whose window is not whole, lower need waits that long first.
-        let keep = peak.max(current - starting);
-        let waited = watched(FORECAST_WINDOW) || t.now - since >= FORECAST_WINDOW;
-        if keep < current && h.probe.is_none() && waited {
+        // ReplicaSet removes pods that are not ready first) once the window has watched a
+        // forecast window — never a probe's pod, which is there to be judged, and never during a
+        // rollout, which the Deployment would spread over ready pods of the old ReplicaSet.
+        let ready = current.saturating_sub(starting);
+        let keep = peak.max(ready);
+        let rolling = t.observed.rolling_out;
+        if keep < current && h.probe.is_none() && !rolling && watched(FORECAST_WINDOW) {
             let message = format!(
                 "scale down: {} of {starting} pods still starting are no longer needed: the highest need over the \
-                 last {} s is {keep} (the look-ahead's over the last {} s); {why}{structural}",
+                 last {} s is {peak} (the look-ahead's over the last {} s){}; {why}{structural}",
                 current - keep,
                 delay.as_secs(),
-                FORECAST_WINDOW.as_secs()
+                FORECAST_WINDOW.as_secs(),
+                if keep > peak { format!(", and the {ready} ready stay while one warms") } else { String::new() }
             );
             return decision(keep, Reason::ScaleDown, message, h);
         }
@@ -768,13 +787,12 @@ fn scale_down(t: &Tick, desired: u32, structural: &str, mut h: History) -> Scale
         );
         return decision(current, Reason::Warming, message, h);
     }
-    // A whole window of needs below the replicas is the delay waited out; after a restart the
-    // window is not whole, and the delay is counted from the first lower need.
-    let waited = t.now - since;
-    if waited < delay && !watched(delay) {
+    // Until the window has watched a whole delay (the operator restarted, or the delay was
+    // raised), it may not hold the need that came before: the delay is waited out first.
+    if !watched(delay) {
         let message = format!(
             "holding {current}: need fell to {desired} {} s ago, scale-down waits {} s; {why}{structural}",
-            waited.as_secs(),
+            (t.now - since).as_secs(),
             delay.as_secs()
         );
         return decision(current, Reason::Cooling, message, h);
@@ -871,6 +889,7 @@ mod tests {
             starting: 0,
             settling: 0,
             stuck: 0,
+            rolling_out: false,
             locked: 0,
             capacity: None,
             queue_tokens: 0.0,
@@ -1248,6 +1267,7 @@ mod tests {
     fn asked_ahead(t0: Instant, seen: u32) -> History {
         History {
             watched_since: Some(t0 - 900 * S),
+            window: 300 * S,
             needs: [Needed { at: t0, ahead: 6, seen }].into(),
             ..History::default()
         }
@@ -1286,15 +1306,38 @@ mod tests {
         let t0 = ferry_core::clock::now();
         let h = History {
             watched_since: Some(t0 - 900 * S),
+            window: 300 * S,
             lower_since: Some(t0 - 120 * S),
             probe: Some(Probe { from: 5, replicas: 6, pressure: 0.05 }),
             ..History::default()
         };
         let d = decide(&Observed { starting: 1, ..load(300.0) }, &target(), 6, &h, t0);
         assert_eq!((d.replicas, d.reason), (6, Reason::Warming), "{}", d.message);
-        // Without the probe, the same starting pod goes.
-        let plain = decide(&Observed { starting: 1, ..load(300.0) }, &target(), 6, &History { probe: None, ..h }, t0);
-        assert_eq!((plain.replicas, plain.reason), (5, Reason::ScaleDown), "{}", plain.message);
+        // Without the probe, the same starting pod goes...
+        let plain = History { probe: None, ..h };
+        let d = decide(&Observed { starting: 1, ..load(300.0) }, &target(), 6, &plain, t0);
+        assert_eq!((d.replicas, d.reason), (5, Reason::ScaleDown), "{}", d.message);
+        assert!(d.message.contains("the highest need over the last 300 s is 3 (the look-ahead's over the last 60 s), and the 5 ready stay while one warms"), "{}", d.message);
+        // ...but not during a rollout, which would take a ready pod of the old ReplicaSet.
+        let rolling = Observed { starting: 1, rolling_out: true, ..load(300.0) };
+        let d = decide(&rolling, &target(), 6, &plain, t0);
+        assert_eq!((d.replicas, d.reason), (6, Reason::Warming), "{}", d.message);
+    }
+
+    #[test]
+    fn replicas_added_for_pressure_stay_a_whole_window_once_it_is_relieved() {
+        let t0 = ferry_core::clock::now();
+        let watched = History { watched_since: Some(t0 - 900 * S), window: 300 * S, ..History::default() };
+        // Busy and pressured on 5 (900 req/s needs 5): a probe to 6, which relieves it.
+        let strained = Observed { pressure: 0.04, ..load(900.0) };
+        let up = decide(&strained, &target(), 5, &watched, t0);
+        assert_eq!((up.replicas, up.reason), (6, Reason::Pressure), "{}", up.message);
+        let settled = decide(&load(900.0), &target(), 6, &up.history, t0 + 120 * S);
+        assert_eq!(settled.history.probe, None, "judged: it helped");
+        assert_eq!((settled.replicas, settled.reason), (6, Reason::Peak), "{}", settled.message);
+        // Once the pressure's decision is older than the delay, the need alone decides.
+        let later = decide(&load(900.0), &target(), 6, &settled.history, t0 + 301 * S);
+        assert_eq!((later.replicas, later.reason), (5, Reason::ScaleDown), "{}", later.message);
     }
 
     #[test]
@@ -1302,7 +1345,8 @@ mod tests {
         let t0 = ferry_core::clock::now();
         // Need 3 now, but 4 was needed within the window: 4 replicas stay.
         let needs = [Needed { at: t0 + 100 * S, ahead: 4, seen: 4 }].into();
-        let h = History { lower_since: Some(t0), needs, ..History::default() };
+        let h =
+            History { lower_since: Some(t0), watched_since: Some(t0), window: 300 * S, needs, ..History::default() };
         let d = decide(&load(300.0), &target(), 4, &h, t0 + 300 * S);
         assert_eq!((d.replicas, d.reason), (4, Reason::Peak));
         assert!(d.message.contains("does not fit on 3"), "{}", d.message);

@@ -503,6 +503,7 @@ impl<'a> Sim<'a> {
             starting: (active.len() - ready.len()) as u32,
             settling: ready.iter().filter(|p| p.ready_at + w.window > now).count() as u32,
             stuck: 0,
+            rolling_out: false,
             locked: 0,
             // Each pod's own figure: its step cost is known exactly (the prior it measured at
             // load), and the requests are of one shape.

@@ -579,6 +579,7 @@ impl Autoscaler {
         let observed = Observed {
             starting: current.saturating_sub(workers.len() as u32) + coming as u32,
             stuck: (unready - coming) as u32,
+            rolling_out: rolling_out(deployment),
             settling: ready.iter().filter(|w| w.ready_for.is_some_and(|r| r < window)).count() as u32,
             ..observed
         };
@@ -654,8 +655,9 @@ impl Autoscaler {
     }
 
     /// Before a scale-down: each ready pod's deletion cost is its work at the last scrape (its
-    /// queue, and the streams it is sending), so the ReplicaSet removes the pods with the least. (Scale-down never happens while a pod is
-    /// starting, so its habit of removing unready pods first never undoes a scale-up.)
+    /// queue, and the streams it is sending), so the ReplicaSet removes the pods with the least.
+    /// Ready pods go only while none is starting; a scale-down while pods start (rule 7's
+    /// cancel) is meant to take them, which a ReplicaSet removes first.
     async fn write_deletion_costs(&self, namespace: &str, ready: &[&WorkerPod]) -> Result<(), kube::Error> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         for pod in ready {
@@ -672,4 +674,10 @@ impl Autoscaler {
 
 fn round(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
+}
+
+/// The Deployment still has pods of an older template (`kubectl rollout status`'s test): a
+/// rollout is replacing them.
+pub fn rolling_out(deployment: &Deployment) -> bool {
+    deployment.status.as_ref().is_some_and(|s| s.replicas.unwrap_or(0) > s.updated_replicas.unwrap_or(0))
 }

@@ -378,6 +378,7 @@ pub fn run(world: &World, scenario: Scenario, policy: PolicyKind) -> Outcome {
                         settling: active.iter().filter(|p| p.ready_at <= now && p.ready_at + world.window > now).count()
                             as u32,
                         stuck: 0,
+                        rolling_out: false,
                         locked: 0,
                         // Request-level pods: their capacity is the batch arithmetic.
                         capacity: None,

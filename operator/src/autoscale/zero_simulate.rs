@@ -248,6 +248,7 @@ pub fn run(world: &World, policy: Policy) -> Outcome {
             starting: pods.iter().filter(|p| p.ready_at > now).count() as u32,
             settling: 0,
             stuck: 0,
+            rolling_out: false,
             locked: 0,
             capacity: None,
             queue_tokens: 0.0,
