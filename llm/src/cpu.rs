@@ -5,11 +5,12 @@
 //! the file's quantized blocks ([`crate::quant`]).
 //!
 //! Threads, all rayon's pool, on one of whose threads the whole pass runs ([`crate::Model::forward`]):
-//! a projection of a handful of tokens is a matrix-vector product
-//! that reads each weight row once (decode is bound by memory; a quantized row is dotted in
-//! integers with 8-bit activations); of more, the `gemm` crate's packed GEMM (bound by
-//! arithmetic: prefill and large decode batches; quantized weights dequantized a panel at a
-//! time); attention splits tokens × key-value heads.
+//! a quantized projection dots each weight row with every token's 8-bit activations in
+//! integers, a tile of tokens at a time ([`crate::quant`]; past a portable build's decode
+//! batches, dequantized panels and the GEMM); an f32 projection of a handful of tokens is a
+//! matrix-vector product that reads each weight row once (decode is bound by memory), of more
+//! the `gemm` crate's packed GEMM (bound by arithmetic); attention splits tokens × key-value
+//! heads.
 
 use rayon::prelude::*;
 
@@ -22,10 +23,6 @@ use crate::Seq;
 /// Up to this many tokens, a projection reads each weight row once and dots it with every token
 /// (memory-bound decode); past it, the packed GEMM's reuse wins.
 const GEMV_TOKENS: usize = 4;
-/// Up to this many tokens, a quantized projection dots each weight block, unpacked once, with
-/// every token's 8-bit activations (decode batches); past it (prefills), weight panels are
-/// dequantized and multiplied by the packed GEMM.
-const QUANT_GEMV_TOKENS: usize = 16;
 /// Output rows per task of the matrix-vector paths.
 const ROWS_PER_TASK: usize = 32;
 /// Most f32 bytes of a quantized matrix a prefill dequantizes at once (the whole of each of
@@ -254,36 +251,47 @@ fn matmul_f32(x: &[f32], rows: usize, w: &[f32], n: usize, k: usize) -> Vec<f32>
     y
 }
 
-/// A matrix of quantized blocks: for a handful of tokens, the activations quantized to 8 bits
-/// and dotted in integers with each weight row as stored ([`quant`]); for more (a prefill),
-/// panels of weight rows dequantized to f32 and multiplied by the packed GEMM (the dequantizing
-/// is paid once for every token).
+/// A matrix of quantized blocks: the activations quantized to 8 bits and dotted in integers
+/// with each weight row as stored ([`quant`]), for as many tokens as that is faster
+/// ([`quant::integer_rows`]: all of them on x86); for more, panels of weight rows dequantized
+/// to f32 and multiplied by the packed GEMM (the dequantizing paid once for every token).
 fn matmul_blocks(x: &[f32], rows: usize, kind: Kind, bytes: &[u8], n: usize, k: usize) -> Vec<f32> {
-    matmul_blocks_in(x, rows, kind, bytes, n, k, PANEL_BYTES)
+    let route = Route { integer_rows: quant::integer_rows(), panel_bytes: PANEL_BYTES };
+    matmul_blocks_in(x, rows, kind, bytes, n, k, route)
 }
 
-fn matmul_blocks_in(
-    x: &[f32],
-    rows: usize,
-    kind: Kind,
-    bytes: &[u8],
-    n: usize,
-    k: usize,
+/// Which way a quantized product goes: in integers up to `integer_rows` tokens, else in f32
+/// panels of at most `panel_bytes`.
+#[derive(Debug, Clone, Copy)]
+struct Route {
+    integer_rows: usize,
     panel_bytes: usize,
-) -> Vec<f32> {
+}
+
+fn matmul_blocks_in(x: &[f32], rows: usize, kind: Kind, bytes: &[u8], n: usize, k: usize, route: Route) -> Vec<f32> {
     let row_bytes = Matrix::row_bytes(kind, k);
-    if rows <= QUANT_GEMV_TOKENS {
+    if rows <= route.integer_rows {
         let q = Q8::quantize(x, k);
-        let mut by_output = vec![0.0; n * rows];
-        by_output
+        // Each task's result is `[rows][its weight rows]`; a single row is already the whole.
+        let mut by_task = vec![0.0; n * rows];
+        by_task
             .par_chunks_mut(ROWS_PER_TASK * rows)
             .zip(bytes.par_chunks(ROWS_PER_TASK * row_bytes))
             .for_each(|(out, w)| quant::dot_rows(kind, w, row_bytes, &q, out));
-        return transpose(&by_output, n, rows);
+        if rows == 1 {
+            return by_task;
+        }
+        let mut y = vec![0.0; rows * n];
+        y.par_chunks_mut(n).enumerate().for_each(|(r, y)| {
+            for (y, task) in y.chunks_mut(ROWS_PER_TASK).zip(by_task.chunks(ROWS_PER_TASK * rows)) {
+                y.copy_from_slice(&task[r * y.len()..][..y.len()]);
+            }
+        });
+        return y;
     }
     // Panels of at most PANEL_BYTES of f32, each dequantized by every thread and multiplied
     // by the threaded GEMM straight into its columns of the result.
-    let panel_rows = (panel_bytes / (k * 4)).clamp(1, n);
+    let panel_rows = (route.panel_bytes / (k * 4)).clamp(1, n);
     let mut y = vec![0.0; rows * n];
     let mut panel = Vec::new();
     for start in (0..n).step_by(panel_rows) {
@@ -299,14 +307,19 @@ fn matmul_blocks_in(
     y
 }
 
-/// `[n, rows]` to `[rows, n]`.
+/// `[n, rows]` to `[rows, n]`, eight result rows a task: each reads eight adjacent values of
+/// every output and writes eight rows in step (one write of `n` apart for every value, as
+/// before, thrashed the cache once the result outgrew it: a third of a 256-row product's time).
 fn transpose(by_output: &[f32], n: usize, rows: usize) -> Vec<f32> {
+    const ROWS: usize = 8;
     let mut y = vec![0.0; rows * n];
-    for (j, o) in by_output.chunks_exact(rows).enumerate() {
-        for (r, v) in o.iter().enumerate() {
-            y[r * n + j] = *v;
+    y.par_chunks_mut(ROWS * n).enumerate().for_each(|(c, y)| {
+        for (j, o) in by_output.chunks_exact(rows).enumerate() {
+            for (y, v) in y.chunks_exact_mut(n).zip(&o[c * ROWS..]) {
+                y[j] = *v;
+            }
         }
-    }
+    });
     y
 }
 
@@ -412,7 +425,8 @@ mod tests {
         let wf = crate::gguf::dequantize(Kind::Q8_0, &bytes, n * k);
         let (exact, scale) = reference(&x, rows, &wf, n, k);
         // Panels of 32 rows: 32, 32 and 6.
-        let got = matmul_blocks_in(&x, rows, Kind::Q8_0, &bytes, n, k, 32 * k * 4);
+        let got =
+            matmul_blocks_in(&x, rows, Kind::Q8_0, &bytes, n, k, Route { integer_rows: 0, panel_bytes: 32 * k * 4 });
         check(&got, &exact, &scale, 1e-5, "three panels");
     }
 
@@ -436,7 +450,7 @@ mod tests {
         for rows in [3, 20] {
             let x: Vec<f32> = (0..rows * k).map(|_| rng.random_range(-1.0..1.0)).collect();
             let (exact, scale) = reference(&x, rows, &wf, m.rows, k);
-            let tolerance = if rows <= QUANT_GEMV_TOKENS { 0.01 } else { 1e-5 };
+            let tolerance = if rows <= quant::integer_rows() { 0.01 } else { 1e-5 };
             check(&matmul(&x, rows, &m), &exact, &scale, tolerance, &format!("{rows} rows"));
         }
     }
