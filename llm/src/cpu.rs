@@ -14,8 +14,9 @@
 
 use rayon::prelude::*;
 
+use super::attention::{attend, Query, Shape};
 use super::gguf::Kind;
-use super::kv::{KvCache, LayerKv, Row};
+use super::kv::{KvCache, LayerKv};
 use super::quant::{self, Q8};
 use super::weights::{Matrix, Store, Weights};
 use crate::Seq;
@@ -92,6 +93,7 @@ pub fn forward(w: &Weights, rope: &Rope, cache: &mut KvCache, seqs: &[Seq<'_>]) 
         .map(|seq| (0..seq.start as usize + seq.tokens.len()).map(|p| cache.slot(seq.blocks, p)).collect())
         .collect::<Result<_, _>>()?;
     let t = tokens.len();
+    let queries: Vec<Query> = tokens.iter().map(|tok| Query { seq: tok.seq, position: tok.position }).collect();
     let mut x = Vec::with_capacity(t * h);
     for tok in &tokens {
         w.embed.row_into(tok.id as usize, &mut x);
@@ -112,10 +114,10 @@ pub fn forward(w: &Weights, rope: &Rope, cache: &mut KvCache, seqs: &[Seq<'_>]) 
             cache.write(l, tokens[i].slot, &kv[..kvd], &kv[kvd..]);
         }
         let mut attended = vec![0.0; t * qd];
-        let shape = (c.heads, c.kv_heads, hd);
+        let shape = Shape { heads: c.heads, kv_heads: c.kv_heads, head_dim: hd };
         match cache.layer(l) {
-            LayerKv::F16(keys, values) => attend(&mut attended, &qkv, width, &tokens, &slots, shape, keys, values),
-            LayerKv::F32(keys, values) => attend(&mut attended, &qkv, width, &tokens, &slots, shape, keys, values),
+            LayerKv::F16(keys, values) => attend(&mut attended, &qkv, width, &queries, &slots, shape, keys, values),
+            LayerKv::F32(keys, values) => attend(&mut attended, &qkv, width, &queries, &slots, shape, keys, values),
         }
         let o = matmul(&attended, t, &layer.out);
         x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
@@ -146,49 +148,6 @@ pub fn forward(w: &Weights, rope: &Rope, cache: &mut KvCache, seqs: &[Seq<'_>]) 
     rms_norm(&last, &w.norm, c.rms_eps, &mut final_norm);
     let logits = matmul(&final_norm, rows, w.lm_head());
     Ok(logits.chunks_exact(c.vocab).map(<[f32]>::to_vec).collect())
-}
-
-/// Causal attention of every new token over its sequence's cached keys and values, one task
-/// per token and key-value head: the query heads that share those keys (GQA) read each key and
-/// value row once, into f32.
-#[allow(clippy::too_many_arguments)]
-fn attend<T: Row>(
-    out: &mut [f32],
-    qkv: &[f32],
-    width: usize,
-    tokens: &[Token],
-    slots: &[Vec<usize>],
-    (heads, kv_heads, hd): (usize, usize, usize),
-    keys: &[T],
-    values: &[T],
-) {
-    let group = heads / kv_heads;
-    let kvd = kv_heads * hd;
-    let scale = 1.0 / (hd as f32).sqrt();
-    out.par_chunks_mut(group * hd).enumerate().for_each(|(i, out)| {
-        let (ti, kvh) = (i / kv_heads, i % kv_heads);
-        let tok = &tokens[ti];
-        let q = &qkv[ti * width + kvh * group * hd..][..group * hd];
-        let context = &slots[tok.seq][..=tok.position];
-        let n = context.len();
-        let mut scores = vec![0.0f32; group * n];
-        let mut row = vec![0.0f32; hd];
-        for (j, &slot) in context.iter().enumerate() {
-            T::read(&keys[slot * kvd + kvh * hd..][..hd], &mut row);
-            for g in 0..group {
-                scores[g * n + j] = dot(&q[g * hd..(g + 1) * hd], &row) * scale;
-            }
-        }
-        for row in scores.chunks_exact_mut(n) {
-            softmax(row);
-        }
-        for (j, &slot) in context.iter().enumerate() {
-            T::read(&values[slot * kvd + kvh * hd..][..hd], &mut row);
-            for g in 0..group {
-                axpy(scores[g * n + j], &row, &mut out[g * hd..(g + 1) * hd]);
-            }
-        }
-    });
 }
 
 struct Token {
@@ -370,21 +329,6 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + tail
-}
-
-/// `out += a × x`.
-fn axpy(a: f32, x: &[f32], out: &mut [f32]) {
-    out.iter_mut().zip(x).for_each(|(o, x)| *o += a * x);
-}
-
-pub fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    x.iter_mut().for_each(|v| *v /= sum);
 }
 
 #[cfg(test)]

@@ -54,11 +54,17 @@ pub enum LayerKv<'a> {
 pub trait Row: Copy + Send + Sync {
     /// `out` (f32) from `row`.
     fn read(row: &[Self], out: &mut [f32]);
+    /// The row as halves, if it is (for kernels that convert them in registers).
+    fn halves(row: &[Self]) -> Option<&[f16]>;
 }
 
 impl Row for f32 {
     fn read(row: &[f32], out: &mut [f32]) {
         out.copy_from_slice(row);
+    }
+
+    fn halves(_: &[f32]) -> Option<&[f16]> {
+        None
     }
 }
 
@@ -66,6 +72,10 @@ impl Row for f16 {
     fn read(row: &[f16], out: &mut [f32]) {
         // half converts with F16C where the CPU has it.
         row.convert_to_f32_slice(out);
+    }
+
+    fn halves(row: &[f16]) -> Option<&[f16]> {
+        Some(row)
     }
 }
 

@@ -25,6 +25,7 @@
 //! - [`sample`]: the next token from logits, drawn from (seed, position).
 //! - [`Model`]: all of it loaded on a [`Device`], with its cache; [`read`] the files alone.
 
+pub mod attention;
 pub mod config;
 pub mod cpu;
 pub mod device;
