@@ -23,6 +23,8 @@ use crate::kv::Row;
 const TILE: usize = 64;
 /// Keys whose scores one pass over a head's dimensions computes (two AVX2 registers).
 const KEYS: usize = 16;
+/// Most scores a task holds at once (4 MiB): a run of tokens deep in a long context is split.
+const SCORES: usize = 1 << 20;
 
 /// A new token: its sequence (an index into the slots) and position.
 #[derive(Debug, Clone, Copy)]
@@ -52,14 +54,37 @@ pub fn attend<T: Row>(
     keys: &[T],
     values: &[T],
 ) {
-    let qd = shape.heads * shape.head_dim;
-    debug_assert_eq!(out.len(), queries.len() * qd);
-    // Small steps (decode) in smaller tasks, so that both threads have work.
+    // Small steps (decode) in smaller tiles, so that every thread has work.
     let tile = (queries.len() / (4 * rayon::current_num_threads())).clamp(1, TILE);
+    attend_in(tile, out, qkv, width, queries, slots, shape, keys, values);
+}
+
+/// [`attend`] by tiles of `tile` tokens, each key-value head of a tile its own task (a lone
+/// sequence's decode is as many tasks as heads).
+#[allow(clippy::too_many_arguments)]
+fn attend_in<T: Row>(
+    tile: usize,
+    out: &mut [f32],
+    qkv: &[f32],
+    width: usize,
+    queries: &[Query],
+    slots: &[Vec<usize>],
+    shape: Shape,
+    keys: &[T],
+    values: &[T],
+) {
+    let (qd, span) = (shape.heads * shape.head_dim, shape.heads / shape.kv_heads * shape.head_dim);
+    debug_assert_eq!(out.len(), queries.len() * qd);
     out.par_chunks_mut(tile * qd).enumerate().for_each(|(c, out)| {
         let first = c * tile;
         let task = Task { qkv, width, queries: &queries[first..first + out.len() / qd], first, slots, shape };
-        task.run(out, keys, values);
+        // Each head's `[token][its query heads' span]`, into the tokens' rows.
+        let heads: Vec<Vec<f32>> = (0..shape.kv_heads).into_par_iter().map(|kvh| task.run(kvh, keys, values)).collect();
+        for (kvh, part) in heads.iter().enumerate() {
+            for (row, part) in out.chunks_exact_mut(qd).zip(part.chunks_exact(span)) {
+                row[kvh * span..(kvh + 1) * span].copy_from_slice(part);
+            }
+        }
     });
 }
 
@@ -74,149 +99,152 @@ struct Task<'a> {
 }
 
 impl Task<'_> {
-    fn run<T: Row>(&self, out: &mut [f32], keys: &[T], values: &[T]) {
+    /// Key-value head `kvh`'s query heads for the task's tokens: `[token][group · head_dim]`.
+    fn run<T: Row>(&self, kvh: usize, keys: &[T], values: &[T]) -> Vec<f32> {
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("f16c") {
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
             #[allow(unsafe_code)]
             // SAFETY: the CPU has the features the function is compiled with (checked just
-            // above); it is the portable code below, compiled for them.
-            unsafe {
-                self.run_avx512(out, keys, values)
-            };
-            return;
+            // above).
+            return unsafe { self.run_avx512(kvh, keys, values) };
         }
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
             #[allow(unsafe_code)]
             // SAFETY: the CPU has the features the function is compiled with (checked just
-            // above); it is the portable code below, compiled for them.
-            unsafe {
-                self.run_avx2(out, keys, values)
-            };
-            return;
+            // above).
+            return unsafe { self.run_avx2(kvh, keys, values) };
         }
-        self.run_portable::<T, false>(out, keys, values);
+        #[allow(unsafe_code)]
+        // SAFETY: without F16C's instruction.
+        unsafe {
+            self.run_portable::<T, false>(kvh, keys, values)
+        }
     }
 
     /// Sixteen keys or dimensions a register.
     #[cfg(target_arch = "x86_64")]
     #[allow(unsafe_code)]
     #[target_feature(enable = "avx512f,avx2,f16c")]
-    unsafe fn run_avx512<T: Row>(&self, out: &mut [f32], keys: &[T], values: &[T]) {
-        self.run_portable::<T, true>(out, keys, values);
+    unsafe fn run_avx512<T: Row>(&self, kvh: usize, keys: &[T], values: &[T]) -> Vec<f32> {
+        // SAFETY: compiled with F16C, which the caller found.
+        unsafe { self.run_portable::<T, true>(kvh, keys, values) }
     }
 
     #[cfg(target_arch = "x86_64")]
     #[allow(unsafe_code)]
     #[target_feature(enable = "avx2,f16c")]
-    unsafe fn run_avx2<T: Row>(&self, out: &mut [f32], keys: &[T], values: &[T]) {
-        self.run_portable::<T, true>(out, keys, values);
+    unsafe fn run_avx2<T: Row>(&self, kvh: usize, keys: &[T], values: &[T]) -> Vec<f32> {
+        // SAFETY: compiled with F16C, which the caller found.
+        unsafe { self.run_portable::<T, true>(kvh, keys, values) }
     }
 
     /// Plain Rust that the compiler vectorizes: separate multiplies and adds (never fused), so
-    /// the AVX2 build and the portable one compute the same values. `F16C`: halves are widened
-    /// with F16C's instruction (only where the caller is compiled with it).
+    /// the AVX-512, AVX2 and portable builds compute the same values.
+    ///
+    /// # Safety
+    /// With `F16C`, halves are widened by F16C's instruction: the CPU has it.
+    #[allow(unsafe_code)]
     #[inline(always)]
-    fn run_portable<T: Row, const F16C: bool>(&self, out: &mut [f32], keys: &[T], values: &[T]) {
+    unsafe fn run_portable<T: Row, const F16C: bool>(&self, kvh: usize, keys: &[T], values: &[T]) -> Vec<f32> {
         let Shape { heads, kv_heads, head_dim: hd } = self.shape;
-        let (group, kvd, qd) = (heads / kv_heads, kv_heads * hd, heads * hd);
+        let (group, kvd) = (heads / kv_heads, kv_heads * hd);
         let scale = 1.0 / (hd as f32).sqrt();
-        let (mut kt, mut v, mut row, mut scores, mut sums) =
-            (Vec::new(), Vec::new(), vec![0.0f32; hd], Vec::new(), Vec::new());
+        let mut result = vec![0.0f32; self.queries.len() * group * hd];
+        let (mut kt, mut v, mut row, mut scores) = (Vec::new(), Vec::new(), vec![0.0f32; hd], Vec::new());
         let mut start = 0;
         while start < self.queries.len() {
-            // A run of one sequence's tokens (consecutive in the step, positions ascending).
+            // A run of one sequence's tokens (consecutive in the step, positions ascending), at
+            // most as many as keep its scores within SCORES.
             let seq = self.queries[start].seq;
-            let end = start + self.queries[start..].iter().take_while(|q| q.seq == seq).count();
+            let same = self.queries[start..].iter().take_while(|q| q.seq == seq).count();
+            let last = self.queries[start + same - 1].position + 1;
+            let most = (SCORES / (group * last.div_ceil(KEYS) * KEYS)).max(1);
+            let end = start + same.min(most);
             let run = &self.queries[start..end];
             let n = run.iter().map(|q| q.position + 1).max().unwrap_or(0);
             let padded = n.div_ceil(KEYS) * KEYS;
             let context = &self.slots[seq][..n];
-            // The run's query heads, token by token: `heads[h]` is token `h / group`'s.
+            // Query head `h` of the run is token `h / group`'s head `kvh · group + h % group`.
             let position = |h: usize| run[h / group].position;
-            for kvh in 0..kv_heads {
-                let query = |h: usize| {
-                    let t = self.first + start + h / group;
-                    &self.qkv[t * self.width + (kvh * group + h % group) * hd..][..hd]
-                };
-                // Keys by block of sixteen, then dimension (`kt[(j / 16 · hd + d) · 16 + j % 16]`,
-                // zeros past n); values by key.
-                kt.clear();
-                kt.resize(hd * padded, 0.0);
-                v.clear();
-                v.resize(n * hd, 0.0);
-                for (j, &slot) in context.iter().enumerate() {
-                    widen::<T, F16C>(&keys[slot * kvd + kvh * hd..][..hd], &mut row);
-                    let block = &mut kt[j / KEYS * hd * KEYS..][..hd * KEYS];
-                    for (d, k) in row.iter().enumerate() {
-                        block[d * KEYS + j % KEYS] = *k;
-                    }
-                    widen::<T, F16C>(&values[slot * kvd + kvh * hd..][..hd], &mut v[j * hd..(j + 1) * hd]);
+            let query = |h: usize| {
+                let t = self.first + start + h / group;
+                &self.qkv[t * self.width + (kvh * group + h % group) * hd..][..hd]
+            };
+            // Keys by block of sixteen, then dimension (`kt[(j / 16 · hd + d) · 16 + j % 16]`,
+            // zeros past n); values by key.
+            kt.clear();
+            kt.resize(hd * padded, 0.0);
+            v.clear();
+            v.resize(n * hd, 0.0);
+            for (j, &slot) in context.iter().enumerate() {
+                // SAFETY: the caller's (F16C only where the CPU has it).
+                unsafe { widen::<T, F16C>(&keys[slot * kvd + kvh * hd..][..hd], &mut row) };
+                let block = &mut kt[j / KEYS * hd * KEYS..][..hd * KEYS];
+                for (d, k) in row.iter().enumerate() {
+                    block[d * KEYS + j % KEYS] = *k;
                 }
-                // Scores `[query head][key]`: a block of sixteen keys at a time for every query
-                // head that sees any of them, four heads together (the block, 4 KiB, read from
-                // the L1 cache).
-                let count = run.len() * group;
-                scores.clear();
-                scores.resize(count * padded, 0.0);
-                for j0 in (0..n).step_by(KEYS) {
-                    let block = &kt[j0 * hd..][..hd * KEYS];
-                    let mut h = (0..count).find(|&h| position(h) >= j0).unwrap_or(count);
-                    while h < count {
-                        let q = (count - h).min(4);
-                        let qs: [&[f32]; 4] = std::array::from_fn(|i| query(h + i.min(q - 1)));
-                        let got = match q {
-                            4 => score_block::<4>(&qs, block, hd),
-                            3 => pad(score_block::<3>(&qs, block, hd)),
-                            2 => pad(score_block::<2>(&qs, block, hd)),
-                            _ => pad(score_block::<1>(&qs, block, hd)),
-                        };
-                        for (i, s) in got.iter().take(q).enumerate() {
-                            scores[(h + i) * padded + j0..][..KEYS].copy_from_slice(s);
-                        }
-                        h += q;
+                // SAFETY: as above.
+                unsafe { widen::<T, F16C>(&values[slot * kvd + kvh * hd..][..hd], &mut v[j * hd..(j + 1) * hd]) };
+            }
+            // Scores `[query head][key]`: a block of sixteen keys at a time for every query
+            // head that sees any of them, four heads together (the block, 4 KiB, read from
+            // the L1 cache).
+            let count = run.len() * group;
+            scores.clear();
+            scores.resize(count * padded, 0.0);
+            for j0 in (0..n).step_by(KEYS) {
+                let block = &kt[j0 * hd..][..hd * KEYS];
+                let mut h = run.partition_point(|q| q.position < j0) * group;
+                while h < count {
+                    let q = (count - h).min(4);
+                    let qs: [&[f32]; 4] = std::array::from_fn(|i| query(h + i.min(q - 1)));
+                    let got = match q {
+                        4 => score_block::<4>(&qs, block, hd),
+                        3 => pad(score_block::<3>(&qs, block, hd)),
+                        2 => pad(score_block::<2>(&qs, block, hd)),
+                        _ => pad(score_block::<1>(&qs, block, hd)),
+                    };
+                    for (i, s) in got.iter().take(q).enumerate() {
+                        scores[(h + i) * padded + j0..][..KEYS].copy_from_slice(s);
                     }
+                    h += q;
                 }
-                for h in 0..count {
-                    let p = &mut scores[h * padded..][..position(h) + 1];
-                    p.iter_mut().for_each(|s| *s *= scale);
-                    softmax(p);
+            }
+            for h in 0..count {
+                let p = &mut scores[h * padded..][..position(h) + 1];
+                p.iter_mut().for_each(|s| *s *= scale);
+                softmax(p);
+            }
+            // The weighted values into the run's rows of the result (`[query head][hd]`), a
+            // block of sixteen values at a time: four heads together over a block they see
+            // whole, one at a time over their last.
+            let sums = &mut result[start * group * hd..end * group * hd];
+            for j0 in (0..n).step_by(KEYS) {
+                let block = &v[j0 * hd..(j0 + KEYS).min(n) * hd];
+                let first = run.partition_point(|q| q.position < j0) * group;
+                let whole = run.partition_point(|q| q.position + 1 < j0 + KEYS) * group;
+                for h in first..whole.max(first) {
+                    let m = position(h) + 1 - j0;
+                    weigh_block::<1>([&scores[h * padded + j0..][..m]], block, hd, &mut sums[h * hd..][..hd]);
                 }
-                // The weighted values into `sums` (`[query head][hd]`), a block of sixteen values
-                // at a time: four heads together over a block they see whole, one at a time over
-                // their last.
-                sums.clear();
-                sums.resize(count * hd, 0.0);
-                for j0 in (0..n).step_by(KEYS) {
-                    let block = &v[j0 * hd..(j0 + KEYS).min(n) * hd];
-                    let first = (0..count).find(|&h| position(h) >= j0).unwrap_or(count);
-                    let whole = (0..count).find(|&h| position(h) + 1 >= j0 + KEYS).unwrap_or(count);
-                    for h in first..whole.max(first) {
-                        let m = position(h) + 1 - j0;
-                        weigh_block::<1>([&scores[h * padded + j0..][..m]], block, hd, &mut sums[h * hd..][..hd]);
+                let mut h = whole.max(first);
+                while h < count {
+                    let q = (count - h).min(4);
+                    let ps: [&[f32]; 4] = std::array::from_fn(|i| &scores[(h + i.min(q - 1)) * padded + j0..][..KEYS]);
+                    let outs = &mut sums[h * hd..(h + q) * hd];
+                    match q {
+                        4 => weigh_block::<4>(ps, block, hd, outs),
+                        3 => weigh_block::<3>([ps[0], ps[1], ps[2]], block, hd, outs),
+                        2 => weigh_block::<2>([ps[0], ps[1]], block, hd, outs),
+                        _ => weigh_block::<1>([ps[0]], block, hd, outs),
                     }
-                    let mut h = whole.max(first);
-                    while h < count {
-                        let q = (count - h).min(4);
-                        let ps: [&[f32]; 4] =
-                            std::array::from_fn(|i| &scores[(h + i.min(q - 1)) * padded + j0..][..KEYS]);
-                        let outs = &mut sums[h * hd..(h + q) * hd];
-                        match q {
-                            4 => weigh_block::<4>(ps, block, hd, outs),
-                            3 => weigh_block::<3>([ps[0], ps[1], ps[2]], block, hd, outs),
-                            2 => weigh_block::<2>([ps[0], ps[1]], block, hd, outs),
-                            _ => weigh_block::<1>([ps[0]], block, hd, outs),
-                        }
-                        h += q;
-                    }
-                }
-                for (h, sum) in sums.chunks_exact(hd).enumerate() {
-                    let (i, g) = (h / group, h % group);
-                    out[(start + i) * qd + (kvh * group + g) * hd..][..hd].copy_from_slice(sum);
+                    h += q;
                 }
             }
             start = end;
         }
+        result
     }
 }
 
@@ -267,16 +295,19 @@ fn exp(x: f32) -> f32 {
 
 /// A key or value row into f32: with `F16C`, halves eight at a time by `vcvtph2ps` (the `half`
 /// crate's conversion, called a row at a time, took as long as the scores).
+///
+/// # Safety
+/// With `F16C`, the CPU has F16C (and this is inlined into a function compiled with it).
+#[allow(unsafe_code)]
 #[inline(always)]
-fn widen<T: Row, const F16C: bool>(row: &[T], out: &mut [f32]) {
+unsafe fn widen<T: Row, const F16C: bool>(row: &[T], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if let (true, Some(h)) = (F16C, T::halves(row)) {
         use std::arch::x86_64::{_mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
         let (lanes, rest) = (h.chunks_exact(8), out.chunks_exact_mut(8));
         for (h, o) in lanes.clone().zip(rest) {
-            #[allow(unsafe_code)]
-            // SAFETY: `F16C` is true only in `Task::run_avx2`, compiled with F16C, into which
-            // this is inlined; eight halves are read and eight floats written, within `h` and `o`.
+            // SAFETY: the caller's: the CPU has F16C; eight halves are read and eight floats
+            // written, within `h` and `o`.
             unsafe {
                 _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().cast())));
             }
@@ -369,7 +400,8 @@ mod tests {
 
     /// Two sequences' queries in one step (a prefill of 37 tokens after 5 cached, and one
     /// decode token at position 20), against attention computed plainly in f64; each token's
-    /// result the same to the bit when it is attended alone, and with f16 keys and values as
+    /// result the same to the bit when it is attended alone and whatever the tiles (1, 3, 16 and
+    /// 64 tokens: runs cut anywhere, one sequence's and two's), and with f16 keys and values as
     /// with their f32 values.
     #[test]
     fn every_token_attends_its_own_context_whatever_its_company() {
@@ -378,7 +410,7 @@ mod tests {
         let (hd, kvd, qd) = (shape.head_dim, shape.kv_heads * shape.head_dim, shape.heads * shape.head_dim);
         let width = qd + 2 * kvd;
         // Slots: sequence 0 at 0..42, sequence 1 at 100..121 (its own, scattered by the cache).
-        let slots = vec![(0..42).collect::<Vec<_>>(), (0..21).map(|j| 100 + 3 * j % 21).collect()];
+        let slots = vec![(0..42).collect::<Vec<_>>(), (0..21).map(|j| 100 + (5 * j) % 21).collect()];
         let cache: Vec<f32> = (0..121 * kvd).map(|_| rng.random_range(-1.0..1.0)).collect();
         let (keys, values): (Vec<f16>, Vec<f16>) = (
             cache.iter().map(|v| f16::from_f32(*v)).collect(),
@@ -390,6 +422,11 @@ mod tests {
         let qkv: Vec<f32> = (0..t * width).map(|_| rng.random_range(-1.0..1.0)).collect();
         let mut out = vec![0.0; t * qd];
         attend(&mut out, &qkv, width, &queries, &slots, shape, &keys, &values);
+        for tile in [1, 3, 16, 64] {
+            let mut tiled = vec![0.0; t * qd];
+            attend_in(tile, &mut tiled, &qkv, width, &queries, &slots, shape, &keys, &values);
+            assert_eq!(tiled, out, "tiles of {tile}");
+        }
 
         let (kf, vf): (Vec<f32>, Vec<f32>) =
             (keys.iter().map(|v| v.to_f32()).collect(), values.iter().map(|v| v.to_f32()).collect());

@@ -1,7 +1,7 @@
 //! The decoder's forward pass on the CPU over one engine step: every sequence's new tokens
 //! packed into one matrix (prefill chunks and single decode tokens alike), so each projection is
-//! one matrix product for the whole step; attention per token and head over the sequence's own
-//! KV blocks; logits only for the sequences that sample. Activations are f32; weights are f32 or
+//! one matrix product for the whole step; attention over each sequence's own KV blocks
+//! ([`crate::attention`]); logits only for the sequences that sample. Activations are f32; weights are f32 or
 //! the file's quantized blocks ([`crate::quant`]).
 //!
 //! Threads, all rayon's pool, on one of whose threads the whole pass runs ([`crate::Model::forward`]):
@@ -9,8 +9,8 @@
 //! integers, a tile of tokens at a time ([`crate::quant`]; past a portable build's decode
 //! batches, dequantized panels and the GEMM); an f32 projection of a handful of tokens is a
 //! matrix-vector product that reads each weight row once (decode is bound by memory), of more
-//! the `gemm` crate's packed GEMM (bound by arithmetic); attention splits tokens × key-value
-//! heads.
+//! the `gemm` crate's packed GEMM (bound by arithmetic); attention splits tiles of tokens ×
+//! key-value heads.
 
 use rayon::prelude::*;
 
@@ -24,10 +24,10 @@ use crate::Seq;
 /// Up to this many tokens, a projection reads each weight row once and dots it with every token
 /// (memory-bound decode); past it, the packed GEMM's reuse wins.
 const GEMV_TOKENS: usize = 4;
-/// Output rows per task of the matrix-vector paths.
+/// Weight rows per task of the matrix-vector and integer paths.
 const ROWS_PER_TASK: usize = 32;
-/// Most f32 bytes of a quantized matrix a prefill dequantizes at once (the whole of each of
-/// SmolLM2's layer matrices, 7281 rows of its 49152-row output; 1024 rows of 4096 columns).
+/// Most f32 bytes of a quantized matrix the panel path dequantizes at once (portable builds'
+/// prefills; the whole of each of SmolLM2's layer matrices, 7281 rows of its 49152-row output).
 const PANEL_BYTES: usize = 16 << 20;
 
 /// Rotary embedding tables: `cos` and `sin` of `position × θ^(−2i/d)`, `[position][d/2]`.
@@ -266,19 +266,14 @@ fn matmul_blocks_in(x: &[f32], rows: usize, kind: Kind, bytes: &[u8], n: usize, 
     y
 }
 
-/// `[n, rows]` to `[rows, n]`, eight result rows a task: each reads eight adjacent values of
-/// every output and writes eight rows in step (one write of `n` apart for every value, as
-/// before, thrashed the cache once the result outgrew it: a third of a 256-row product's time).
+/// `[n, rows]` to `[rows, n]`.
 fn transpose(by_output: &[f32], n: usize, rows: usize) -> Vec<f32> {
-    const ROWS: usize = 8;
     let mut y = vec![0.0; rows * n];
-    y.par_chunks_mut(ROWS * n).enumerate().for_each(|(c, y)| {
-        for (j, o) in by_output.chunks_exact(rows).enumerate() {
-            for (y, v) in y.chunks_exact_mut(n).zip(&o[c * ROWS..]) {
-                y[j] = *v;
-            }
+    for (j, o) in by_output.chunks_exact(rows).enumerate() {
+        for (r, v) in o.iter().enumerate() {
+            y[r * n + j] = *v;
         }
-    });
+    }
     y
 }
 
@@ -359,7 +354,7 @@ mod tests {
     }
 
     /// A prefill's panels cover the matrix, each into its own columns: three panels of a Q8_0
-    /// matrix give the dequantized product.
+    /// matrix give the dequantized product; and so do the integer path's three tasks.
     #[test]
     fn a_prefill_over_several_panels_is_the_dequantized_product() {
         let mut rng = StdRng::seed_from_u64(5);
@@ -372,10 +367,14 @@ mod tests {
         let got =
             matmul_blocks_in(&x, rows, Kind::Q8_0, &bytes, n, k, Route { integer_rows: 0, panel_bytes: 32 * k * 4 });
         check(&got, &exact, &scale, 1e-5, "three panels");
+        // The integer path's tasks (32 weight rows, 32 and 6) each into their own columns.
+        let route = Route { integer_rows: usize::MAX, panel_bytes: 0 };
+        check(&matmul_blocks_in(&x, rows, Kind::Q8_0, &bytes, n, k, route), &exact, &scale, 0.01, "three tasks");
     }
 
     /// Q4_K, Q4_K and Q6_K matrices stacked (a Q4_K_M file's Q, K and V) compute as their
-    /// dequantized values do, on the integer path and on the GEMM's.
+    /// dequantized values do, for a decode batch and a prefill (the integer path for both on
+    /// x86; the GEMM's for the prefill in a portable build).
     #[test]
     fn a_stack_of_formats_is_the_dequantized_product() {
         let mut rng = StdRng::seed_from_u64(9);

@@ -55,16 +55,14 @@ pub trait Row: Copy + Send + Sync {
     /// `out` (f32) from `row`.
     fn read(row: &[Self], out: &mut [f32]);
     /// The row as halves, if it is (for kernels that convert them in registers).
-    fn halves(row: &[Self]) -> Option<&[f16]>;
+    fn halves(_row: &[Self]) -> Option<&[f16]> {
+        None
+    }
 }
 
 impl Row for f32 {
     fn read(row: &[f32], out: &mut [f32]) {
         out.copy_from_slice(row);
-    }
-
-    fn halves(_: &[f32]) -> Option<&[f16]> {
-        None
     }
 }
 

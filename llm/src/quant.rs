@@ -118,13 +118,15 @@ pub fn computed(kind: Kind) -> bool {
 }
 
 /// Up to how many activation rows [`dot_rows`] is the faster way to multiply a quantized
-/// matrix; past it, dequantized panels and the f32 GEMM are. The x86 kernels win at every size
-/// (a prefill of 256 rows: 140–180 GMAC/s for AVX-512 VNNI's, 95–105 for AVX2's, against the
-/// GEMM's 117 with AVX-512 on the same AMD EPYC); the portable one only for decode batches.
+/// matrix; past it, dequantized panels and the f32 GEMM are. On an AMD EPYC with AVX-512, a
+/// prefill of 256 rows: 140–180 GMAC/s for the AVX-512 VNNI kernel, 95–105 for the AVX2 one,
+/// 117 for the GEMM with AVX-512 (with AVX2 alone it has half the width). So the integer path
+/// at every size where the CPU has AVX-512 VNNI or no AVX-512 at all; for decode batches where
+/// the GEMM has AVX-512 and the integers only AVX2, and for the portable kernel.
 pub fn integer_rows() -> usize {
     #[cfg(target_arch = "x86_64")]
     if x86::available() {
-        return usize::MAX;
+        return if x86::avx512() || !is_x86_feature_detected!("avx512f") { usize::MAX } else { 64 };
     }
     16
 }
@@ -395,7 +397,8 @@ fn q6_k(row: &[u8], b: usize, u: &mut Unpacked) {
 /// instructions (the one-loop-per-weight-row kernel this replaced spent about thirteen a block
 /// and kept a batch's accumulators in memory, so a batch got no more from a weight than a lone
 /// row did). Every pair of rows gets the same operations in the same order whatever its tile,
-/// so a sequence's tokens do not depend on its step's company.
+/// so a sequence's tokens do not depend on its step's company; and the AVX2 kernel sums even
+/// and odd blocks apart as the AVX-512 one does, so neither do they on the x86 CPU that serves.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod x86 {
@@ -455,6 +458,7 @@ mod x86 {
             _ => OTHER,
         };
         let wide = x.tiles.wide;
+        debug_assert!(!wide || avx512());
         let mut r0 = 0;
         while r0 < rows {
             let n = (rows - r0).min(TILE);
@@ -473,9 +477,10 @@ mod x86 {
                     }
                 };
             }
-            // SAFETY: the caller found AVX2, FMA and F16C, the features each kernel is compiled
-            // with; the sizes its pointers rely on are checked above, and `r0 + n` rows are
-            // within `x`.
+            // SAFETY: the caller found AVX2, FMA and F16C, and `x` was packed wide only where the
+            // CPU has AVX-512 F, BW and VNNI (`pack`'s caller): the features each kernel is
+            // compiled with; the sizes its pointers rely on are checked above, `r0` is a
+            // multiple of TILE and `n` its tile's rows.
             unsafe {
                 match (wide, code) {
                     (true, Q8_0) => tile!(tile512, Q8_0),
@@ -650,39 +655,61 @@ mod x86 {
             let mut u = Unpacked::default();
             let n = w.len() / row_bytes;
             for (i, wr) in w.chunks_exact(row_bytes).enumerate() {
-                let mut acc = [_mm256_setzero_ps(); $rn];
+                // Even blocks' sums and odd blocks', as the AVX-512 kernel's two halves (sixteen
+                // accumulators: some live on the stack; four rows at a time measured slower).
+                let (mut even, mut odd) = ([_mm256_setzero_ps(); $rn], [_mm256_setzero_ps(); $rn]);
                 let mut offsets = [0.0f32; $rn];
-                for b in 0..blocks {
-                    let (v, s0, s1, min) = block!(kind, wr, b, &mut u);
-                    let scales = _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1);
-                    let magnitude = if unsigned { v } else { _mm256_sign_epi8(v, v) };
-                    for j in 0..$rn {
-                        let at = b * $rn + j;
-                        let a = _mm256_loadu_si256(q.add(at * BLOCK).cast());
-                        let a = if unsigned { a } else { _mm256_sign_epi8(a, v) };
-                        let products = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, a), ones);
-                        let scale = _mm256_mul_ps(scales, _mm256_set1_ps(*d.add(at)));
-                        acc[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(products), acc[j]);
-                    }
-                    if unsigned {
+                // Block `$b` into `$acc`.
+                macro_rules! step {
+                    ($b:expr, $acc:ident) => {{
+                        let b = $b;
+                        let (v, s0, s1, min) = block!(kind, wr, b, &mut u);
+                        let scales = _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1);
+                        let magnitude = if unsigned { v } else { _mm256_sign_epi8(v, v) };
                         for j in 0..$rn {
-                            offsets[j] += min * *ds.add(b * $rn + j);
+                            let at = b * $rn + j;
+                            let a = _mm256_loadu_si256(q.add(at * BLOCK).cast());
+                            let a = if unsigned { a } else { _mm256_sign_epi8(a, v) };
+                            let products = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, a), ones);
+                            let scale = _mm256_mul_ps(scales, _mm256_set1_ps(*d.add(at)));
+                            $acc[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(products), $acc[j]);
                         }
+                        if unsigned {
+                            for j in 0..$rn {
+                                offsets[j] += min * *ds.add(b * $rn + j);
+                            }
+                        }
+                    }};
+                }
+                for b in (0..blocks).step_by(2) {
+                    step!(b, even);
+                    if b + 1 < blocks {
+                        step!(b + 1, odd);
                     }
                 }
                 for j in 0..$rn {
-                    let lanes = _mm_add_ps(_mm256_castps256_ps128(acc[j]), _mm256_extractf128_ps(acc[j], 1));
-                    let pairs = _mm_add_ps(lanes, _mm_movehl_ps(lanes, lanes));
-                    let one = _mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1));
-                    out[(r0 + j) * n + i] = if unsigned { _mm_cvtss_f32(one) + offsets[j] } else { _mm_cvtss_f32(one) };
+                    let sum = sum8(_mm256_add_ps(even[j], odd[j]));
+                    out[(r0 + j) * n + i] = if unsigned { sum + offsets[j] } else { sum };
                 }
             }
         }};
     }
 
+    /// The eight lanes' sum, in one order for both kernels.
+    #[inline(always)]
+    fn sum8(v: __m256) -> f32 {
+        // SAFETY: called only from this module's kernels, compiled with AVX2.
+        unsafe {
+            let lanes = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let pairs = _mm_add_ps(lanes, _mm_movehl_ps(lanes, lanes));
+            _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)))
+        }
+    }
+
     /// [`tile_kernel`] two blocks at a time in AVX-512's registers: lanes 0–7 sum the even
-    /// blocks, 8–15 the odd ones, added at the end (a pair's integers are the same; `vpabsb` and
-    /// a masked negation stand for the sign trick, which AVX-512 lacks).
+    /// blocks, 8–15 the odd ones, added at the end as the AVX2 kernel adds its two sums; a pair's
+    /// integers are the same (from activations biased by 128 less 128 · Σw, AVX-512 having no
+    /// sign trick), so both kernels give the same sums to the bit.
     macro_rules! tile512_kernel {
         ($code:expr, $rn:expr, $kind:expr, $w:expr, $row_bytes:expr, $x:expr, $r0:expr, $out:expr) => {{
             let (kind, w, row_bytes, x, r0, out): (Kind, &[u8], usize, &Q8, usize, &mut [f32]) =
@@ -692,7 +719,8 @@ mod x86 {
             let offset = matches!(kind, Kind::Q4_1 | Kind::Q5_1 | Kind::Q4K | Kind::Q5K);
             // The tile's rows (the tiles before it whole), two blocks a step, 128 added to each
             // value (the unsigned operand of `vpdpbusd`; an odd last block is followed by 32
-            // zeros), and their scales spread over the two halves ([`Tiles`]).
+            // bytes of 128, zeros biased, with scales of 0), and their scales spread over the two
+            // halves ([`Tiles`]).
             let q = x.tiles.bytes.as_ptr().add(x.tiles.start.0 + r0 * pairs * 2 * BLOCK);
             let d = x.tiles.scales.as_ptr().add(x.tiles.start.1 + r0 * pairs * 16);
             let ds = x.tiles.ds.as_ptr().add(r0 * blocks);
@@ -731,18 +759,15 @@ mod x86 {
                 }
                 for j in 0..$rn {
                     let high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1));
-                    let eight = _mm256_add_ps(_mm512_castps512_ps256(acc[j]), high);
-                    let lanes = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
-                    let pairs = _mm_add_ps(lanes, _mm_movehl_ps(lanes, lanes));
-                    let one = _mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1));
-                    out[(r0 + j) * n + i] = if offset { _mm_cvtss_f32(one) + offsets[j] } else { _mm_cvtss_f32(one) };
+                    let sum = sum8(_mm256_add_ps(_mm512_castps512_ps256(acc[j]), high));
+                    out[(r0 + j) * n + i] = if offset { sum + offsets[j] } else { sum };
                 }
             }
         }};
     }
 
     /// # Safety
-    /// As [`tile`], and AVX-512 F and BW.
+    /// As [`tile`], with `x` packed for this kernel (`x.tiles.wide`), and AVX-512 F, BW and VNNI.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
     unsafe fn tile512<const CODE: u8, const RN: usize>(
         kind: Kind,
@@ -756,8 +781,9 @@ mod x86 {
     }
 
     /// # Safety
-    /// AVX2, FMA and F16C; `x` holds rows `r0..r0 + RN`; `w` whole rows of `row_bytes` for
-    /// `x.cols` values of `kind`; `out` a row of `x.rows()` for each of them.
+    /// AVX2, FMA and F16C; `x` packed for this kernel (not `x.tiles.wide`) with `r0` a multiple
+    /// of [`TILE`] and `RN` the rows of its tile (`min(TILE, rows − r0)`: the layout's strides);
+    /// `w` whole rows of `row_bytes` for `x.cols` values of `kind`; `out` `[x.rows()][w's rows]`.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn tile<const CODE: u8, const RN: usize>(
         kind: Kind,
@@ -829,9 +855,11 @@ pub(crate) mod tests {
                 let x: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-2.0..2.0)).collect();
                 let mut portable = vec![0.0; rows * n];
                 dot_rows_portable(kind, &w, row_bytes, &Q8::quantize(&x, cols), &mut portable);
+                let mut kernels = Vec::new();
                 for wide in [true, false] {
                     let mut out = vec![0.0; rows * n];
                     dot_rows(kind, &w, row_bytes, &Q8::quantize_for(&x, cols, wide), &mut out);
+                    kernels.push(out.clone());
                     // Each activation row alone (a lone sequence's kernel).
                     let alone: Vec<Vec<f32>> = (0..rows)
                         .map(|r| {
@@ -861,8 +889,31 @@ pub(crate) mod tests {
                         }
                     }
                 }
+                // And whatever the CPU: the AVX-512 and AVX2 kernels sum in the same order.
+                assert_eq!(kernels[0], kernels[1], "{kind}, {cols} columns, {rows} rows: the two kernels differ");
             }
         }
+    }
+
+    /// The activations quantize to the same integers, scales and sums on every path: halfway
+    /// values to the even integer, the largest magnitude to ±127, a block of zeros (and one of
+    /// subnormals, whose scale's inverse would overflow) to zeros.
+    #[test]
+    fn every_path_quantizes_alike() {
+        let mut rng = StdRng::seed_from_u64(13);
+        let mut x: Vec<f32> = (0..8 * 64).map(|_| rng.random_range(-3.0..3.0)).collect();
+        // Block 1: 127 steps of 1, so that 0.5, 1.5, -2.5 … are exact halves.
+        for (j, v) in x[32..64].iter_mut().enumerate() {
+            *v = if j == 0 { 127.0 } else { j as f32 - 16.5 };
+        }
+        x[64..96].fill(0.0);
+        x[96..128].fill(f32::MIN_POSITIVE / 4.0);
+        let mut portable = Q8 { cols: 64, q: Vec::new(), d: Vec::new(), ds: Vec::new(), tiles: Tiles::default() };
+        quantize_into(&x, &mut portable);
+        let q = Q8::quantize(&x, 64);
+        assert_eq!((&q.q, &q.d, &q.ds), (&portable.q, &portable.d, &portable.ds));
+        assert_eq!(&q.q[32..36], &[127, -16, -14, -14], "ties to even: -15.5 → -16, -14.5 → -14");
+        assert!(q.q[64..128].iter().all(|&v| v == 0));
     }
 
     /// A prefill's panels are the values the reader decodes.

@@ -174,11 +174,12 @@ fn smollm2_requantized_to_q8_0_by_ggufs_quantizer_keeps_the_f32_logits() {
     // Measured with Q8_0 dequantized to f32: median 0.9997 and 3.4 %, worst 0.990 and 16.6 % (a
     // step where the f32 model itself is unsure), 46 of 48 tokens; computed as stored with an f16
     // KV cache, the prompts' projections in f32: 0.9995 and 4.5 %, worst 0.988 and 16.8 %, 45 of
-    // 48; the prompts' too with 8-bit activations, as llama.cpp computes them: 0.9994 and 5.3 %,
-    // worst 0.977 and 34 %, 45 of 48 (with attention's current order of sums 0.9994 and 5.1 %,
-    // worst 0.989 and 24 %). A decoder that read Q8_0 wrong is far off all of them.
-    assert!(cosine >= 0.999 && worst_cosine >= 0.97, "cosine median {cosine}, worst {worst_cosine}");
-    assert!(error <= 0.06 && worst_error <= 0.4, "relative error median {error}, worst {worst_error}");
+    // 48; the prompts' too with 8-bit activations, as llama.cpp computes them (and attention's
+    // sums in its current order): 0.9994 and 5.1 %, worst 0.989 and 24 %, 45 of 48 — the same on
+    // every x86 CPU with AVX2, whose two kernels sum alike. A decoder that read Q8_0 wrong is far
+    // off all of them.
+    assert!(cosine >= 0.999 && worst_cosine >= 0.98, "cosine median {cosine}, worst {worst_cosine}");
+    assert!(error <= 0.06 && worst_error <= 0.3, "relative error median {error}, worst {worst_error}");
     assert!(same * 10 >= steps * 9, "{same} of {steps}");
 }
 
