@@ -10,14 +10,15 @@
 //! # Layout
 //!
 //! - [`gguf`]: llama.cpp's file, memory-mapped: metadata, tensor directory, block formats.
-//! - [`quant`]: dot products on quantized blocks as stored, with 8-bit activations.
+//! - [`quant`]: products on quantized blocks as stored, with 8-bit activations, by tiles.
 //! - [`config`]: the decoder's shape from GGUF metadata or `config.json`.
 //! - [`weights`]: the tensors of either format in one layout (Q/K un-permuted, QKV and gate/up
 //!   stacked), quantized matrices kept as stored.
 //! - [`text`]: tokenizer, incremental detokenization, end-of-turn tokens.
 //! - [`template`]: the chat template, compiled once, and a request's controls over it.
 //! - [`kv`]: the paged KV store the block tables index.
-//! - [`cpu`]: the forward pass of a step on the CPU (the fast host path).
+//! - [`cpu`]: the forward pass of a step on the CPU (the fast host path); [`attention`] its
+//!   causal attention over the paged cache, by tiles of tokens.
 //! - [`device`]: the same pass written once as device operations (projections and the kernels
 //!   of `kernels.cu`), run by `gpu` (feature `cuda`: cuBLAS and NVRTC through cudarc) and by
 //!   [`host`], which emulates them so that the GPU's algorithm is tested where there is no GPU.
