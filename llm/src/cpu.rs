@@ -176,6 +176,7 @@ pub fn matmul(x: &[f32], rows: usize, w: &Matrix) -> Vec<f32> {
     }
     match &w.store {
         Store::F32(data) => matmul_f32(x, rows, data, n, k),
+        Store::Blocks { kind: kind @ (Kind::F16 | Kind::Bf16), bytes } => matmul_half(x, rows, *kind, bytes, n, k),
         Store::Blocks { kind, bytes } => matmul_blocks(x, rows, *kind, bytes, n, k),
         Store::Stacked(parts) => {
             let mut y = vec![0.0; rows * n];
@@ -208,6 +209,29 @@ fn matmul_f32(x: &[f32], rows: usize, w: &[f32], n: usize, k: usize) -> Vec<f32>
     let mut y = vec![0.0; rows * n];
     gemm_into(&mut y, n, x, rows, w, n, k);
     y
+}
+
+/// A matrix of F16 or BF16 values, kept in 16 bits (half the bytes a decode reads): for a
+/// handful of tokens each row is widened to f32 and dotted with every token, as the f32 path
+/// does (the same sums); for more, panels are widened for the GEMM.
+fn matmul_half(x: &[f32], rows: usize, kind: Kind, bytes: &[u8], n: usize, k: usize) -> Vec<f32> {
+    if rows <= GEMV_TOKENS {
+        let row_bytes = 2 * k;
+        let mut by_output = vec![0.0; n * rows];
+        by_output.par_chunks_mut(ROWS_PER_TASK * rows).zip(bytes.par_chunks(ROWS_PER_TASK * row_bytes)).for_each(
+            |(out, w)| {
+                let mut wf = vec![0.0; k];
+                for (o, wr) in out.chunks_exact_mut(rows).zip(w.chunks_exact(row_bytes)) {
+                    quant::dequantize_rows(kind, wr, k, &mut wf);
+                    for (r, o) in o.iter_mut().enumerate() {
+                        *o = dot(&x[r * k..(r + 1) * k], &wf);
+                    }
+                }
+            },
+        );
+        return transpose(&by_output, n, rows);
+    }
+    matmul_blocks_in(x, rows, kind, bytes, n, k, Route { integer_rows: 0, panel_bytes: PANEL_BYTES })
 }
 
 /// A matrix of quantized blocks: the activations quantized to 8 bits and dotted in integers
@@ -370,6 +394,31 @@ mod tests {
         // The integer path's tasks (32 weight rows, 32 and 6) each into their own columns.
         let route = Route { integer_rows: usize::MAX, panel_bytes: 0 };
         check(&matmul_blocks_in(&x, rows, Kind::Q8_0, &bytes, n, k, route), &exact, &scale, 0.01, "three tasks");
+    }
+
+    /// F16 and BF16 matrices, held in 16 bits, compute as their values do: a decode's rows and
+    /// a prefill's panels widened to f32.
+    #[test]
+    fn a_16_bit_matrix_is_the_product_of_its_values() {
+        let mut rng = StdRng::seed_from_u64(17);
+        let (n, k) = (70, 96);
+        let values: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        for kind in [Kind::F16, Kind::Bf16] {
+            let bytes: Vec<u8> = values
+                .iter()
+                .flat_map(|&v| match kind {
+                    Kind::F16 => half::f16::from_f32(v).to_le_bytes(),
+                    _ => half::bf16::from_f32(v).to_le_bytes(),
+                })
+                .collect();
+            let m = Matrix { rows: n, cols: k, store: Store::Blocks { kind, bytes } };
+            let wf = m.to_f32();
+            for rows in [1, 3, 20] {
+                let x: Vec<f32> = (0..rows * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+                let (exact, scale) = reference(&x, rows, &wf, n, k);
+                check(&matmul(&x, rows, &m), &exact, &scale, 1e-5, &format!("{kind}, {rows} rows"));
+            }
+        }
     }
 
     /// Q4_K, Q4_K and Q6_K matrices stacked (a Q4_K_M file's Q, K and V) compute as their

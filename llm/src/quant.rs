@@ -160,8 +160,8 @@ fn dot_rows_portable(kind: Kind, w: &[u8], row_bytes: usize, x: &Q8, out: &mut [
     }
 }
 
-/// Weight rows of `kind` (`cols` values each) as f32, into `out`: the panels a prefill
-/// multiplies by the f32 GEMM.
+/// Weight rows of `kind` (`cols` values each; F16 and BF16 too) as f32, into `out`: the panels a
+/// prefill multiplies by the f32 GEMM, and a 16-bit row a decode dots.
 pub fn dequantize_rows(kind: Kind, w: &[u8], cols: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if x86::available() {
@@ -177,6 +177,22 @@ pub fn dequantize_rows(kind: Kind, w: &[u8], cols: usize, out: &mut [f32]) {
 
 #[inline(always)]
 fn dequantize_portable(kind: Kind, w: &[u8], cols: usize, out: &mut [f32]) {
+    match kind {
+        Kind::F16 => {
+            for (o, b) in out.iter_mut().zip(w.chunks_exact(2)) {
+                *o = half(b);
+            }
+            return;
+        }
+        Kind::Bf16 => {
+            // A bfloat16 is the high half of an f32.
+            for (o, b) in out.iter_mut().zip(w.chunks_exact(2)) {
+                *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
+            }
+            return;
+        }
+        _ => {}
+    }
     let row_bytes = crate::weights::Matrix::row_bytes(kind, cols);
     let mut u = Unpacked::default();
     for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(cols)) {
@@ -599,6 +615,16 @@ mod x86 {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dequantize_rows_avx2(kind: Kind, w: &[u8], cols: usize, out: &mut [f32]) {
+        if kind == Kind::F16 {
+            // Eight halves an instruction (`half`'s conversion goes a value at a time here).
+            let (lanes, rest) = (w.chunks_exact(16), out.chunks_exact_mut(8));
+            let done = (w.len() / 16) * 8;
+            for (h, o) in lanes.zip(rest) {
+                _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().cast())));
+            }
+            super::dequantize_portable(kind, &w[done * 2..], cols, &mut out[done..]);
+            return;
+        }
         super::dequantize_portable(kind, w, cols, out);
     }
 

@@ -4,8 +4,10 @@
 //! runs four projections instead of seven.
 //!
 //! A GGUF matrix of a quantized format is kept as its file stores it and computed on so
-//! ([`crate::quant`]): a Q4_1 file takes its own size in memory, not eight times it. F16, BF16 and
-//! F32 matrices, and every vector, are f32. [`Weights::dequantized`] turns every matrix to f32.
+//! ([`crate::quant`]): a Q4_1 file takes its own size in memory, not eight times it. F16 and BF16
+//! matrices (GGUF's or safetensors') stay in 16 bits, widened to f32 a row or a panel at a time as
+//! they are multiplied; F32 matrices and every vector are f32. [`Weights::dequantized`] turns
+//! every matrix to f32.
 //!
 //! GGUF's converter permutes the Q and K rows of `llama` models for llama.cpp's rotary layout
 //! (adjacent pairs): row `h·d + 2j + t` of the file is row `h·d + t·d/2 + j` of the original.
@@ -32,7 +34,8 @@ pub struct Matrix {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Store {
     F32(Vec<f32>),
-    /// Rows of blocks of a format [`crate::quant`] computes on, as the file stores them.
+    /// Rows of blocks of a format [`crate::quant`] computes on, as the file stores them; or of
+    /// F16 or BF16 values (blocks of one).
     Blocks {
         kind: Kind,
         bytes: Vec<u8>,
@@ -206,6 +209,9 @@ impl Weights {
                 ));
             }
             let (kind, raw) = g.raw(name).map_err(|e| format!("{file}: {e}"))?;
+            if rows > 1 && matches!(kind, Kind::F16 | Kind::Bf16) {
+                return Ok(Matrix { rows, cols, store: Store::Blocks { kind, bytes: raw.to_vec() } });
+            }
             if rows > 1 && crate::quant::computed(kind) {
                 let (per_block, _) = kind.block().expect("a block format");
                 if !cols.is_multiple_of(per_block.max(crate::quant::BLOCK)) {
@@ -292,6 +298,17 @@ impl Weights {
                 ));
             }
             let b = view.data();
+            if rows > 1 {
+                // A matrix in 16 bits stays so (computed on widened to f32, a row or panel at a time).
+                let kind = match view.dtype() {
+                    Dtype::F16 => Some(Kind::F16),
+                    Dtype::BF16 => Some(Kind::Bf16),
+                    _ => None,
+                };
+                if let Some(kind) = kind {
+                    return Ok(Some(Matrix { rows, cols, store: Store::Blocks { kind, bytes: b.to_vec() } }));
+                }
+            }
             let data = match view.dtype() {
                 Dtype::F32 => b.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
                 Dtype::F16 => b.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),

@@ -428,3 +428,69 @@ fn a_file_that_is_not_a_model_is_refused_naming_it() {
     assert!(e.contains("config.json"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A Hugging Face folder in BF16 (or F16) keeps its matrices in 16 bits and computes what the
+/// same values in f32 do, within rounding: a decode's rows widened for the f32 path's dot
+/// product, a prefill's panels for the GEMM.
+#[test]
+fn a_bf16_or_f16_folder_is_held_in_16_bits_and_computes_its_values() {
+    use ferry_llm::gguf::Kind;
+    use ferry_llm::weights::Store;
+    use safetensors::{tensor::TensorView, Dtype, SafeTensors};
+
+    let src = root().join("tests/llm/reference/tiny-llama");
+    let original = std::fs::read(src.join("model.safetensors")).expect("tiny-llama's weights");
+    let tensors = SafeTensors::deserialize(&original).expect("safetensors");
+    for (dtype, kind) in [(Dtype::BF16, Kind::Bf16), (Dtype::F16, Kind::F16)] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for file in ["config.json", "tokenizer.json"] {
+            std::fs::copy(src.join(file), dir.path().join(file)).expect("copy");
+        }
+        let converted: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+            .tensors()
+            .into_iter()
+            .map(|(name, view)| {
+                // The folder's values (F16 or F32) as f32, then in `dtype`.
+                let values: Vec<f32> = match view.dtype() {
+                    Dtype::F16 => {
+                        view.data().chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+                    }
+                    Dtype::F32 => {
+                        view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+                    }
+                    other => panic!("{name}: {other:?}"),
+                };
+                let bytes = values
+                    .iter()
+                    .flat_map(|&v| match dtype {
+                        Dtype::BF16 => half::bf16::from_f32(v).to_le_bytes(),
+                        _ => half::f16::from_f32(v).to_le_bytes(),
+                    })
+                    .collect();
+                (name, view.shape().to_vec(), bytes)
+            })
+            .collect();
+        let views = converted
+            .iter()
+            .map(|(name, shape, bytes)| (name.clone(), TensorView::new(dtype, shape.clone(), bytes).expect("view")));
+        safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).expect("write");
+
+        let (weights, _) = ferry_llm::read(dir.path()).expect("read");
+        assert!(matches!(weights.layers[0].qkv.store, Store::Blocks { kind: k, .. } if k == kind), "{kind}");
+        assert!(matches!(weights.embed.store, Store::Blocks { kind: k, .. } if k == kind), "{kind}");
+
+        let options = ferry_llm::Options { dequantize: false, kv_dtype: Some(ferry_llm::KvDtype::F32) };
+        let held = Model::load_with(dir.path(), Device::Cpu, KvSize::Blocks(16), BLOCK, options).expect("load");
+        let widened = Model::load_dequantized(dir.path(), Device::Cpu, KvSize::Blocks(16), BLOCK).expect("load f32");
+        let case = &reference("tiny-llama.json")["cases"][0];
+        let prompt = ids(&case["prompt"]);
+        let (answer, _) = generate(&widened, &prompt, 6, 0);
+        let (a, b) = (logits_along(&held, &prompt, &answer), logits_along(&widened, &prompt, &answer));
+        // The prefill's logits within rounding; every decode step's the same.
+        let scale = b[0].iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        assert!(max_diff(&a[0], &b[0]) <= 1e-4 * scale, "{kind}: prefill {}", max_diff(&a[0], &b[0]));
+        for (step, (x, y)) in a.iter().zip(&b).enumerate().skip(1) {
+            assert!(max_diff(x, y) <= 1e-4 * scale, "{kind}: step {step} {}", max_diff(x, y));
+        }
+    }
+}
