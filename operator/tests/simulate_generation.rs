@@ -31,14 +31,22 @@ fn holds_its_figures(scenario: Scenario) {
             let b = get(&outcomes, baseline);
             assert!(ferry.kept >= b.kept && ferry.kept_settled >= b.kept_settled, "{at}: {ferry:?} vs {b:?}");
         }
-        // Where a rise stops, the pods the look-ahead asked for beyond it go a minute later
-        // (still starting, or ready and never needed by the load seen), not a scale-down delay
-        // later: within 1.17 times the oracle's GPU-seconds at every start-up (1.30 and 1.34
-        // times at 180 and 300 s while they stayed a delay).
-        if scenario == Scenario::Ramp {
-            let oracle = get(&outcomes, Policy::Oracle);
-            assert!(ferry.gpu_seconds <= 1.17 * oracle.gpu_seconds, "{at}: {ferry:?} vs {oracle:?}");
-        }
+        // On loads that rise and fall over minutes, within 1.15 times the GPU-seconds of the
+        // oracle (which knows the load to come and sizes it as the spec does, warm capacity
+        // included). Where a rise stops, the pods the look-ahead asked for beyond it go a minute
+        // later (still starting, or ready and never needed by the load seen), not a scale-down
+        // delay later (1.30 and 1.34 times at 180 and 300 s while they stayed a delay); a load
+        // that falls steadily is followed a minute behind (1.22 and 1.15 times on the day at 60
+        // and 180 s against this oracle while it waited out the delay). The ramp at 300 s is
+        // the exception, at 1.16: its top sits exactly on 5 pods at 0.8 (4 pods' capacity), where
+        // a reading a spread above it asks for a sixth that the window then holds.
+        let oracle = get(&outcomes, Policy::Oracle);
+        let bound = match (scenario, startup.as_secs()) {
+            (Scenario::Ramp, 300) => 1.17,
+            (Scenario::Ramp | Scenario::Diurnal, _) => 1.15,
+            _ => f64::INFINITY,
+        };
+        assert!(ferry.gpu_seconds <= bound * oracle.gpu_seconds, "{at}: {ferry:?} vs {oracle:?}");
         let rows = sim::markdown(scenario, &outcomes);
         assert!(
             readme.contains(&rows),
@@ -48,20 +56,27 @@ fn holds_its_figures(scenario: Scenario) {
     }
 }
 
-/// The spec's warm spare and its 5-minute scale-down delay are most of what Ferry spends beyond
-/// the oracle on loads that rise and fall over minutes: without the spare and with a 60 s delay,
-/// at 60 s start-ups, it comes within 1.15 times the oracle's GPU-seconds and still keeps all three
-/// deadlines for 99.5 % of requests.
+/// Without the warm spare (the oracle then keeps none either: the load's own pods at 0.8), Ferry
+/// comes within 1.15 times the oracle's GPU-seconds on loads that rise and fall over minutes at
+/// every start-up, the 5-minute scale-down delay kept, and keeps all three deadlines for 99.5 %
+/// of requests — but on the day at 300 s start-ups: warm capacity is what carries a 5-minute
+/// start-up through the morning's rise.
 #[test]
-fn without_a_warm_spare_and_with_a_short_delay_ferry_is_within_a_seventh_of_the_oracle() {
-    let mut lean = World::example(STARTUPS[0]);
-    lean.target.warm_replicas = 0;
-    lean.target.scale_down_delay = Duration::from_secs(60);
-    for scenario in [Scenario::Ramp, Scenario::Diurnal] {
-        let oracle = sim::run(&World::example(STARTUPS[0]), scenario, Policy::Oracle);
-        let ferry = sim::run(&lean, scenario, Policy::Ferry);
-        assert!(ferry.kept_settled >= 0.995, "{}: {ferry:?}", scenario.name());
-        assert!(ferry.gpu_seconds <= 1.15 * oracle.gpu_seconds, "{}: {ferry:?} vs {oracle:?}", scenario.name());
+fn without_a_warm_spare_ferry_is_within_a_seventh_of_an_oracle_without_one() {
+    for startup in STARTUPS {
+        let mut lean = World::example(startup);
+        lean.target.warm_replicas = 0;
+        for scenario in [Scenario::Ramp, Scenario::Diurnal] {
+            let at = format!("{} at a {} s start-up", scenario.name(), startup.as_secs());
+            let oracle = sim::run(&lean, scenario, Policy::Oracle);
+            let ferry = sim::run(&lean, scenario, Policy::Ferry);
+            assert!(ferry.gpu_seconds <= 1.15 * oracle.gpu_seconds, "{at}: {ferry:?} vs {oracle:?}");
+            if (scenario, startup.as_secs()) == (Scenario::Diurnal, 300) {
+                assert!(ferry.kept_settled < 0.995, "{at}: {ferry:?}");
+            } else {
+                assert!(ferry.kept_settled >= 0.995, "{at}: {ferry:?}");
+            }
+        }
     }
 }
 

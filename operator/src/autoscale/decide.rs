@@ -30,8 +30,9 @@
 //!    blocks scale-down; a structural floor does not.
 //! 7. Scale-down follows the highest need over the last `scaleDownDelay` (a
 //!    HorizontalPodAutoscaler's scale-down stabilization window), going down whenever that fits
-//!    on fewer — a falling load is followed one delay behind, not in stairs one delay apart. The
-//!    need counted there is what the load seen needed at each decision, and what the look-ahead
+//!    on fewer — a falling load is followed one delay behind, not in stairs one delay apart; a
+//!    load that falls steadily ([`steady_fall`]), a minute behind: the delay is for dips that do
+//!    not last. The need counted there is what the load seen needed at each decision, and what the look-ahead
 //!    asked for over the last minute only: a newer look-ahead replaces an older one, and pods
 //!    asked for a rise that stopped before they were needed go without waiting out a delay for
 //!    a load that never came; a pressure probe's replica counts as load seen. Pods still
@@ -245,6 +246,8 @@ pub struct Needed {
     pub at: Instant,
     pub ahead: u32,
     pub seen: u32,
+    /// The offered rate then: whether the window's load fell steadily ([`steady_fall`]).
+    pub rate: f64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -271,6 +274,13 @@ const JUMP_SPREADS: f64 = 4.0;
 /// the window differ by chance.
 const MIN_RISE: f64 = 0.1;
 const TREND_SPREADS: f64 = 3.0;
+/// A steady fall ([`steady_fall`]) counts when its fall within each half of the scale-down
+/// window is more than this many of what two readings of the window differ by chance. Lower than
+/// `TREND_SPREADS`: each half's slope is fitted to a delay's readings (150 at 2 s over 5
+/// minutes), not compared one reading against another, and a fall read wrongly costs a
+/// scale-down a minute early where a rise read wrongly starts pods.
+const FALL_SPREADS: f64 = 2.0;
+const FALL_POINTS: usize = 160;
 /// What the look-ahead asked for counts in rule 7's peak for this long, where the load seen counts
 /// for the whole `scaleDownDelay`: a newer look-ahead, fitted to more of the rise, replaces an
 /// older one. A Knative autoscaler's stable window: long enough that one reading's dip does not
@@ -318,6 +328,29 @@ pub fn trend(rates: &VecDeque<(Instant, f64)>) -> f64 {
     let points: Vec<(Instant, f64)> = rates.iter().copied().collect();
     let (older, newer) = points.split_at(points.len() / 2);
     median_slope(older).min(median_slope(newer))
+}
+
+/// Rule 7's test of a load that falls rather than wavers: over the decisions of the last
+/// `scaleDownDelay`, a fall both halves agree on (the less steep of the two halves' Theil–Sen
+/// slopes, as [`trend`] reads a rise) that, within each half, is more than `FALL_SPREADS` of what
+/// two readings of the window differ by chance (at the window's highest rate: a half still at a
+/// high load strays by more than the rate now), and at least `MIN_RISE` of the rate now over the
+/// window. A drop that already happened lies in one half and leaves the other flat; noise about
+/// a steady load, bursts and a load that turned lie in neither: those wait out the delay.
+pub fn steady_fall(needs: &VecDeque<Needed>, rate: f64, window_seconds: f64) -> bool {
+    if needs.len() < 6 {
+        return false;
+    }
+    // At most `FALL_POINTS` evenly spread (a 30-minute delay holds 900 decisions): the slopes
+    // between every two points grow with the square of their number.
+    let stride = needs.len().div_ceil(FALL_POINTS);
+    let points: Vec<(Instant, f64)> = needs.iter().step_by(stride).map(|n| (n.at, n.rate)).collect();
+    let (older, newer) = points.split_at(points.len() / 2);
+    let slope = median_slope(older).max(median_slope(newer));
+    let span = (points[points.len() - 1].0 - points[0].0).as_secs_f64();
+    let highest = points.iter().map(|p| p.1).fold(rate, f64::max);
+    let noise = FALL_SPREADS * std::f64::consts::SQRT_2 * spread(highest, window_seconds);
+    slope < 0.0 && -slope * span / 2.0 > noise && -slope * span >= MIN_RISE * rate
 }
 
 fn median_slope(points: &[(Instant, f64)]) -> f64 {
@@ -384,7 +417,7 @@ fn rule(observed: &Observed, target: &Target, current: u32, history: &History, n
         h.watched_since = Some(now);
     }
     h.window = target.scale_down_delay;
-    h.needs.push_back(Needed { at: now, ahead: desired, seen });
+    h.needs.push_back(Needed { at: now, ahead: desired, seen, rate: rate.now });
     while h.needs.front().is_some_and(|n| n.at + target.scale_down_delay < now) {
         h.needs.pop_front();
     }
@@ -758,7 +791,11 @@ fn scale_down(t: &Tick, desired: u32, structural: &str, mut h: History) -> Scale
     let (current, why, delay) = (t.current, &t.why, t.target.scale_down_delay);
     let since = *h.lower_since.get_or_insert(t.now);
     let forecast = h.needs.iter().filter(|n| n.at + FORECAST_WINDOW >= t.now).map(|n| n.ahead).max();
-    let seen = h.needs.iter().map(|n| n.seen).max();
+    // A load that falls steadily is followed a forecast window behind, not a delay: the delay is
+    // for a load that wavers, whose dips do not last.
+    let falling = steady_fall(&h.needs, t.rate, t.observed.window_seconds);
+    let held = if falling { FORECAST_WINDOW.min(delay) } else { delay };
+    let seen = h.needs.iter().filter(|n| n.at + held >= t.now).map(|n| n.seen).max();
     let peak = desired.max(forecast.unwrap_or(0)).max(seen.unwrap_or(0));
     let watched = |span: Duration| h.watched_since.is_some_and(|at| t.now - at >= span);
     let starting = t.observed.starting;
@@ -797,16 +834,19 @@ fn scale_down(t: &Tick, desired: u32, structural: &str, mut h: History) -> Scale
         );
         return decision(current, Reason::Cooling, message, h);
     }
+    let over = if falling {
+        format!("{} s (the load fell steadily over the last {} s)", held.as_secs(), delay.as_secs())
+    } else {
+        format!("{} s", held.as_secs())
+    };
     if peak > current - 1 {
         let message = format!(
-            "holding {current}: the highest need over the last {} s ({peak}) does not fit on {}",
-            delay.as_secs(),
+            "holding {current}: the highest need over the last {over} ({peak}) does not fit on {}",
             current - 1
         );
         return decision(current, Reason::Peak, message, h);
     }
-    let message =
-        format!("scale down: the highest need over the last {} s is {peak}; {why}{structural}", delay.as_secs());
+    let message = format!("scale down: the highest need over the last {over} is {peak}; {why}{structural}");
     decision(peak, Reason::ScaleDown, message, h)
 }
 
@@ -1243,6 +1283,57 @@ mod tests {
         assert_eq!((steady.replicas, steady.reason, steady.history.lower_since), (3, Reason::Steady, None));
     }
 
+    /// Decisions every 2 s from `t0` for `seconds`, the rate at each from `rate` (counted over a
+    /// 10 s window), the replicas following each decision: the last decision.
+    fn follow(rate: impl Fn(f64) -> f64, seconds: u32, from: u32) -> ScaleDecision {
+        let t0 = ferry_core::clock::now();
+        let (mut current, mut history) = (from, History::default());
+        let mut last = None;
+        for s in (0..=seconds).step_by(2) {
+            let observed = Observed { window_seconds: 10.0, latest_seconds: 2.0, ..load(rate(f64::from(s))) };
+            let d = decide(&observed, &target(), current, &history, t0 + s * S);
+            (current, history) = (d.replicas, d.history.clone());
+            last = Some(d);
+        }
+        last.expect("one decision at least")
+    }
+
+    #[test]
+    fn a_load_that_falls_steadily_is_followed_a_minute_behind_not_a_delay() {
+        // 1500 req/s at t = 300 s falling by 2 req/s a second to 300 at t = 900 s (at 256 req/s a
+        // replica, 7 then 3 with the warm one): a fall of 300 req/s within each 150 s half of the
+        // delay, where two 10 s readings of 1500 req/s differ by √2 × 12 by chance.
+        let falling = |s: f64| if s < 300.0 { 1500.0 } else { (1500.0 - 2.0 * (s - 300.0)).max(300.0) };
+        let d = follow(falling, 800, 7);
+        // At t = 800 s: 500 req/s now needs 2 + 1; a minute ago, 620 req/s needed 3 + 1 — where
+        // the delay's window would hold what 1100 req/s needed (5 + 1).
+        assert_eq!((d.replicas, d.reason), (4, Reason::Peak), "{}", d.message);
+        assert!(
+            d.message.starts_with(
+                "holding 4: the highest need over the last 60 s (the load fell steadily over the last 300 s) (4)"
+            ),
+            "{}",
+            d.message
+        );
+        // The same fall as a drop at t = 600 s: nothing goes before the delay is over.
+        let dropped = follow(|s| if s < 600.0 { 1500.0 } else { 500.0 }, 800, 7);
+        assert_eq!((dropped.replicas, dropped.reason), (7, Reason::Peak), "{}", dropped.message);
+        // A load that fell and turned (a V over the delay) is no longer a fall: the newer half
+        // rises. Followed down while it fell, it is sized by the rise now.
+        let turned = |s: f64| if s < 500.0 { 1500.0 - 2.0 * s } else { 500.0 + 2.0 * (s - 500.0) };
+        let v = follow(turned, 640, 7);
+        assert!(!steady_fall(&v.history.needs, turned(640.0), 10.0));
+        assert_eq!((v.replicas, v.reason), (5, Reason::Steady), "{}", v.message);
+        // A fall within chance is no fall: 0.05 req/s a second over 10 s readings of ~110 req/s
+        // (7.5 req/s within each half, against 2 × √2 × √(117 / 10) ≈ 9.7).
+        let slow = |s: f64| 140.0 - 0.05 * s;
+        let noise = follow(slow, 800, 2);
+        assert!(!noise.message.contains("fell steadily"), "{}", noise.message);
+        let history = &noise.history;
+        assert!(!steady_fall(&history.needs, slow(800.0), 10.0));
+        assert!(steady_fall(&history.needs, slow(800.0), f64::INFINITY), "read exactly, it is a fall");
+    }
+
     #[test]
     fn a_starting_pod_goes_before_a_ready_one_and_no_ready_pod_goes_while_one_warms() {
         let t0 = ferry_core::clock::now();
@@ -1268,7 +1359,7 @@ mod tests {
         History {
             watched_since: Some(t0 - 900 * S),
             window: 300 * S,
-            needs: [Needed { at: t0, ahead: 6, seen }].into(),
+            needs: [Needed { at: t0, ahead: 6, seen, rate: 300.0 }].into(),
             ..History::default()
         }
     }
@@ -1344,7 +1435,7 @@ mod tests {
     fn consolidation_is_refused_when_the_load_does_not_fit_on_one_fewer() {
         let t0 = ferry_core::clock::now();
         // Need 3 now, but 4 was needed within the window: 4 replicas stay.
-        let needs = [Needed { at: t0 + 100 * S, ahead: 4, seen: 4 }].into();
+        let needs = [Needed { at: t0 + 100 * S, ahead: 4, seen: 4, rate: 700.0 }].into();
         let h =
             History { lower_since: Some(t0), watched_since: Some(t0), window: 300 * S, needs, ..History::default() };
         let d = decide(&load(300.0), &target(), 4, &h, t0 + 300 * S);

@@ -15,7 +15,10 @@
 //!   replica is ready; one fewer when the load would stay under both on one replica fewer);
 //! - a profile-based planner (Dynamo's: every 180 s, the mean rate over the last 180 s over a
 //!   capacity known exactly from an offline profile — here the capacity function's own figure);
-//! - an oracle that knows the trace and starts the pods each moment will need one start-up ahead.
+//! - an oracle that knows the trace and starts the pods each moment will need one start-up ahead,
+//!   sized as the spec sizes them (at `targetUtilization`, with its warm capacity): what Ferry's
+//!   rules would run if they knew the load to come — so its figures measure what not knowing
+//!   costs, not the headroom the spec asks for.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -346,13 +349,7 @@ impl<'a> Sim<'a> {
         let t = &world.target;
         let initial = match policy {
             Policy::Fixed(n) => n,
-            Policy::Ferry => super::decide::with_warm(
-                sim.trace.rate(0.0, sim.capacity),
-                sim.capacity,
-                t.target_utilization,
-                t.warm_replicas,
-            )
-            .max(1),
+            Policy::Ferry | Policy::Oracle => sim.sized(0.0),
             Policy::Profile => sim.need(0.0, 1.0),
             _ => sim.need(0.0, t.target_utilization),
         };
@@ -374,6 +371,14 @@ impl<'a> Sim<'a> {
     /// Pods the load at `t` seconds needs at `utilization` of their capacity.
     fn need(&self, t: f64, utilization: f64) -> u32 {
         (self.trace.rate(t, self.capacity) / (self.capacity * utilization)).ceil().max(1.0) as u32
+    }
+
+    /// Pods the spec sizes the load at `t` seconds for, known exactly: at `targetUtilization`,
+    /// with its warm capacity ([`super::decide::with_warm`], Ferry's rules 3 and 5).
+    fn sized(&self, t: f64) -> u32 {
+        let s = &self.world.target;
+        let rate = self.trace.rate(t, self.capacity);
+        super::decide::with_warm(rate, self.capacity, s.target_utilization, s.warm_replicas).max(1)
     }
 
     fn add(&mut self, now: Instant, ready_at: Instant) {
@@ -471,8 +476,7 @@ impl<'a> Sim<'a> {
             Policy::Oracle => {
                 let from = self.secs(now);
                 let until = from + (self.world.startup() + self.world.tick).as_secs_f64();
-                let u = self.world.target.target_utilization;
-                (from as u64..=until as u64).map(|s| self.need(s as f64, u)).max().unwrap_or(1)
+                (from as u64..=until as u64).map(|s| self.sized(s as f64)).max().unwrap_or(1)
             }
         }
     }
