@@ -283,7 +283,9 @@ fn gather<'a>(s: &'a Scheduler, newcomer: Option<&'a Request>, cached: u32, coun
             segment: 0,
             decoding: false,
             running: q.is_some_and(|q| q.running),
-            held: q.map_or(0, |q| q.table.len() as u32),
+            // The newcomer holds its cached blocks from the start (taken out of the slack
+            // there): its first chunk needs only the rest, and all of them come back when it ends.
+            held: q.map_or(cached / block, |q| q.table.len() as u32),
             shared: q
                 .filter(|_| sharing)
                 .map_or(0, |q| q.table.iter().filter(|b| s.pool.references(**b) > 1).count() as u32),

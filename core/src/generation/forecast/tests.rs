@@ -286,3 +286,52 @@ fn the_forecast_from_events_is_the_forecast_step_by_step() {
     assert!(bounded.get() >= 30, "the bound settled {} of 600 cases", bounded.get());
     assert!(harms.get() >= 100, "the forecasts side by side found a harm in {} of 600 cases", harms.get());
 }
+
+/// A newcomer whose prompt the prefix cache holds takes those blocks at once: its first chunk
+/// needs only the rest, so where the pool holds the rest and no more, the forecast from events
+/// still runs (it counted the cached blocks twice, declined, and left the question to the
+/// step-by-step forecast), and it says what that one says.
+#[test]
+fn a_newcomers_cached_blocks_are_counted_once() {
+    let t0 = Instant::now();
+    let policy = Policy {
+        max_batch_tokens: 256,
+        max_sequences: 4,
+        max_queue: 64,
+        max_queue_bytes: u64::MAX,
+        max_queue_tokens: u64::MAX,
+        max_context: 4096,
+        watermark: 0,
+        discipline: Discipline::Deadlines,
+    };
+    let cost = StepCost {
+        fixed: Duration::from_millis(5),
+        per_decode: Duration::from_micros(100),
+        per_prefill_token: Duration::from_micros(20),
+        per_context_token: Duration::ZERO,
+        per_attended_slot: Duration::ZERO,
+    };
+    // 14 blocks of 4. A 40-token prompt, all of it the shared one, runs to its end: its 10 full
+    // blocks stay in the cache, free.
+    let mut s = Scheduler::new(policy, BlockPool::new(14, BLOCK), StepEstimator::new(cost));
+    let first: Ask = (40, 1, 3_000, 300, 20_000, false, 0, 40);
+    s.insert(request(1, t0, first), prefix(1, first));
+    let mut now = t0;
+    while let (Some(plan), _) = s.plan(now) {
+        now += plan.expected;
+        s.complete(&plan, now, &|_| false, Late::Ends);
+    }
+    assert!(s.seqs.is_empty());
+    // The newcomer: the same 40 tokens and one more, 7 to produce — 12 blocks, 10 of them cached.
+    let ask: Ask = (41, 7, 3_000, 300, 20_000, false, 0, 40);
+    let (r, named) = (request(2, now, ask), prefix(2, ask));
+    let cached = s.cached_tokens(&r, &named);
+    assert_eq!(cached, 40);
+    let Ok(fast) = events::run(&s, None, now, Duration::ZERO, Some(&r), cached) else {
+        panic!("the forecast from events declined")
+    };
+    let slow = forecast(&s, None, now, Duration::ZERO, (Some(&r), &named), Method::Steps);
+    let (f, g) = (fast.get(2).unwrap(), slow.get(2).unwrap());
+    assert_eq!((f.first, f.end, f.longest_step, f.in_time), (g.first, g.end, g.longest_step, g.in_time));
+    assert!(g.end.is_some() && g.in_time == 7, "{g:?}");
+}
