@@ -24,6 +24,7 @@
 //! - `task`: what every shell's task shares (its stopped flag, its timer, its oldest arrival).
 //! - [`server`]: wires the parts together and drains on shutdown.
 //! - [`config`]: command line, environment and InferenceService manifest.
+//! - [`heap`]: glibc's heap told to keep what a step frees for the next one (the binary sets it).
 
 pub mod batcher;
 pub mod config;
@@ -32,6 +33,7 @@ pub mod embed;
 pub mod engine;
 pub mod front;
 pub mod generation;
+pub mod heap;
 pub mod holder;
 pub mod idempotency;
 pub mod metrics;
