@@ -384,7 +384,8 @@ pub struct ScalingSpec {
     #[serde(default = "default_target_utilization")]
     #[cfg_attr(feature = "kube", schemars(range(min = 0.05, max = 1.0)))]
     pub target_utilization: f64,
-    /// How long lower need must last before a replica is removed.
+    /// Scale-down follows the highest need over this window (a HorizontalPodAutoscaler's scale-down
+    /// stabilization window); a load that falls steadily is followed a minute behind.
     #[serde(default = "default_scale_down_delay")]
     pub scale_down_delay: GatewayDuration,
     /// First guess of a new pod's time to ready.

@@ -36,17 +36,19 @@ fn holds_its_figures(scenario: Scenario) {
         // included). Where a rise stops, the pods the look-ahead asked for beyond it go a minute
         // later (still starting, or ready and never needed by the load seen), not a scale-down
         // delay later (1.30 and 1.34 times at 180 and 300 s while they stayed a delay); a load
-        // that falls steadily is followed a minute behind (1.22 and 1.15 times on the day at 60
+        // that falls steadily is followed a minute behind (1.17 and 1.12 times on the day at 60
         // and 180 s against this oracle while it waited out the delay). The ramp at 300 s is
         // the exception, at 1.16: its top sits exactly on 5 pods at 0.8 (4 pods' capacity), where
         // a reading a spread above it asks for a sixth that the window then holds.
         let oracle = get(&outcomes, Policy::Oracle);
         let bound = match (scenario, startup.as_secs()) {
-            (Scenario::Ramp, 300) => 1.17,
-            (Scenario::Ramp | Scenario::Diurnal, _) => 1.15,
-            _ => f64::INFINITY,
+            (Scenario::Ramp, 300) => Some(1.17),
+            (Scenario::Ramp | Scenario::Diurnal, _) => Some(1.15),
+            _ => None,
         };
-        assert!(ferry.gpu_seconds <= bound * oracle.gpu_seconds, "{at}: {ferry:?} vs {oracle:?}");
+        if let Some(bound) = bound {
+            assert!(ferry.gpu_seconds <= bound * oracle.gpu_seconds, "{at}: {ferry:?} vs {oracle:?}");
+        }
         let rows = sim::markdown(scenario, &outcomes);
         assert!(
             readme.contains(&rows),
@@ -59,10 +61,10 @@ fn holds_its_figures(scenario: Scenario) {
 /// Without the warm spare (the oracle then keeps none either: the load's own pods at 0.8), Ferry
 /// comes within 1.15 times the oracle's GPU-seconds on loads that rise and fall over minutes at
 /// every start-up, the 5-minute scale-down delay kept, and keeps all three deadlines for 99.5 %
-/// of requests — but on the day at 300 s start-ups: warm capacity is what carries a 5-minute
-/// start-up through the morning's rise.
+/// of requests — but on the day at 300 s start-ups (98.76 %): warm capacity is what carries a
+/// 5-minute start-up through the morning's rise.
 #[test]
-fn without_a_warm_spare_ferry_is_within_a_seventh_of_an_oracle_without_one() {
+fn without_a_warm_spare_ferry_is_within_15_percent_of_an_oracle_without_one() {
     for startup in STARTUPS {
         let mut lean = World::example(startup);
         lean.target.warm_replicas = 0;
@@ -72,7 +74,7 @@ fn without_a_warm_spare_ferry_is_within_a_seventh_of_an_oracle_without_one() {
             let ferry = sim::run(&lean, scenario, Policy::Ferry);
             assert!(ferry.gpu_seconds <= 1.15 * oracle.gpu_seconds, "{at}: {ferry:?} vs {oracle:?}");
             if (scenario, startup.as_secs()) == (Scenario::Diurnal, 300) {
-                assert!(ferry.kept_settled < 0.995, "{at}: {ferry:?}");
+                assert!((0.98..0.995).contains(&ferry.kept_settled), "{at}: {ferry:?}");
             } else {
                 assert!(ferry.kept_settled >= 0.995, "{at}: {ferry:?}");
             }

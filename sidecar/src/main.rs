@@ -21,8 +21,13 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    // Before the runtime starts any thread (see the function).
     if !ferry_sidecar::heap::keep_freed_memory() && cfg!(all(target_os = "linux", target_env = "gnu")) {
-        tracing::warn!("glibc refused the heap's thresholds: each step's buffers are faulted in afresh");
+        tracing::warn!(
+            mmap_threshold = ferry_sidecar::heap::MMAP_THRESHOLD,
+            trim_threshold = ferry_sidecar::heap::TRIM_THRESHOLD,
+            "glibc refused mallopt's thresholds: each step's buffers are faulted in afresh"
+        );
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,

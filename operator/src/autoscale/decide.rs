@@ -271,15 +271,19 @@ const JUMP: f64 = 1.2;
 const JUMP_SPREADS: f64 = 4.0;
 /// A look ahead counts when it adds at least this share of the rate now, and when the rise it
 /// was fitted to, in each half of the span, is more than `TREND_SPREADS` of what two readings of
-/// the window differ by chance.
+/// the window differ by chance. A steady fall ([`steady_fall`]) is at least this share of the
+/// rate now over the scale-down window.
 const MIN_RISE: f64 = 0.1;
 const TREND_SPREADS: f64 = 3.0;
 /// A steady fall ([`steady_fall`]) counts when its fall within each half of the scale-down
 /// window is more than this many of what two readings of the window differ by chance. Lower than
-/// `TREND_SPREADS`: each half's slope is fitted to a delay's readings (150 at 2 s over 5
-/// minutes), not compared one reading against another, and a fall read wrongly costs a
-/// scale-down a minute early where a rise read wrongly starts pods.
+/// `TREND_SPREADS`: each half's slope is a median over all its readings (75 at 2 s over half of 5
+/// minutes; of 10 s windows, so about 15 independent ones), not one reading against another; a
+/// fall read wrongly costs a scale-down a minute early where a rise read wrongly starts pods; and
+/// at tens of requests a second and more, `MIN_RISE` (a tenth of the rate) binds first.
 const FALL_SPREADS: f64 = 2.0;
+/// [`steady_fall`] reads at most this many of the window's decisions, evenly spread (a 30-minute
+/// delay holds 900): the slopes between every two points grow with the square of their number.
 const FALL_POINTS: usize = 160;
 /// What the look-ahead asked for counts in rule 7's peak for this long, where the load seen counts
 /// for the whole `scaleDownDelay`: a newer look-ahead, fitted to more of the rise, replaces an
@@ -341,8 +345,6 @@ pub fn steady_fall(needs: &VecDeque<Needed>, rate: f64, window_seconds: f64) -> 
     if needs.len() < 6 {
         return false;
     }
-    // At most `FALL_POINTS` evenly spread (a 30-minute delay holds 900 decisions): the slopes
-    // between every two points grow with the square of their number.
     let stride = needs.len().div_ceil(FALL_POINTS);
     let points: Vec<(Instant, f64)> = needs.iter().step_by(stride).map(|n| (n.at, n.rate)).collect();
     let (older, newer) = points.split_at(points.len() / 2);
@@ -781,7 +783,9 @@ fn zero(t: &Tick, desired: u32, h: &mut History) -> Option<ScaleDecision> {
 }
 
 /// Rule 7: once the decisions watched span a whole delay, the replicas go to the highest need over the
-/// last `scaleDownDelay` whenever it fits on fewer. The need counted there is what the load seen
+/// last `scaleDownDelay` whenever it fits on fewer — over the last [`FORECAST_WINDOW`] only while
+/// the load falls steadily ([`steady_fall`]; with a delay longer than that window). The need
+/// counted there is what the load seen
 /// needed at each decision, and what the look-ahead asks for now or asked for within the last
 /// [`FORECAST_WINDOW`]: replicas asked for a rise that stopped before they were needed are not
 /// load to wait a delay out for. Pods still starting go first, and may go then; a ready pod is
@@ -793,8 +797,17 @@ fn scale_down(t: &Tick, desired: u32, structural: &str, mut h: History) -> Scale
     let forecast = h.needs.iter().filter(|n| n.at + FORECAST_WINDOW >= t.now).map(|n| n.ahead).max();
     // A load that falls steadily is followed a forecast window behind, not a delay: the delay is
     // for a load that wavers, whose dips do not last.
-    let falling = steady_fall(&h.needs, t.rate, t.observed.window_seconds);
-    let held = if falling { FORECAST_WINDOW.min(delay) } else { delay };
+    let falling = delay > FORECAST_WINDOW && steady_fall(&h.needs, t.rate, t.observed.window_seconds);
+    let (held, over) = if falling {
+        let over = format!(
+            "the load fell steadily over the last {} s: the highest need over the last {} s",
+            delay.as_secs(),
+            FORECAST_WINDOW.as_secs()
+        );
+        (FORECAST_WINDOW, over)
+    } else {
+        (delay, format!("the highest need over the last {} s", delay.as_secs()))
+    };
     let seen = h.needs.iter().filter(|n| n.at + held >= t.now).map(|n| n.seen).max();
     let peak = desired.max(forecast.unwrap_or(0)).max(seen.unwrap_or(0));
     let watched = |span: Duration| h.watched_since.is_some_and(|at| t.now - at >= span);
@@ -809,10 +822,9 @@ fn scale_down(t: &Tick, desired: u32, structural: &str, mut h: History) -> Scale
         let rolling = t.observed.rolling_out;
         if keep < current && h.probe.is_none() && !rolling && watched(FORECAST_WINDOW) {
             let message = format!(
-                "scale down: {} of {starting} pods still starting are no longer needed: the highest need over the \
-                 last {} s is {peak} (the look-ahead's over the last {} s){}; {why}{structural}",
+                "scale down: {} of {starting} pods still starting are no longer needed: {over} is {peak} (the \
+                 look-ahead's over the last {} s){}; {why}{structural}",
                 current - keep,
-                delay.as_secs(),
                 FORECAST_WINDOW.as_secs(),
                 if keep > peak { format!(", and the {ready} ready stay while one warms") } else { String::new() }
             );
@@ -834,19 +846,11 @@ fn scale_down(t: &Tick, desired: u32, structural: &str, mut h: History) -> Scale
         );
         return decision(current, Reason::Cooling, message, h);
     }
-    let over = if falling {
-        format!("{} s (the load fell steadily over the last {} s)", held.as_secs(), delay.as_secs())
-    } else {
-        format!("{} s", held.as_secs())
-    };
     if peak > current - 1 {
-        let message = format!(
-            "holding {current}: the highest need over the last {over} ({peak}) does not fit on {}",
-            current - 1
-        );
+        let message = format!("holding {current}: {over} ({peak}) does not fit on {}", current - 1);
         return decision(current, Reason::Peak, message, h);
     }
-    let message = format!("scale down: the highest need over the last {over} is {peak}; {why}{structural}");
+    let message = format!("scale down: {over} is {peak}; {why}{structural}");
     decision(peak, Reason::ScaleDown, message, h)
 }
 
@@ -1283,15 +1287,15 @@ mod tests {
         assert_eq!((steady.replicas, steady.reason, steady.history.lower_since), (3, Reason::Steady, None));
     }
 
-    /// Decisions every 2 s from `t0` for `seconds`, the rate at each from `rate` (counted over a
-    /// 10 s window), the replicas following each decision: the last decision.
-    fn follow(rate: impl Fn(f64) -> f64, seconds: u32, from: u32) -> ScaleDecision {
+    /// Decisions for `target` every 2 s for `seconds`, the rate at each from `rate` (counted over
+    /// a 10 s window), the replicas following each decision: the last decision.
+    fn follow(target: &Target, rate: impl Fn(f64) -> f64, seconds: u32, from: u32) -> ScaleDecision {
         let t0 = ferry_core::clock::now();
         let (mut current, mut history) = (from, History::default());
         let mut last = None;
         for s in (0..=seconds).step_by(2) {
             let observed = Observed { window_seconds: 10.0, latest_seconds: 2.0, ..load(rate(f64::from(s))) };
-            let d = decide(&observed, &target(), current, &history, t0 + s * S);
+            let d = decide(&observed, target, current, &history, t0 + s * S);
             (current, history) = (d.replicas, d.history.clone());
             last = Some(d);
         }
@@ -1304,34 +1308,37 @@ mod tests {
         // replica, 7 then 3 with the warm one): a fall of 300 req/s within each 150 s half of the
         // delay, where two 10 s readings of 1500 req/s differ by √2 × 12 by chance.
         let falling = |s: f64| if s < 300.0 { 1500.0 } else { (1500.0 - 2.0 * (s - 300.0)).max(300.0) };
-        let d = follow(falling, 800, 7);
+        let d = follow(&target(), falling, 800, 7);
         // At t = 800 s: 500 req/s now needs 2 + 1; a minute ago, 620 req/s needed 3 + 1 — where
         // the delay's window would hold what 1100 req/s needed (5 + 1).
         assert_eq!((d.replicas, d.reason), (4, Reason::Peak), "{}", d.message);
-        assert!(
-            d.message.starts_with(
-                "holding 4: the highest need over the last 60 s (the load fell steadily over the last 300 s) (4)"
-            ),
-            "{}",
-            d.message
+        assert_eq!(
+            d.message,
+            "holding 4: the load fell steadily over the last 300 s: the highest need over the last 60 s (4) does \
+             not fit on 3"
         );
         // The same fall as a drop at t = 600 s: nothing goes before the delay is over.
-        let dropped = follow(|s| if s < 600.0 { 1500.0 } else { 500.0 }, 800, 7);
+        let dropped = follow(&target(), |s| if s < 600.0 { 1500.0 } else { 500.0 }, 800, 7);
         assert_eq!((dropped.replicas, dropped.reason), (7, Reason::Peak), "{}", dropped.message);
-        // A load that fell and turned (a V over the delay) is no longer a fall: the newer half
-        // rises. Followed down while it fell, it is sized by the rise now.
+        // A load that falls from 1500 req/s at t = 0 and turns at 500 req/s at t = 500 s: followed
+        // down a minute behind while it falls (at t = 520 s, the 580 req/s of a minute ago need 3
+        // + 1, where the delay's window would hold what 1060 req/s needed, 5 + 1); once the newer
+        // half of the window rises, no longer a fall.
         let turned = |s: f64| if s < 500.0 { 1500.0 - 2.0 * s } else { 500.0 + 2.0 * (s - 500.0) };
-        let v = follow(turned, 640, 7);
-        assert!(!steady_fall(&v.history.needs, turned(640.0), 10.0));
-        assert_eq!((v.replicas, v.reason), (5, Reason::Steady), "{}", v.message);
+        let falling = follow(&target(), turned, 520, 7);
+        assert_eq!(falling.replicas, 4, "{}", falling.message);
+        let risen = follow(&target(), turned, 640, 7);
+        assert!(!steady_fall(&risen.history.needs, turned(640.0), 10.0));
         // A fall within chance is no fall: 0.05 req/s a second over 10 s readings of ~110 req/s
-        // (7.5 req/s within each half, against 2 × √2 × √(117 / 10) ≈ 9.7).
+        // (7.5 req/s within each half, against 2 × √2 × √(115 / 10) ≈ 9.6).
         let slow = |s: f64| 140.0 - 0.05 * s;
-        let noise = follow(slow, 800, 2);
-        assert!(!noise.message.contains("fell steadily"), "{}", noise.message);
-        let history = &noise.history;
-        assert!(!steady_fall(&history.needs, slow(800.0), 10.0));
-        assert!(steady_fall(&history.needs, slow(800.0), f64::INFINITY), "read exactly, it is a fall");
+        let noise = follow(&target(), slow, 800, 2);
+        assert!(!steady_fall(&noise.history.needs, slow(800.0), 10.0));
+        assert!(steady_fall(&noise.history.needs, slow(800.0), f64::INFINITY), "read exactly, it is a fall");
+        // A delay no longer than a forecast window is not shortened.
+        let short = Target { scale_down_delay: 60 * S, ..target() };
+        let d = follow(&short, |s: f64| (1500.0 - 2.0 * s).max(300.0), 400, 7);
+        assert!(d.message.contains("over the last 60 s") && !d.message.contains("fell"), "{}", d.message);
     }
 
     #[test]

@@ -52,7 +52,8 @@ struct Seq<'a> {
     segment: usize,
     decoding: bool,
     /// Holds blocks (how many) in the scheduler; ended with the step in flight. A waiting
-    /// sequence may hold blocks too: those the prefix cache had of its prompt.
+    /// sequence may hold blocks too: those the prefix cache had of its prompt (the newcomer's,
+    /// which it takes at the start of the forecast).
     running: bool,
     held: u32,
     /// Of those, blocks another table holds too: they do not come back when it ends.
@@ -352,7 +353,8 @@ impl<'a> Forecast<'a> {
             next: 0,
             running: 0,
             // The newcomer takes its cached blocks at once: free ones, or ones another table
-            // holds, which then do not come back when that one ends.
+            // holds — which the forecast gives back when that table ends (its `shared` counted
+            // them as its own), though the newcomer holds them still: taken here, they balance.
             slack: i64::from(s.pool.free()) - i64::from(cached / s.pool.block_size()),
             segments: 0,
             peaks: Vec::new(),

@@ -288,9 +288,9 @@ fn the_forecast_from_events_is_the_forecast_step_by_step() {
 }
 
 /// A newcomer whose prompt the prefix cache holds takes those blocks at once: its first chunk
-/// needs only the rest, so where the pool holds the rest and no more, the forecast from events
-/// still runs (it counted the cached blocks twice, declined, and left the question to the
-/// step-by-step forecast), and it says what that one says.
+/// needs only the rest. Where the pool holds what it needs but not its cached blocks twice over,
+/// the forecast from events still runs (it counted them twice, declined, and left the question
+/// to the step-by-step forecast), and it says what that one says.
 #[test]
 fn a_newcomers_cached_blocks_are_counted_once() {
     let t0 = Instant::now();
