@@ -195,20 +195,38 @@ pub fn matmul(x: &[f32], rows: usize, w: &Matrix) -> Vec<f32> {
 
 fn matmul_f32(x: &[f32], rows: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
     if rows <= GEMV_TOKENS {
-        // Output-major: each task reads its weight rows once, for every token.
-        let mut by_output = vec![0.0; n * rows];
-        by_output.par_chunks_mut(ROWS_PER_TASK * rows).zip(w.par_chunks(ROWS_PER_TASK * k)).for_each(|(out, w)| {
-            for (o, wr) in out.chunks_exact_mut(rows).zip(w.chunks_exact(k)) {
-                for (r, o) in o.iter_mut().enumerate() {
-                    *o = dot(&x[r * k..(r + 1) * k], wr);
-                }
-            }
-        });
-        return transpose(&by_output, n, rows);
+        return gemv(rows, n, w, k, |wr, _, out| dots(x, k, wr, out));
     }
     let mut y = vec![0.0; rows * n];
     gemm_into(&mut y, n, x, rows, w, n, k);
     y
+}
+
+/// A product of `rows` tokens (a handful), output-major: each task reads its weight rows (of
+/// `row_len` elements) once, and `dot_row` dots one with every token into `out` (given a scratch row of
+/// the task's own, for a row it widens first).
+fn gemv<T: Sync>(
+    rows: usize,
+    n: usize,
+    w: &[T],
+    row_len: usize,
+    dot_row: impl Fn(&[T], &mut Vec<f32>, &mut [f32]) + Sync,
+) -> Vec<f32> {
+    let mut by_output = vec![0.0; n * rows];
+    by_output.par_chunks_mut(ROWS_PER_TASK * rows).zip(w.par_chunks(ROWS_PER_TASK * row_len)).for_each(|(out, w)| {
+        let mut scratch = Vec::new();
+        for (o, wr) in out.chunks_exact_mut(rows).zip(w.chunks_exact(row_len)) {
+            dot_row(wr, &mut scratch, o);
+        }
+    });
+    transpose(&by_output, n, rows)
+}
+
+/// `out[r]` = token `r`'s row of `x` (rows of `k`) · `w_row`.
+fn dots(x: &[f32], k: usize, w_row: &[f32], out: &mut [f32]) {
+    for (r, o) in out.iter_mut().enumerate() {
+        *o = dot(&x[r * k..(r + 1) * k], w_row);
+    }
 }
 
 /// A matrix of F16 or BF16 values, kept in 16 bits (half the bytes a decode reads): for a
@@ -216,20 +234,11 @@ fn matmul_f32(x: &[f32], rows: usize, w: &[f32], n: usize, k: usize) -> Vec<f32>
 /// does (the same sums); for more, panels are widened for the GEMM.
 fn matmul_half(x: &[f32], rows: usize, kind: Kind, bytes: &[u8], n: usize, k: usize) -> Vec<f32> {
     if rows <= GEMV_TOKENS {
-        let row_bytes = 2 * k;
-        let mut by_output = vec![0.0; n * rows];
-        by_output.par_chunks_mut(ROWS_PER_TASK * rows).zip(bytes.par_chunks(ROWS_PER_TASK * row_bytes)).for_each(
-            |(out, w)| {
-                let mut wf = vec![0.0; k];
-                for (o, wr) in out.chunks_exact_mut(rows).zip(w.chunks_exact(row_bytes)) {
-                    quant::dequantize_rows(kind, wr, k, &mut wf);
-                    for (r, o) in o.iter_mut().enumerate() {
-                        *o = dot(&x[r * k..(r + 1) * k], &wf);
-                    }
-                }
-            },
-        );
-        return transpose(&by_output, n, rows);
+        return gemv(rows, n, bytes, 2 * k, |wr, wf, out| {
+            wf.resize(k, 0.0);
+            quant::dequantize_rows(kind, wr, k, wf);
+            dots(x, k, wf, out);
+        });
     }
     matmul_blocks_in(x, rows, kind, bytes, n, k, Route { integer_rows: 0, panel_bytes: PANEL_BYTES })
 }
