@@ -102,9 +102,9 @@ impl LlmEngine {
 
 /// Times, on the idle cache, a prefill of 64 tokens (fewer if the cache or the context holds
 /// less), a one-token decode after it, and the same 64 tokens as a chunk late in a long prompt
-/// (after up to 2048 tokens: what those slots hold does not change the time). The late chunk's
-/// extra time over the first is attention's, n·c slots more, which a cost linear in tokens would
-/// miss ([`ferry_core::generation::step`]).
+/// (after up to 2048 tokens: what those slots hold does not change the time); each the least of
+/// three runs after a warm-up. The late chunk's extra time over the first is attention's, n·c
+/// slots more, which a cost linear in tokens would miss ([`ferry_core::generation::step`]).
 fn calibrate(model: &Model, block_size: u32) -> Result<StepCost, String> {
     let room =
         u64::from(model.kv_blocks()).saturating_mul(u64::from(block_size)).min(u64::from(model.context_length()));
@@ -114,10 +114,19 @@ fn calibrate(model: &Model, block_size: u32) -> Result<StepCost, String> {
     let (blocks, late_blocks) = (table(prefill + 1), table(late + prefill));
     let prompt = vec![0; prefill as usize];
     let greedy = Some(ferry_llm::Sampling::GREEDY);
+    // The least of three runs after one that is not counted, as the embedding engine calibrates:
+    // the first steps fault the weights' pages in and grow the heap, and a machine's noise only
+    // ever adds time. A prior taken from one slow run is an estimate several times a step's cost,
+    // which refuses a fresh pod's long prompts at admission until measured steps correct it.
     let timed = |seq: Seq<'_>| -> Result<Duration, String> {
-        let started = ferry_core::clock::now();
-        model.step(&[seq])?;
-        Ok(ferry_core::clock::elapsed(started))
+        model.step(std::slice::from_ref(&seq))?;
+        let mut least = Duration::MAX;
+        for _ in 0..3 {
+            let started = ferry_core::clock::now();
+            model.step(std::slice::from_ref(&seq))?;
+            least = least.min(ferry_core::clock::elapsed(started));
+        }
+        Ok(least)
     };
     let long = timed(Seq { tokens: &prompt, start: 0, blocks: &blocks, sample: greedy })?;
     let one = timed(Seq { tokens: &[0], start: prefill, blocks: &blocks, sample: greedy })?;
