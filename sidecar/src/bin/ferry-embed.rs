@@ -98,6 +98,8 @@ fn cycle<'a>(pool: &[&'a str], n: usize) -> Vec<&'a str> {
 }
 
 fn main() -> ExitCode {
+    // The heap as the sidecar keeps it (before any thread), so that `bench` times what it serves.
+    ferry_sidecar::heap::keep_freed_memory();
     tracing_subscriber::fmt().with_writer(std::io::stderr).init();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
