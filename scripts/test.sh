@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Runs every test of Ferry: formatting, lints, the Rust tests (unit, property, paused-clock,
-# black-box HTTP and Prometheus tests of the sidecar; the embedding model; CRD, reconciler and
-# lease tests of the operator), the CUDA build and its kernels' compilation, then the Helm chart
-# and embedding tests (a float64 reference, the OpenAI and Triton clients), generation through
-# OpenAI's client, the openai engine in front of llama.cpp's server, and the operator binary end to
-# end against a Kubernetes API emulator (PyPI kmock) with real sidecars as its pods, and the dashboards
-# and alerts against promtool and a real Prometheus server. Installs what the
-# tests need first: Debian's prometheus package (as root, with apt-get), a Python virtual
+# Runs every test of Ferry: formatting, lints, the documentation's links, the Rust tests (unit,
+# property, paused-clock, black-box HTTP and Prometheus tests of the sidecar; the embedding model;
+# CRD, reconciler and lease tests of the operator), the CUDA build and its kernels' compilation,
+# then the Helm chart and embedding tests (a float64 reference, the OpenAI and Triton clients),
+# generation through OpenAI's client, the openai engine in front of llama.cpp's server, and the
+# operator binary end to end against a Kubernetes API emulator (PyPI kmock) with real sidecars as
+# its pods, and the dashboards and alerts against promtool and a real Prometheus server. Installs
+# what the tests need first: Debian's prometheus package (as root, with apt-get), a Python virtual
 # environment in .venv, and the model files and NVRTC in .cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,6 +60,9 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo clippy -p ferry-sidecar --all-targets --features cuda --locked -- -D warnings
 cargo clippy -p ferry-llm --all-targets --features cuda --locked -- -D warnings
+# The documentation, private items included (crate roots explain their layout): no broken link.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --features ferry-sidecar/cuda \
+  --locked
 cargo test --workspace --locked
 # The CUDA build: it compiles and links without a CUDA toolkit, and NVRTC compiles its kernels.
 cargo build -p ferry-sidecar --features cuda --bin ferry-embed --locked

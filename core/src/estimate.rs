@@ -134,7 +134,7 @@ pub(crate) struct Linear<const N: usize = 4> {
 /// femtoseconds per unit of each feature. Along a run of steps whose features grow by a constant
 /// each, each line grows by a constant, so a forecast can sum a thousand steps' estimates in
 /// closed form and get exactly what adding them one by one gives
-/// ([`crate::generation::decode_run`]); f64 dot products, rounded each, do not add up that way.
+/// (`generation::decode_run`); f64 dot products, rounded each, do not add up that way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Lines<const N: usize> {
     pub long: Line<N>,

@@ -408,7 +408,7 @@ fn q6_k(row: &[u8], b: usize, u: &mut Unpacked) {
 /// same integers, four instructions a pair of rows for 64 products. (`vpdpbusd` with the sign
 /// trick, on 256 bits, measured slower than AVX2's two steps.)
 ///
-/// One weight row against up to [`TILE`] activation rows at a time, their accumulators in
+/// One weight row against up to `TILE` activation rows at a time, their accumulators in
 /// registers: each weight block is unpacked once for the tile, and each pair costs five or six
 /// instructions (the one-loop-per-weight-row kernel this replaced spent about thirteen a block
 /// and kept a batch's accumulators in memory, so a batch got no more from a weight than a lone
@@ -808,7 +808,7 @@ mod x86 {
 
     /// # Safety
     /// AVX2, FMA and F16C; `x` packed for this kernel (not `x.tiles.wide`) with `r0` a multiple
-    /// of [`TILE`] and `RN` the rows of its tile (`min(TILE, rows − r0)`: the layout's strides);
+    /// of `TILE` and `RN` the rows of its tile (`min(TILE, rows − r0)`: the layout's strides);
     /// `w` whole rows of `row_bytes` for `x.cols` values of `kind`; `out` `[x.rows()][w's rows]`.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn tile<const CODE: u8, const RN: usize>(

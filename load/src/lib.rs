@@ -12,7 +12,7 @@
 //! - [`echo`]: a bare hyper echo server, the floor for the overhead comparison.
 //! - [`generation`]: generation load — traces of LLM requests, the OpenAI streaming client,
 //!   their summary, and the scheduling disciplines compared in virtual time.
-//! - [`bench`]: the benchmark suite: real sidecar processes on 127.0.0.1, side by side.
+//! - [`bench`](mod@bench): the benchmark suite: real sidecar processes on 127.0.0.1, side by side.
 //! - `servers`: the sidecar (or llama.cpp's server) processes a benchmark starts.
 //! - [`decoder`]: its section on the built-in decoder against llama.cpp's server; `prefix`: that
 //!   section's prefix-cache rows (a long system prompt's second question, chat clients).

@@ -21,33 +21,12 @@ use super::files::{self, Config};
 use super::padded::{self, Dims, Gemm, Norm, Ops, Weights};
 use super::TokenBatch;
 
+// The same libraries as the decoder's GPU path, asked the same way.
+pub use ferry_llm::gpu::{libraries_present, nvrtc_present};
+
 /// The kernels' source, compiled by NVRTC when a model is loaded.
 pub const KERNELS: &str = include_str!("kernels.cu");
 const BLOCK: u32 = 256;
-
-/// Whether the CUDA driver, cuBLAS and NVRTC libraries can be loaded; `Err` names the missing.
-pub fn libraries_present() -> Result<(), String> {
-    // SAFETY: each call only tries to dlopen the library by its usual names.
-    let found = unsafe {
-        [
-            ("the CUDA driver (libcuda.so)", cudarc::driver::sys::is_culib_present()),
-            ("cuBLAS (libcublas.so)", cudarc::cublas::sys::is_culib_present()),
-            ("NVRTC (libnvrtc.so)", cudarc::nvrtc::sys::is_culib_present()),
-        ]
-    };
-    let missing: Vec<&str> = found.iter().filter(|(_, ok)| !ok).map(|(name, _)| *name).collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("cannot load {}", missing.join(", ")))
-    }
-}
-
-/// Whether NVRTC alone is present: enough to compile the kernels (a check that needs no GPU).
-pub fn nvrtc_present() -> bool {
-    // SAFETY: only tries to dlopen the library.
-    unsafe { cudarc::nvrtc::sys::is_culib_present() }
-}
 
 /// Compiles the kernels to PTX.
 pub fn compile() -> Result<cudarc::nvrtc::Ptx, String> {

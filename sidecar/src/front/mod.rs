@@ -9,7 +9,7 @@
 //! - [`openai`]: OpenAI's `POST /v1/embeddings` (parse, encode, errors in OpenAI's shape).
 //! - [`generate`]: OpenAI's `POST /v1/completions`, `POST /v1/chat/completions` (streamed as
 //!   server-sent events, or whole) and `GET /v1/models`, for generation models; [`prompt`] reads
-//!   their bodies, [`format`] the structured output they ask for, [`tools`] their tools (and
+//!   their bodies, [`format`](mod@format) the structured output they ask for, [`tools`] their tools (and
 //!   [`calls`] reads calls back out of the answer); [`shape`] writes OpenAI's answers, [`relayed`] merges an upstream's chunks and
 //!   [`choices`] merges the streams of `n` > 1 choices.
 //! - [`admit`]: the pipeline every protocol shares: checks, deadline and priority, the engine's
