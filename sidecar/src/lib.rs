@@ -24,7 +24,8 @@
 //! - `task`: what every shell's task shares (its stopped flag, its timer, its oldest arrival).
 //! - [`server`]: wires the parts together and drains on shutdown.
 //! - [`config`]: command line, environment and InferenceService manifest.
-//! - [`heap`]: glibc's heap told to keep what a step frees for the next one (the binary sets it).
+//! - [`heap`]: glibc's heap told to keep what a step frees for the next one (the binaries set it:
+//!   `ferry-sidecar`, and `ferry-embed` so that its bench times what the sidecar serves).
 
 pub mod batcher;
 pub mod config;

@@ -99,8 +99,11 @@ fn cycle<'a>(pool: &[&'a str], n: usize) -> Vec<&'a str> {
 
 fn main() -> ExitCode {
     // The heap as the sidecar keeps it (before any thread), so that `bench` times what it serves.
-    ferry_sidecar::heap::keep_freed_memory();
+    let kept = ferry_sidecar::heap::keep_freed_memory();
     tracing_subscriber::fmt().with_writer(std::io::stderr).init();
+    if !kept && cfg!(all(target_os = "linux", target_env = "gnu")) {
+        tracing::warn!("glibc refused mallopt's thresholds: timings are not the sidecar's");
+    }
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -116,8 +116,9 @@ fn calibrate(model: &Model, block_size: u32) -> Result<StepCost, String> {
     let greedy = Some(ferry_llm::Sampling::GREEDY);
     // The least of three runs after one that is not counted, as the embedding engine calibrates:
     // the first steps fault the weights' pages in and grow the heap, and a machine's noise only
-    // ever adds time. A prior taken from one slow run is an estimate several times a step's cost,
-    // which refuses a fresh pod's long prompts at admission until measured steps correct it.
+    // ever adds time. A prior taken from one slow run is well above a step's cost (a fifth to
+    // two fifths on SmolLM2 here), which refuses a fresh pod's long prompts at admission until
+    // measured steps correct it.
     let timed = |seq: Seq<'_>| -> Result<Duration, String> {
         model.step(std::slice::from_ref(&seq))?;
         let mut least = Duration::MAX;
