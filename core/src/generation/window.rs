@@ -9,8 +9,11 @@
 //! - time to first token as a function of the prompt's tokens and the requests in flight;
 //! - time between tokens as a function of the requests in flight.
 //!
-//! Admission forecasts, in the queue's order (priority, then TTFT deadline), when each waiting
-//! request would get a slot (running requests taking all of their `max_tokens`), its first token
+//! The queue's order is priority, then, within one, the tenants interleaved by their fair shares
+//! of the upstream's slots ([`crate::tenant`]: each request charges its tenant its prompt and
+//! `max_tokens`, what it may hold a slot for), each tenant's own requests in TTFT-deadline order;
+//! with one tenant, priority then TTFT deadline. Admission forecasts, in that order, when each
+//! waiting request would get a slot (running requests taking all of their `max_tokens`), its first token
 //! and its last; a request is refused at arrival when its promises would not hold, or when taking
 //! it would break those of a waiting request that keeps them without it. Waiting requests whose
 //! deadline passes are answered 504 and never sent; a running one is aborted upstream at its
@@ -27,6 +30,7 @@ use super::sequence::{End, FinishReason, Queued, Request, SeqId};
 use crate::estimate::Linear;
 use crate::margin::Margin;
 use crate::outcome::{Outcome, Refusal};
+use crate::tenant::{Shares, TenantId};
 use crate::ticket::Priority;
 
 /// The window's bounds.
@@ -70,6 +74,12 @@ impl Default for UpstreamCost {
 pub struct UpstreamModel {
     ttft: Linear,
     itl: Linear,
+}
+
+/// What a request charges its tenant's share of slots: its prompt and the most it may produce,
+/// the tokens it may hold a slot for (and what a tenant's `tokensPerMinute` counts).
+fn slot_cost(r: &Request) -> u64 {
+    u64::from(r.prompt) + u64::from(r.max_tokens)
 }
 
 fn ns(d: Duration) -> f64 {
@@ -190,6 +200,8 @@ pub struct Window {
     queued_bytes: u64,
     queued_tokens: u64,
     ready: bool,
+    /// The tenants' fair shares of upstream slots, one per priority tier.
+    shares: [Shares; 2],
 }
 
 impl Window {
@@ -204,6 +216,7 @@ impl Window {
             queued_bytes: 0,
             queued_tokens: 0,
             ready: false,
+            shares: Default::default(),
         }
     }
 
@@ -404,9 +417,20 @@ impl Window {
         if !self.ready {
             return;
         }
-        while (self.running.len() as u32) < self.window() {
-            let Some(&(p, t, id)) = self.waiting.first() else { break };
-            self.waiting.remove(&(p, t, id));
+        if self.waiting.is_empty() || self.running.len() as u32 >= self.window() {
+            return;
+        }
+        // The queue's order already counts each release's charge (the merge's), so its prefix is
+        // what goes, as far as the window allows.
+        for (id, request) in self.queue_order(None) {
+            if self.running.len() as u32 >= self.window() {
+                break;
+            }
+            self.waiting.remove(&(request.priority, request.ttft_deadline, id));
+            // A retry (its upstream failed before the first token) is not charged again.
+            if self.entries[&id].attempts == 0 {
+                self.charge(&request);
+            }
             let running_at_send = self.running.len() as u32 + 1;
             let entry = self.entries.get_mut(&id).expect("held");
             self.queued_bytes -= entry.request.bytes;
@@ -428,12 +452,61 @@ impl Window {
         }
     }
 
+    /// Waiting requests (and `extra`, a newcomer) in the order they are sent: by priority; within
+    /// one, the tenants interleaved by their fair shares of slots, each tenant's own in
+    /// TTFT-deadline order.
+    fn queue_order(&self, extra: Option<&Request>) -> Vec<(SeqId, Request)> {
+        let mut order = Vec::with_capacity(self.waiting.len() + usize::from(extra.is_some()));
+        for priority in [Priority::Interactive, Priority::Batch] {
+            let mut lanes: BTreeMap<TenantId, Vec<(SeqId, Request)>> = BTreeMap::new();
+            let waiting = self.waiting.iter().filter(|(p, _, _)| *p == priority).map(|(_, _, id)| &self.entries[id]);
+            for r in waiting.map(|e| e.request).chain(extra.copied().filter(|r| r.priority == priority)) {
+                lanes.entry(r.tenant).or_default().push((r.id, r));
+            }
+            for lane in lanes.values_mut() {
+                lane.sort_by_key(|(id, r)| (r.ttft_deadline, *id));
+            }
+            if lanes.len() <= 1 {
+                order.extend(lanes.into_values().flatten());
+                continue;
+            }
+            let lanes = lanes.into_iter().map(|(tenant, requests)| {
+                (tenant, Box::new(requests.into_iter()) as Box<dyn Iterator<Item = (SeqId, Request)>>)
+            });
+            let shares = self.shares_with(priority, extra);
+            order.extend(shares.merge(lanes, |(_, r)| slot_cost(r)).collect::<Vec<_>>());
+        }
+        order
+    }
+
+    /// A tier's shares, with a newcomer's weight as its request states it.
+    fn shares_with(&self, priority: Priority, extra: Option<&Request>) -> Shares {
+        let mut shares = self.shares[priority.index()].clone();
+        if let Some(r) = extra {
+            shares.set_weight(r.tenant, r.weight);
+        }
+        shares
+    }
+
+    /// A request was sent: its tenant is charged, and its tier's shares advance to where it
+    /// started (or level out when nobody of that tier waits).
+    fn charge(&mut self, r: &Request) {
+        let waits = self.waiting.iter().any(|(p, _, _)| *p == r.priority);
+        let shares = &mut self.shares[r.priority.index()];
+        let start = shares.served(r.tenant);
+        shares.charge(r.tenant, slot_cost(r));
+        shares.advance(waits.then_some(start));
+    }
+
     fn submit(&mut self, r: Request, now: Instant, effects: &mut Vec<Effect>) {
         match self.check(&r).and_then(|()| self.admissible(&r, now)) {
             Err(refusal) if refusal.outcome != Outcome::Infeasible || !self.probe_fits(&r, now) => {
                 effects.push(Effect::End { id: r.id, end: End::Unfinished(refusal), admitted: false })
             }
             _ => {
+                for shares in &mut self.shares {
+                    shares.set_weight(r.tenant, r.weight);
+                }
                 let entry = Entry { request: r, flight: None, attempts: 0 };
                 self.waiting.insert(entry.order());
                 self.queued_bytes += r.bytes;
@@ -462,6 +535,7 @@ impl Window {
             queued_bytes: 0,
             queued_tokens: 0,
             ready: self.ready,
+            shares: Default::default(),
         };
         prior.check(r).and_then(|()| prior.admissible(r, now)).is_ok()
     }
@@ -533,13 +607,7 @@ impl Window {
         while slots.len() < n as usize {
             slots.push(Reverse(now));
         }
-        let mut order: Vec<(Priority, Instant, SeqId, Request)> =
-            self.waiting.iter().map(|&(p, t, id)| (p, t, id, self.entries[&id].request)).collect();
-        if let Some(r) = extra {
-            order.push((r.priority, r.ttft_deadline, r.id, *r));
-            order.sort_by_key(|(p, t, id, _)| (*p, *t, *id));
-        }
-        for (_, _, id, r) in order {
+        for (id, r) in self.queue_order(extra) {
             let Reverse(free) = slots.pop().expect("at least one slot");
             let send = free.max(now);
             // Its first token comes at the concurrency it is sent into (itself included), not at

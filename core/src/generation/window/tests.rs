@@ -7,6 +7,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use super::*;
+use crate::tenant::TenantId;
 
 const MS: Duration = Duration::from_millis(1);
 const HOUR: Duration = Duration::from_secs(3600);
@@ -242,4 +243,67 @@ fn admitting_a_request_never_breaks_the_promise_of_one_waiting() {
         "{}",
         r.message
     );
+}
+
+/// Releases one request at a time (a window of one), each done as soon as it is sent, and says
+/// whose each was.
+fn tenants_released(h: &mut Harness, n: usize) -> Vec<TenantId> {
+    let mut order = Vec::new();
+    let mut at = 0;
+    let mut running = released(&h.effects);
+    while order.len() < n {
+        let id = running.pop().expect("one in flight");
+        order.push(h.w.entries[&id].request.tenant);
+        at += 100;
+        let e = h.at(at, vec![Event::First(id), Event::Done { id, reason: FinishReason::Stop }]);
+        running = released(&e);
+    }
+    order
+}
+
+#[test]
+fn slots_go_to_the_tenants_by_weight_each_tenants_own_in_deadline_order() {
+    let mut h = Harness::new(WindowPolicy { max_in_flight: 1, ..policy() });
+    // Tenant 1 (weight 3) sent 8 before tenant 2 (weight 1) sent 8, all alike: in deadline order
+    // tenant 1's would all go first. By start-time fair queueing of their tokens (15 each), tenant
+    // 2 has one slot in four: 1, 2, 1, 1, 1, 2, 1, 1.
+    let of =
+        |h: &Harness, id: SeqId, tenant: TenantId, weight: u32| Request { tenant, weight, ..h.request(id, 0, 10, 5) };
+    let mut submits: Vec<Event> = (0..8).map(|i| Event::Submit(of(&h, i, 1, 3))).collect();
+    submits.extend((8..16).map(|i| Event::Submit(of(&h, i, 2, 1))));
+    h.at(0, submits);
+    assert_eq!(tenants_released(&mut h, 8), vec![1, 2, 1, 1, 1, 2, 1, 1]);
+    // Each tenant's own go in their deadline order: tenant 2's latest deadline goes last.
+    let mut h = Harness::new(WindowPolicy { max_in_flight: 1, ..policy() });
+    let late = Request { ttft_deadline: h.start + 2 * HOUR, deadline: h.start + 2 * HOUR, ..of(&h, 8, 2, 1) };
+    h.at(0, vec![Event::Submit(of(&h, 0, 1, 1)), Event::Submit(late), Event::Submit(of(&h, 9, 2, 1))]);
+    let mut ids = released(&h.effects);
+    for at in [100, 200] {
+        let id = *ids.last().unwrap();
+        ids.extend(released(&h.at(at, vec![Event::First(id), Event::Done { id, reason: FinishReason::Stop }])));
+    }
+    assert_eq!(ids, vec![0, 9, 8]);
+}
+
+#[test]
+fn admission_forecasts_the_fair_order() {
+    // A window of one. Tenant 1's first request runs (its last token at 57 + 9 × 22 = 255 ms)
+    // with another of its own waiting (so its slot is charged to it); then a third of its own
+    // waits, due a first token by 320 ms (forecast at 255 + 57 = 312). Tenant 2 has had no slot:
+    // its request, due in an hour, would go after that one in deadline order, but goes before it
+    // in the fair order, and would push it to about 570 ms: refused.
+    let mut h = Harness::new(WindowPolicy { max_in_flight: 1, ..policy() });
+    let of = |h: &Harness, id: SeqId, tenant: TenantId| Request { tenant, ..h.request(id, 0, 10, 10) };
+    h.at(0, vec![Event::Submit(of(&h, 0, 1)), Event::Submit(of(&h, 1, 1))]);
+    let due = Request { ttft_deadline: h.start + 320 * MS, ..of(&h, 2, 1) };
+    h.at(0, vec![Event::Submit(due)]);
+    let r = refusal(&h.at(0, vec![Event::Submit(of(&h, 3, 2))]), 3);
+    assert!(r.message.contains("would make 1 running or waiting"), "{}", r.message);
+    // Without the request due soon, tenant 2's is taken, and is sent next.
+    let mut h = Harness::new(WindowPolicy { max_in_flight: 1, ..policy() });
+    h.at(0, vec![Event::Submit(of(&h, 0, 1)), Event::Submit(of(&h, 1, 1))]);
+    let e = h.at(0, vec![Event::Submit(of(&h, 3, 2))]);
+    assert!(!e.iter().any(|e| matches!(e, Effect::End { .. })), "admitted: {e:?}");
+    let e = h.at(255, vec![Event::First(0), Event::Done { id: 0, reason: FinishReason::Stop }]);
+    assert_eq!(released(&e), vec![3]);
 }
