@@ -30,7 +30,7 @@
 //!   the operator's CRD is generated from (feature `kube` adds the schema and the CRD derive).
 //!
 //! Every instant here is a `std::time::Instant` given by the caller; nothing in these modules
-//! reads a clock or needs an async runtime. The one clock of the async crates is [`clock`]
+//! reads a clock or needs an async runtime. The one clock of the async crates is `clock`
 //! (feature `clock`, which alone links tokio): tokio's, which their paused-clock tests move.
 
 #[cfg(feature = "clock")]

@@ -255,8 +255,20 @@ impl Window {
     /// The most requests in flight that keep the estimated inter-token time within the tightest
     /// target of those running and of the next to go (one-token requests have none); at least one.
     pub fn window(&self) -> u32 {
-        let targets = self.running.iter().chain(self.waiting.iter().map(|(_, _, id)| id).take(1));
-        let Some(tightest) = targets.filter_map(|id| self.entries[id].request.itl_target()).min() else {
+        self.window_with(None)
+    }
+
+    /// [`Self::window`] with a newcomer in the queue: the next to go is the first of
+    /// [`Self::queue_order`], which may be the newcomer or another tenant's request.
+    fn window_with(&self, extra: Option<&Request>) -> u32 {
+        self.window_for(self.queue_order(extra).first().map(|(_, r)| r))
+    }
+
+    /// The window with those running and `next` to go; without `next`, the most any next
+    /// request allows.
+    fn window_for(&self, next: Option<&Request>) -> u32 {
+        let targets = self.running.iter().map(|id| &self.entries[id].request).chain(next);
+        let Some(tightest) = targets.filter_map(|r| r.itl_target()).min() else {
             return self.policy.max_in_flight;
         };
         (1..=self.policy.max_in_flight).rev().find(|n| self.model.itl(*n) <= tightest).unwrap_or(1)
@@ -353,7 +365,8 @@ impl Window {
             && entry.attempts < self.policy.max_attempts
             && now + self.model.ttft(r.prompt, self.running.len() as u32) + self.margin.get() <= r.ttft_deadline;
         if retry {
-            // Back to the front of its priority: it keeps its place by TTFT deadline.
+            // Back in the queue by its TTFT deadline among its tenant's own (with one tenant, the
+            // front of its priority), charged nothing more ([`Self::queue_order`]).
             self.running.remove(&id);
             let entry = self.entries.get_mut(&id).expect("held");
             entry.flight = None;
@@ -417,13 +430,13 @@ impl Window {
         if !self.ready {
             return;
         }
-        if self.waiting.is_empty() || self.running.len() as u32 >= self.window() {
+        if self.waiting.is_empty() || self.running.len() as u32 >= self.window_for(None) {
             return;
         }
         // The queue's order already counts each release's charge (the merge's), so its prefix is
-        // what goes, as far as the window allows.
+        // what goes, as far as the window with each next one allows.
         for (id, request) in self.queue_order(None) {
-            if self.running.len() as u32 >= self.window() {
+            if self.running.len() as u32 >= self.window_for(Some(&request)) {
                 break;
             }
             self.waiting.remove(&(request.priority, request.ttft_deadline, id));
@@ -474,7 +487,12 @@ impl Window {
                 (tenant, Box::new(requests.into_iter()) as Box<dyn Iterator<Item = (SeqId, Request)>>)
             });
             let shares = self.shares_with(priority, extra);
-            order.extend(shares.merge(lanes, |(_, r)| slot_cost(r)).collect::<Vec<_>>());
+            // A retry (its upstream failed before its first token) was charged when first sent.
+            let cost = |(id, r): &(SeqId, Request)| match self.entries.get(id) {
+                Some(e) if e.attempts > 0 => 0,
+                _ => slot_cost(r),
+            };
+            order.extend(shares.merge(lanes, cost).collect::<Vec<_>>());
         }
         order
     }
@@ -576,16 +594,17 @@ impl Window {
     /// never would be) must not refuse what it serves at the concurrency it runs. A later arrival
     /// that raises it is refused if it would make a running or waiting request miss
     /// ([`Window::admissible`]), so the promise holds.
-    fn concurrency(&self, extra: bool) -> u32 {
+    fn concurrency(&self, extra: bool, window: u32) -> u32 {
         let wanted = self.running.len() + self.waiting.len() + usize::from(extra);
-        (wanted.clamp(1, self.window().max(1) as usize)) as u32
+        (wanted.clamp(1, window.max(1) as usize)) as u32
     }
 
     /// When each running and waiting request (and `extra`) would get its first and last token,
     /// waiting ones in queue order.
     fn forecast(&self, extra: Option<&Request>, now: Instant) -> BTreeMap<SeqId, (Instant, Instant)> {
-        let n = self.window().max(1);
-        let itl = self.model.itl(self.concurrency(extra.is_some()));
+        let order = self.queue_order(extra);
+        let n = self.window_for(order.first().map(|(_, r)| r)).max(1);
+        let itl = self.model.itl(self.concurrency(extra.is_some(), n));
         let mut out = BTreeMap::new();
         // When each of the `n` slots frees: running requests take all of their max_tokens.
         let mut slots: BinaryHeap<Reverse<Instant>> = self
@@ -607,7 +626,7 @@ impl Window {
         while slots.len() < n as usize {
             slots.push(Reverse(now));
         }
-        for (id, r) in self.queue_order(extra) {
+        for (id, r) in order {
             let Reverse(free) = slots.pop().expect("at least one slot");
             let send = free.max(now);
             // Its first token comes at the concurrency it is sent into (itself included), not at
@@ -674,7 +693,7 @@ impl Window {
             ));
         }
         if end + margin > r.deadline {
-            let itl = self.model.itl(self.concurrency(true));
+            let itl = self.model.itl(self.concurrency(true, self.window_with(Some(r))));
             let room = r.deadline.saturating_duration_since(first + margin);
             let fit = 1 + (room.as_nanos() / itl.as_nanos().max(1)) as u64;
             return Err(infeasible(

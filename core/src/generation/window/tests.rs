@@ -307,3 +307,20 @@ fn admission_forecasts_the_fair_order() {
     let e = h.at(255, vec![Event::First(0), Event::Done { id: 0, reason: FinishReason::Stop }]);
     assert_eq!(released(&e), vec![3]);
 }
+
+#[test]
+fn the_window_is_sized_for_the_next_request_the_fair_order_sends() {
+    // Four slots, all taken by tenant 1's, two more of its own waiting. Tenant 2's request wants
+    // a token every 26 ms, which 20 ms + 2 ms per request in flight keeps at 3 in flight. It
+    // goes next (tenant 2 has had no slot), so a slot freeing at 4 in flight sends nothing: at 3
+    // its tokens would be late. The next freeing sends it.
+    let mut h = Harness::new(policy());
+    let submits: Vec<Event> = (0..6).map(|i| Event::Submit(Request { tenant: 1, ..h.request(i, 0, 10, 5) })).collect();
+    assert_eq!(released(&h.at(0, submits)), vec![0, 1, 2, 3]);
+    let tight = Request { tenant: 2, itl: 26 * MS, ..h.request(10, 0, 10, 5) };
+    assert_eq!(released(&h.at(0, vec![Event::Submit(tight)])), Vec::<SeqId>::new());
+    let done = |id| vec![Event::First(id), Event::Done { id, reason: FinishReason::Stop }];
+    assert_eq!(released(&h.at(80, done(0))), Vec::<SeqId>::new());
+    assert_eq!(released(&h.at(90, done(1))), vec![10]);
+    assert_eq!(h.w.window(), 3);
+}
