@@ -9,14 +9,14 @@
 //! - time to first token as a function of the prompt's tokens and the requests in flight;
 //! - time between tokens as a function of the requests in flight.
 //!
-//! The queue's order is priority, then, within one, the tenants interleaved by their fair shares
-//! of the upstream's slots ([`crate::tenant`]: each request charges its tenant its prompt and
+//! The queue's order is priority, then, within one, the tenants interleaved by their fair shares of
+//! the upstream's slots ([`crate::tenant`]: each request charges its tenant its prompt and
 //! `max_tokens`, what it may hold a slot for), each tenant's own requests in TTFT-deadline order;
 //! with one tenant, priority then TTFT deadline. Admission forecasts, in that order, when each
-//! waiting request would get a slot (running requests taking all of their `max_tokens`), its first token
-//! and its last; a request is refused at arrival when its promises would not hold, or when taking
-//! it would break those of a waiting request that keeps them without it. Waiting requests whose
-//! deadline passes are answered 504 and never sent; a running one is aborted upstream at its
+//! waiting request would get a slot (running requests taking all of their `max_tokens`), its first
+//! token and its last; a request is refused at arrival when its promises would not hold, or when
+//! taking it would break those of a waiting request that keeps them without it. Waiting requests
+//! whose deadline passes are answered 504 and never sent; a running one is aborted upstream at its
 //! deadline. Upstream errors before the first token are retried while time and attempts remain.
 
 use std::cmp::Reverse;
